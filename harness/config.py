@@ -1,0 +1,207 @@
+"""The run's configuration: one kw_only dataclass per concern, checked when built.
+
+Every field says what it means, its default and what it requires. User mistakes raise
+ValueError naming the field, before any process starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from model.embeddings import EMBEDDING_OPTIMIZERS
+
+STAGES = ("input_dist", "emb_fwd", "dense_fwd_bwd", "emb_bwd", "dense_update")
+"""The five stages of one iteration, in order (design.md); records, reports and tests use these names."""
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(kw_only=True, frozen=True)
+class ModelConfig:
+    """DLRM-DCNv2 shape. Defaults are MLPerf's (design.md) except the table rows, which presets set."""
+
+    table_rows: tuple[int, ...]
+    """Rows of each of the sparse features' tables; one entry per feature."""
+    multi_hot: tuple[int, ...]
+    """Ids a sample has in each feature (fixed hotness); same length as table_rows."""
+    num_dense: int = 13
+    """Dense input features a sample has."""
+    embedding_dim: int = 128
+    """Width of every embedding row; must equal the bottom MLP's last width (they are concatenated)."""
+    bottom_mlp: tuple[int, ...] = (512, 256, 128)
+    """Widths of the bottom MLP's layers, ReLU after each."""
+    cross_layers: int = 3
+    """Number of DCNv2 low-rank cross layers."""
+    cross_rank: int = 512
+    """Low rank of each cross layer (V_l: width -> rank, W_l: rank -> width)."""
+    top_mlp: tuple[int, ...] = (1024, 1024, 512, 256, 1)
+    """Widths of the top MLP's layers, ReLU between them; the last must be 1 (one logit)."""
+
+    def __post_init__(self) -> None:
+        if len(self.table_rows) != len(self.multi_hot):
+            raise ValueError(f"model: {len(self.table_rows)} table_rows but {len(self.multi_hot)} multi_hot sizes")
+        for name in ("num_dense", "embedding_dim", "cross_layers", "cross_rank"):
+            _positive_int(f"model.{name}", getattr(self, name))
+        for name in ("table_rows", "multi_hot", "bottom_mlp", "top_mlp"):
+            for v in getattr(self, name):
+                _positive_int(f"model.{name} entries", v)
+        if self.bottom_mlp[-1] != self.embedding_dim:
+            raise ValueError(
+                f"model.bottom_mlp must end at embedding_dim={self.embedding_dim}, got {self.bottom_mlp[-1]}"
+            )
+        if self.top_mlp[-1] != 1:
+            raise ValueError(f"model.top_mlp must end with width 1 (one logit), got {self.top_mlp[-1]}")
+
+    @property
+    def num_sparse(self) -> int:
+        return len(self.table_rows)
+
+    def dense_arch_kwargs(self) -> dict[str, Any]:
+        """Constructor arguments of model.dense.DenseArch (and dense_flops_per_sample)."""
+        return dict(
+            num_dense=self.num_dense, num_sparse=self.num_sparse, embedding_dim=self.embedding_dim,
+            bottom_mlp=self.bottom_mlp, cross_layers=self.cross_layers, cross_rank=self.cross_rank,
+            top_mlp=self.top_mlp,
+        )
+
+
+@dataclass(kw_only=True, frozen=True)
+class OptimizerConfig:
+    """Adagrad everywhere, as MLPerf's reference."""
+
+    learning_rate: float = 0.005
+    """Learning rate of both the dense Adagrad and the fused embedding optimizer."""
+    eps: float = 1e-8
+    """Adagrad epsilon (dense and embeddings)."""
+    embedding_optimizer: str = "exact_adagrad"
+    """fbgemm's fused optimizer: exact_adagrad (per element), exact_rowwise_adagrad or exact_sgd."""
+
+    def __post_init__(self) -> None:
+        if self.embedding_optimizer not in EMBEDDING_OPTIMIZERS:
+            raise ValueError(
+                f"optimizer.embedding_optimizer {self.embedding_optimizer!r} is not one of {sorted(EMBEDDING_OPTIMIZERS)}"
+            )
+        if not self.learning_rate > 0 or not self.eps > 0:
+            raise ValueError("optimizer.learning_rate and optimizer.eps must be > 0")
+
+
+@dataclass(kw_only=True, frozen=True)
+class DataConfig:
+    """The synthetic Criteo-shaped batches (harness/data.py)."""
+
+    global_batch_size: int
+    """Samples per iteration over all ranks; must divide evenly by the world size."""
+    seed: int = 0
+    """Seeds the data stream and the weights; the same seed gives the same losses at any world size."""
+    id_exponent: float = 1.05
+    """Power-law exponent of the ids (p(id k) ~ (k+1)^-a); 0 draws ids uniformly."""
+
+    def __post_init__(self) -> None:
+        _positive_int("data.global_batch_size", self.global_batch_size)
+        if self.id_exponent < 0:
+            raise ValueError(f"data.id_exponent must be >= 0, got {self.id_exponent}")
+
+
+@dataclass(kw_only=True, frozen=True)
+class ShardingConfig:
+    """How embedding tables are spread over ranks."""
+
+    kind: str = "table_wise"
+    """Sharding type of every table. Only table_wise exists yet (each table whole on one rank)."""
+
+    def __post_init__(self) -> None:
+        if self.kind != "table_wise":
+            raise ValueError(f"sharding.kind {self.kind!r} is not one of ['table_wise']")
+
+
+@dataclass(kw_only=True, frozen=True)
+class RunConfig:
+    """What to run and where, and how to measure it."""
+
+    preset: str
+    """Name of the preset the config came from (recorded; the fields are what counts)."""
+    iters: int = 20
+    """Timed iterations, after the warm-up ones."""
+    warmup_iters: int = 3
+    """Iterations run first, recorded with warmup=True and left out of summaries."""
+    nodes: int = 1
+    """Nodes of the job; here on one machine they are simulated, ranks grouped by node in the records."""
+    gpus_per_node: int = 2
+    """Ranks per node (one per GPU on CUDA; processes on a CPU machine)."""
+    device: str = "auto"
+    """auto (CUDA if present, else CPU), cpu or cuda."""
+    timeline: bool = True
+    """Per-stage NVTX ranges and timers; off keeps only per-iteration times (to measure their cost)."""
+    flush_every: int = 10
+    """Iterations between writes of the records to the run folder (writes happen between iterations)."""
+    collective_timeout_s: float = 300.0
+    """How long a collective may wait before the job is declared failed."""
+    fail_at: tuple[int, int] | None = None
+    """Fault injection for tests: (rank, iteration) at which that rank raises. None: no fault."""
+
+    def __post_init__(self) -> None:
+        for name in ("iters", "nodes", "gpus_per_node", "flush_every"):
+            _positive_int(f"run.{name}", getattr(self, name))
+        if isinstance(self.warmup_iters, bool) or not isinstance(self.warmup_iters, int) or self.warmup_iters < 0:
+            raise ValueError(f"run.warmup_iters must be an integer >= 0, got {self.warmup_iters!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"run.device {self.device!r} is not one of ['auto', 'cpu', 'cuda']")
+        if not self.collective_timeout_s > 0:
+            raise ValueError("run.collective_timeout_s must be > 0")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(kw_only=True, frozen=True)
+class BenchConfig:
+    """A whole benchmark run; dependent settings across concerns are checked here."""
+
+    model: ModelConfig
+    """Model shape."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """Dense and embedding optimizers."""
+    data: DataConfig
+    """Synthetic data."""
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    """Embedding sharding."""
+    run: RunConfig
+    """Launch and measurement."""
+
+    def __post_init__(self) -> None:
+        if self.data.global_batch_size % self.run.world_size:
+            raise ValueError(
+                f"global batch {self.data.global_batch_size} does not divide by the world size "
+                f"{self.run.world_size} (nodes {self.run.nodes} x gpus_per_node {self.run.gpus_per_node}); "
+                f"pick a batch that is a multiple of {self.run.world_size}"
+            )
+
+    @property
+    def local_batch_size(self) -> int:
+        return self.data.global_batch_size // self.run.world_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BenchConfig":
+        def tuples(x: dict[str, Any]) -> dict[str, Any]:
+            return {k: tuple(v) if isinstance(v, list) else v for k, v in x.items()}
+
+        return cls(
+            model=ModelConfig(**tuples(d["model"])),
+            optimizer=OptimizerConfig(**d["optimizer"]),
+            data=DataConfig(**d["data"]),
+            sharding=ShardingConfig(**d["sharding"]),
+            run=RunConfig(**tuples(d["run"])),
+        )
+
+    def replace(self, **changes: Any) -> "BenchConfig":
+        """A copy with whole concerns replaced, checked again (for ablations and tests)."""
+        return dataclasses.replace(self, **changes)

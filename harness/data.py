@@ -1,0 +1,78 @@
+"""Synthetic Criteo-shaped batches: the one source of batches for the train loop.
+
+Sample j of the stream is a pure function of (seed, j): every sample owns a fixed slice of
+a Philox counter space, so a rank draws only its own samples and any world size sees the
+same global batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from harness.config import DataConfig, ModelConfig
+from model.features import SparseFeatures
+
+
+@dataclass(frozen=True)
+class Batch:
+    dense: torch.Tensor  # (B, num_dense) float32
+    sparse: SparseFeatures  # (F, B) lengths, ids feature-major
+    labels: torch.Tensor  # (B,) float32 in {0, 1}
+
+    def to(self, device: torch.device, *, non_blocking: bool = False) -> "Batch":
+        return Batch(
+            dense=self.dense.to(device, non_blocking=non_blocking),
+            sparse=self.sparse.to(device, non_blocking=non_blocking),
+            labels=self.labels.to(device, non_blocking=non_blocking),
+        )
+
+
+def power_law_ids(u: np.ndarray, rows: int, exponent: float) -> np.ndarray:
+    """Ids in [0, rows) from uniforms u in [0, 1), p(k) ~ (k+1)^-exponent (inverse CDF of the continuous law)."""
+    if exponent == 0:
+        k = u * rows
+    elif exponent == 1:
+        k = np.power(rows + 1.0, u) - 1
+    else:
+        e = 1.0 - exponent
+        k = np.power(u * (np.power(rows + 1.0, e) - 1.0) + 1.0, 1.0 / e) - 1
+    return np.minimum(k.astype(np.int64), rows - 1)
+
+
+class SyntheticCriteo:
+    """13 log-scaled dense floats, 26 fixed-hotness multi-hot features, 0/1 labels that depend on the dense part."""
+
+    def __init__(self, model: ModelConfig, data: DataConfig) -> None:
+        self.model, self.data = model, data
+        self.hot_offsets = np.concatenate([[0], np.cumsum(model.multi_hot)])
+        draws = model.num_dense + 1 + int(self.hot_offsets[-1])
+        # Philox yields 4 words a counter step: round up so each sample starts on a step boundary.
+        self.words_per_sample = -(-draws // 4) * 4
+
+    def samples(self, start: int, count: int) -> Batch:
+        """Samples start .. start+count-1 of the stream."""
+        bits = np.random.Philox(key=self.data.seed, counter=[start * self.words_per_sample // 4, 0, 0, 0])
+        u = (bits.random_raw(count * self.words_per_sample).reshape(count, -1) >> 11) * (1.0 / (1 << 53))
+        nd = self.model.num_dense
+        dense = np.log1p(-np.log1p(-u[:, :nd]) * 8.0)  # log(1 + exponential counts), as Criteo's preprocessing
+        logit = 0.6 * (dense[:, :4].sum(1) - dense[:, 4:8].sum(1)) - 1.0
+        labels = (u[:, nd] < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
+        ids_u = u[:, nd + 1 :]
+        values = [
+            power_law_ids(ids_u[:, self.hot_offsets[f] : self.hot_offsets[f + 1]], rows, self.data.id_exponent).reshape(-1)
+            for f, rows in enumerate(self.model.table_rows)
+        ]
+        lengths = np.repeat(np.asarray(self.model.multi_hot, dtype=np.int64)[:, None], count, axis=1)
+        return Batch(
+            dense=torch.from_numpy(dense.astype(np.float32)),
+            sparse=SparseFeatures(lengths=torch.from_numpy(lengths), values=torch.from_numpy(np.concatenate(values))),
+            labels=torch.from_numpy(labels),
+        )
+
+    def local_batch(self, iteration: int, rank: int, world_size: int) -> Batch:
+        """Rank's share of global batch `iteration`: samples in rank order, as the reference sees them."""
+        local = self.data.global_batch_size // world_size
+        return self.samples(iteration * self.data.global_batch_size + rank * local, local)

@@ -1,0 +1,179 @@
+"""The one place that writes run folders (design.md, "Run records").
+
+runs/<run_id>/manifest.json       written first, then updated as the status moves
+runs/<run_id>/rankNNNNN/stages-PPPPP.parquet, iterations-PPPPP.parquet   parts written as the run goes
+runs/<run_id>/rankNNNNN/rank.json  host, device, threads, peak RSS, measured GEMM rate
+runs/<run_id>/rankNNNNN/error.txt  the exception, when that rank failed
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import secrets
+import socket
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from harness.timeline import StageSpan
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def new_run_id(preset: str, nodes: int, gpus_per_node: int) -> str:
+    """Sortable by start time, readable, and unique even for runs started in the same second."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{preset}-{nodes}x{gpus_per_node}-{secrets.token_hex(2)}"
+
+
+def versions() -> dict[str, Any]:
+    import fbgemm_gpu
+    import numpy
+    import pandas
+
+    v: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "fbgemm_gpu": getattr(fbgemm_gpu, "__version__", "unknown"),
+        "numpy": numpy.__version__,
+        "pandas": pandas.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": None,
+    }
+    if torch.cuda.is_available():
+        v["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        v["gpu"] = torch.cuda.get_device_name(0)
+    return v
+
+
+def git_state() -> dict[str, Any]:
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Atomic (write then rename) so a reader never sees half a manifest."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def create_run(runs_root: Path, run_id: str, manifest: dict[str, Any]) -> Path:
+    """Make the run's folder (never reused) and write its manifest with status 'running'."""
+    run_dir = Path(runs_root) / run_id
+    run_dir.mkdir(parents=True, exist_ok=False)
+    base = {
+        "run_id": run_id,
+        "status": "running",
+        "error": None,
+        "start_time": now_iso(),
+        "end_time": None,
+        "launcher_host": socket.gethostname(),
+        "argv": sys.argv,
+        "versions": versions(),
+        "git": git_state(),
+    }
+    _write_json(run_dir / "manifest.json", {**base, **manifest})
+    return run_dir
+
+
+def read_manifest(run_dir: Path) -> dict[str, Any]:
+    return json.loads((Path(run_dir) / "manifest.json").read_text())
+
+
+def update_manifest(run_dir: Path, **fields: Any) -> None:
+    path = Path(run_dir) / "manifest.json"
+    _write_json(path, {**json.loads(path.read_text()), **fields})
+
+
+def finish_run(run_dir: Path, *, error: str | None) -> None:
+    """Status moves to completed or failed; the ranks' own notes (rank.json) are gathered in."""
+    ranks = []
+    for info in sorted(Path(run_dir).glob("rank*/rank.json")):
+        ranks.append(json.loads(info.read_text()))
+    update_manifest(
+        run_dir,
+        status="failed" if error else "completed",
+        error=error,
+        end_time=now_iso(),
+        ranks=ranks,
+        hosts=sorted({r["host"] for r in ranks}),
+    )
+
+
+def rank_errors(run_dir: Path) -> list[str]:
+    """'rank k: <last line of its traceback>' for each rank that wrote an error."""
+    out = []
+    for path in sorted(Path(run_dir).glob("rank*/error.txt")):
+        lines = path.read_text().strip().splitlines() or ["(empty error)"]
+        out.append(f"rank {int(path.parent.name[4:])}: {lines[-1]}")
+    return out
+
+
+class RankRecorder:
+    """One rank's records, appended as parquet parts so a crash loses at most the unflushed part."""
+
+    def __init__(self, run_dir: Path, *, run_id: str, rank: int, node: int, warmup_iters: int, local_batch: int) -> None:
+        self.dir = Path(run_dir) / f"rank{rank:05d}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.keys = {"run_id": run_id, "rank": rank, "node": node}
+        self.warmup_iters, self.local_batch = warmup_iters, local_batch
+        self.part = 0
+
+    def write(self, stages: list[StageSpan], iterations: list[StageSpan], losses: dict[int, float]) -> None:
+        if not iterations and not stages:
+            return
+        st = pd.DataFrame(
+            {
+                **{k: [v] * len(stages) for k, v in self.keys.items()},
+                "iteration": [s.iteration for s in stages],
+                "stage": [s.stage for s in stages],
+                "start_ns": [s.start_ns for s in stages],
+                "end_ns": [s.end_ns for s in stages],
+            }
+        )
+        it = pd.DataFrame(
+            {
+                **{k: [v] * len(iterations) for k, v in self.keys.items()},
+                "iteration": [s.iteration for s in iterations],
+                "start_ns": [s.start_ns for s in iterations],
+                "end_ns": [s.end_ns for s in iterations],
+            }
+        )
+        it["loss"] = [losses.get(i, float("nan")) for i in it["iteration"]]
+        it["samples"] = self.local_batch
+        for df in (st, it):
+            df["start_ns"] = df["start_ns"].astype("int64")
+            df["end_ns"] = df["end_ns"].astype("int64")
+            df["duration_ms"] = (df["end_ns"] - df["start_ns"]) / 1e6
+            df["warmup"] = df["iteration"] < self.warmup_iters
+        it = it.rename(columns={"duration_ms": "iter_ms"})
+        st.to_parquet(self.dir / f"stages-{self.part:05d}.parquet", index=False)
+        it.to_parquet(self.dir / f"iterations-{self.part:05d}.parquet", index=False)
+        self.part += 1
+
+    def write_info(self, info: dict[str, Any]) -> None:
+        _write_json(self.dir / "rank.json", {**self.keys, **info})
+
+    def write_error(self, exc: BaseException) -> None:
+        (self.dir / "error.txt").write_text("".join(traceback.format_exception(exc)))

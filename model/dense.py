@@ -1,0 +1,89 @@
+"""Dense part of DLRM-DCNv2: bottom MLP, low-rank DCNv2 cross net, top MLP."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+def mlp(in_features: int, widths: Sequence[int], *, last_relu: bool) -> nn.Sequential:
+    """Linear layers of the given widths with ReLU between them (and after the last if asked)."""
+    layers: list[nn.Module] = []
+    for i, width in enumerate(widths):
+        layers.append(nn.Linear(in_features, width))
+        if last_relu or i < len(widths) - 1:
+            layers.append(nn.ReLU())
+        in_features = width
+    return nn.Sequential(*layers)
+
+
+class LowRankCrossNet(nn.Module):
+    """DCNv2 cross layers: x_{l+1} = x0 * (W_l (V_l x_l) + b_l) + x_l, V_l without bias."""
+
+    def __init__(self, width: int, num_layers: int, rank: int) -> None:
+        super().__init__()
+        self.V = nn.ModuleList(nn.Linear(width, rank, bias=False) for _ in range(num_layers))
+        self.W = nn.ModuleList(nn.Linear(rank, width, bias=True) for _ in range(num_layers))
+
+    def forward(self, x0: torch.Tensor) -> torch.Tensor:
+        x = x0
+        for V, W in zip(self.V, self.W):
+            x = x0 * W(V(x)) + x
+        return x
+
+
+class DenseArch(nn.Module):
+    """Everything of DLRM-DCNv2 that is data-parallel: dense features and pooled embeddings in, logits out."""
+
+    def __init__(
+        self,
+        *,
+        num_dense: int,
+        num_sparse: int,
+        embedding_dim: int,
+        bottom_mlp: Sequence[int],
+        cross_layers: int,
+        cross_rank: int,
+        top_mlp: Sequence[int],
+    ) -> None:
+        super().__init__()
+        self.bottom = mlp(num_dense, bottom_mlp, last_relu=True)
+        width = (num_sparse + 1) * embedding_dim
+        self.cross = LowRankCrossNet(width, cross_layers, cross_rank)
+        self.top = mlp(width, top_mlp, last_relu=False)
+
+    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        """dense: (B, num_dense); pooled: (B, num_sparse * dim) in feature order. Returns logits (B,)."""
+        x0 = torch.cat([self.bottom(dense), pooled], dim=1)
+        return self.top(self.cross(x0)).squeeze(1)
+
+
+def dense_flops_per_sample(
+    *,
+    num_dense: int,
+    num_sparse: int,
+    embedding_dim: int,
+    bottom_mlp: Sequence[int],
+    cross_layers: int,
+    cross_rank: int,
+    top_mlp: Sequence[int],
+) -> int:
+    """Matrix-multiply FLOPs of one sample's forward plus backward (2 per MAC; backward = 2x forward).
+
+    Element-wise work (ReLU, the cross layer's product and sum, bias adds) is left out: it is
+    memory-bound and small next to the GEMMs, which is what a FLOP/s figure is meant to rate.
+    """
+    macs = 0
+    width_in = num_dense
+    for width in bottom_mlp:
+        macs += width_in * width
+        width_in = width
+    width = (num_sparse + 1) * embedding_dim
+    macs += cross_layers * 2 * width * cross_rank
+    width_in = width
+    for w in top_mlp:
+        macs += width_in * w
+        width_in = w
+    return 3 * 2 * macs

@@ -1,0 +1,68 @@
+"""An unsharded single-process DLRM-DCNv2 written independently of model/ and harness/train.py.
+
+Plain torch.nn.EmbeddingBag tables (sparse gradients, torch.optim.Adagrad) and the dense
+math written out with F.linear, so a sharding or data-parallel bug cannot hide behind
+shared code. Only the initial weights are taken from the code under test's rules.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def embedding_init(rows: int, dim: int, *, table: int, seed: int) -> torch.Tensor:
+    """design: U(-1/sqrt(rows), 1/sqrt(rows)) from a generator seeded by (seed, table) alone."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + table)
+    return torch.empty(rows, dim).uniform_(-(rows**-0.5), rows**-0.5, generator=gen)
+
+
+class ReferenceDLRM:
+    def __init__(self, *, table_rows, dim, dense_state: dict[str, torch.Tensor], seed: int, lr: float, eps: float):
+        self.tables = []
+        for t, rows in enumerate(table_rows):
+            bag = nn.EmbeddingBag(rows, dim, mode="sum", sparse=True, include_last_offset=True)
+            with torch.no_grad():
+                bag.weight.copy_(embedding_init(rows, dim, table=t, seed=seed))
+            self.tables.append(bag)
+        # Dense weights by role, read off the state dict's names (Linear layers in order).
+        self.dense = {k: v.clone().requires_grad_(True) for k, v in dense_state.items()}
+        self.bottom = self._linears("bottom.")
+        self.top = self._linears("top.")
+        self.cross = list(zip(self._linears("cross.V."), self._linears("cross.W.")))
+        self.emb_opt = torch.optim.Adagrad([b.weight for b in self.tables], lr=lr, eps=eps)
+        self.dense_opt = torch.optim.Adagrad(list(self.dense.values()), lr=lr, eps=eps)
+
+    def _linears(self, prefix: str) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        idx = sorted({int(k[len(prefix):].split(".")[0]) for k in self.dense if k.startswith(prefix)})
+        return [(self.dense[f"{prefix}{i}.weight"], self.dense.get(f"{prefix}{i}.bias")) for i in idx]
+
+    def loss(self, dense_x, lengths, values, labels) -> torch.Tensor:
+        x = dense_x
+        for w, b in self.bottom:
+            x = F.relu(F.linear(x, w, b))
+        pooled, start = [x], 0
+        for f, bag in enumerate(self.tables):
+            n = int(lengths[f].sum())
+            offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths[f].cumsum(0)])
+            pooled.append(bag(values[start : start + n], offsets))
+            start += n
+        x0 = torch.cat(pooled, dim=1)
+        x = x0
+        for (v, _), (w, b) in self.cross:
+            x = x0 * F.linear(F.linear(x, v), w, b) + x
+        for i, (w, b) in enumerate(self.top):
+            x = F.linear(x, w, b)
+            if i < len(self.top) - 1:
+                x = F.relu(x)
+        return F.binary_cross_entropy_with_logits(x.squeeze(1), labels)
+
+    def step(self, dense_x, lengths, values, labels) -> float:
+        self.emb_opt.zero_grad()
+        self.dense_opt.zero_grad()
+        loss = self.loss(dense_x, lengths, values, labels)
+        loss.backward()
+        self.emb_opt.step()
+        self.dense_opt.step()
+        return loss.item()
