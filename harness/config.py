@@ -12,10 +12,6 @@ from typing import Any
 
 from model.embeddings import EMBEDDING_OPTIMIZERS
 
-STAGES = ("input_dist", "emb_fwd", "dense_fwd_bwd", "emb_bwd", "dense_update")
-"""The five stages of one iteration, in order (design.md); records, reports and tests use these names."""
-
-
 def _positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")

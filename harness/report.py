@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 # The five stages of one iteration, in execution order (design.md, "The five stages").
-STAGES = ("input_dist", "emb_fwd", "dense_fwd_bwd", "emb_bwd", "dense_update")
+from harness.stages import STAGES
 
 STAGE_COLUMNS = ("run_id", "rank", "node", "iteration", "stage",
                  "start_ns", "end_ns", "duration_ms", "warmup")
@@ -241,17 +241,56 @@ def _iteration_line(its: dict) -> str:
             f"p90 {its['iter_ms_p90']:.3f}  samples_per_s {its['samples_per_s']:.1f}")
 
 
+def _stages_off(run: Run) -> bool:
+    """The run was made without per-stage timing on purpose (it measures the timeline's cost)."""
+    return run.stages.empty and run.manifest.get("config", {}).get("run", {}).get("timeline") is False
+
+
+def rank_table(run: Run) -> pd.DataFrame:
+    """Per rank: host, threads, measured GEMM rate, peak RSS, and the dense stage's achieved rate.
+
+    dense_gflops = dense FLOPs of the rank's local batch (manifest: dense_flops_per_sample)
+    over its median non-warm-up dense_fwd_bwd time; dense_vs_gemm is that over the plain
+    torch.mm rate the same rank measured at start. The stage also holds the gradient
+    all-reduce, so the fraction is a lower bound on the GEMMs' own efficiency.
+    """
+    ranks = pd.DataFrame(run.manifest.get("ranks") or [])
+    if ranks.empty:
+        return ranks
+    cols = [c for c in ("rank", "node", "host", "threads", "gemm_gflops", "peak_rss_gib") if c in ranks]
+    ranks = ranks[cols].sort_values("rank").reset_index(drop=True)
+    flops = run.manifest.get("dense_flops_per_sample")
+    dense = run.stages[(run.stages["stage"] == "dense_fwd_bwd") & ~run.stages["warmup"]]
+    if flops and not dense.empty and "gemm_gflops" in ranks:
+        p50 = dense.groupby("rank")["duration_ms"].median()
+        samples = run.iterations[~run.iterations["warmup"]].groupby("rank")["samples"].median()
+        ranks["dense_gflops"] = ranks["rank"].map(flops * samples / (p50 / 1e3) / 1e9)
+        ranks["dense_vs_gemm"] = ranks["dense_gflops"] / ranks["gemm_gflops"]
+    return ranks
+
+
+def _rank_cells(ranks: pd.DataFrame) -> list[list[str]]:
+    return [[f"{v:.2f}" if isinstance(v, float) else str(v) for v in row] for row in ranks.itertuples(index=False)]
+
+
 def format_summary(run: Run) -> str:
-    """Human-readable summary: header, stage table, iteration line."""
-    table, its = stage_summary(run), iteration_summary(run)
-    return "\n".join([*_header_lines(run, its), "",
-                      _text_table(list(SUMMARY_COLUMNS), _cells(table)), "",
-                      _iteration_line(its)])
+    """Human-readable summary: header, stage table, iteration line, per-rank resources."""
+    its = iteration_summary(run)
+    if _stages_off(run):
+        stage_text = "stages not timed (run with --no-timeline): iteration times only"
+    else:
+        stage_text = _text_table(list(SUMMARY_COLUMNS), _cells(stage_summary(run)))
+    parts = [*_header_lines(run, its), "", stage_text, "", _iteration_line(its)]
+    ranks = rank_table(run)
+    if not ranks.empty:
+        parts += ["", _text_table(list(ranks.columns), _rank_cells(ranks))]
+    return "\n".join(parts)
 
 
 def write_report(run: Run, reports_root: Path) -> Path:
     """Write reports/<run_id>/summary.csv and summary.md; return that folder."""
-    table, its = stage_summary(run), iteration_summary(run)
+    its = iteration_summary(run)
+    table = pd.DataFrame(columns=list(SUMMARY_COLUMNS)) if _stages_off(run) else stage_summary(run)
     # The CSV is for machines and run comparisons: full precision, the job iteration
     # as one more row (its count is iterations, not records), throughput beside it.
     iteration_row = {"stage": "iteration", "mean_ms": its["iter_ms_mean"],
@@ -274,6 +313,11 @@ def write_report(run: Run, reports_root: Path) -> Path:
         "## Iterations (job time = slowest rank per iteration)", "",
         _md_table(it_header, [it_row]), "",
     ])
+    ranks = rank_table(run)
+    if not ranks.empty:
+        ranks.to_csv(out / "ranks.csv", index=False)
+        md += "\n".join(["", "## Ranks (dense_gflops: dense_fwd_bwd p50 rate; dense_vs_gemm: over torch.mm)", "",
+                         _md_table(list(ranks.columns), _rank_cells(ranks)), ""])
     (out / "summary.md").write_text(md)
     return out
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import nvtx
 import torch
 
+from harness.stages import STAGES
+
 
 @dataclass
 class StageSpan:
@@ -76,6 +78,8 @@ class Timeline:
 
     @contextmanager
     def stage(self, name: str):
+        if name not in STAGES:
+            raise ValueError(f"unknown stage {name!r}; stages are {', '.join(STAGES)}")
         if not self.stages_on:
             yield
             return

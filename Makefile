@@ -1,0 +1,58 @@
+# DLRM-DCNv2 benchmark harness. `make help` lists targets and knobs.
+# Every target that runs Python first makes .venv and installs the pinned requirements.
+
+PRESET        ?= small
+NODES         ?= 1
+GPUS_PER_NODE ?= 2
+ITERS         ?= 20
+WARMUP        ?= 3
+OPTS          ?=
+RUN           ?= latest
+
+VALID_PRESETS := mlperf small tiny
+PYTHON        ?= $(shell command -v python3.11 || command -v python3)
+VENV          := .venv
+PY            := $(VENV)/bin/python
+# A working NVIDIA driver picks the CUDA torch/fbgemm pair; anything else the CPU pair.
+HAS_CUDA      := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+TORCH_REQS    := $(if $(HAS_CUDA),requirements-cuda.txt,requirements-cpu.txt)
+STAMP         := $(VENV)/.installed-$(basename $(TORCH_REQS))
+
+.PHONY: help bench report test check-bench-knobs venv clean-venv
+
+help:
+	@echo "make bench  [PRESET=small|tiny|mlperf] [NODES=1] [GPUS_PER_NODE=2] [ITERS=20] [WARMUP=3] [OPTS=\"...\"]"
+	@echo "make report [RUN=latest|<run_id>]"
+	@echo "make test"
+	@echo "OPTS passes extra flags to 'python -m harness bench' (see: $(PY) -m harness bench --help)"
+
+# Knobs are checked before anything is installed or started.
+check-bench-knobs:
+	@case " $(VALID_PRESETS) " in *" $(PRESET) "*) ;; \
+	  *) echo "make: PRESET=$(PRESET) is not valid; valid values: $(VALID_PRESETS)" >&2; exit 2;; esac
+	@for kv in NODES=$(NODES) GPUS_PER_NODE=$(GPUS_PER_NODE) ITERS=$(ITERS); do \
+	  echo "$${kv#*=}" | grep -Eq '^[1-9][0-9]*$$' || \
+	  { echo "make: $$kv is not valid; valid values: a positive integer (1, 2, 3, ...)" >&2; exit 2; }; done
+	@echo "$(WARMUP)" | grep -Eq '^[0-9]+$$' || \
+	  { echo "make: WARMUP=$(WARMUP) is not valid; valid values: an integer >= 0" >&2; exit 2; }
+
+$(STAMP): requirements.txt $(TORCH_REQS)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r $(TORCH_REQS) -r requirements.txt
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+venv: $(STAMP)
+
+bench: check-bench-knobs $(STAMP)
+	$(PY) -m harness bench --preset $(PRESET) --nodes $(NODES) --gpus-per-node $(GPUS_PER_NODE) \
+	  --iters $(ITERS) --warmup $(WARMUP) $(OPTS)
+
+report: $(STAMP)
+	$(PY) -m harness report --run $(RUN)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,154 @@
+"""The command line end to end: bad input stops early; a run leaves a complete folder; a fault fails it cleanly."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+import harness.launch
+from harness.cli import main
+from harness.report import load_run
+from harness.stages import STAGES
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Any attempt to start ranks fails the test: bad input must stop before that."""
+
+    def refuse(*a, **k):
+        raise AssertionError("a process was launched for bad input")
+
+    monkeypatch.setattr(harness.launch, "launch_local", refuse)
+
+
+BAD_BENCH = {
+    "unknown preset": (["--preset", "huge"], "invalid choice: 'huge'"),
+    "zero nodes": (["--nodes", "0"], "run.nodes must be a positive integer"),
+    "negative nodes": (["--nodes", "-2"], "run.nodes must be a positive integer"),
+    "non-integer nodes": (["--nodes", "1.5"], "invalid int value: '1.5'"),
+    "zero gpus": (["--gpus-per-node", "0"], "run.gpus_per_node must be a positive integer"),
+    "negative gpus": (["--gpus-per-node", "-1"], "run.gpus_per_node must be a positive integer"),
+    "non-integer gpus": (["--gpus-per-node", "two"], "invalid int value: 'two'"),
+    "batch not divisible": (["--preset", "tiny", "--gpus-per-node", "5"], "does not divide by the world size 5"),
+    "unknown flag": (["--warp-speed"], "unrecognized arguments: --warp-speed"),
+    "cuda without cuda": (["--device", "cuda"], "no usable CUDA device"),
+}
+
+
+def exit_code(argv: list[str]) -> int:
+    """main's return value, or the status argparse exits with."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+@pytest.mark.parametrize("case", sorted(BAD_BENCH))
+def test_bad_bench_input_is_one_line_and_leaves_nothing(case, tmp_path, capsys, no_launch):
+    if case == "cuda without cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+    args, message = BAD_BENCH[case]
+    code = exit_code(["bench", "--runs-root", str(tmp_path / "runs"), *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_report_of_unknown_run_lists_existing(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    (runs / "20260101-000000-tiny-1x2-aaaa").mkdir(parents=True)
+    (runs / "20260101-000000-tiny-1x2-aaaa" / "manifest.json").write_text(
+        json.dumps({"run_id": "20260101-000000-tiny-1x2-aaaa", "start_time": "2026-01-01T00:00:00+00:00"})
+    )
+    code = exit_code(["report", "--run", "nope", "--runs-root", str(runs), "--reports-root", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "nope" in err and "20260101-000000-tiny-1x2-aaaa" in err
+    assert not (tmp_path / "rep").exists()
+
+
+def read_parts(run_dir, kind):
+    return pd.concat(pd.read_parquet(p) for p in sorted(run_dir.glob(f"rank*/{kind}-*.parquet")))
+
+
+def only_run(runs):
+    (run_dir,) = list(runs.iterdir())
+    return run_dir
+
+
+def test_bench_tiny_two_simulated_nodes_end_to_end(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    code = main(["bench", "--preset", "tiny", "--nodes", "2", "--gpus-per-node", "1", "--iters", "4",
+                 "--warmup", "2", "--flush-every", "3", "--runs-root", str(runs)])
+    out = capsys.readouterr().out
+    assert code == 0
+    run_dir = only_run(runs)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "completed" and manifest["error"] is None
+    assert manifest["world_size"] == 2 and manifest["nodes"] == 2
+    assert manifest["config"]["data"]["global_batch_size"] == 96
+    assert {"torch", "fbgemm_gpu", "python"} <= set(manifest["versions"])
+    assert "commit" in manifest["git"] and manifest["hosts"]
+    assert [r["rank"] for r in manifest["ranks"]] == [0, 1] and all(r["peak_rss_gib"] > 0 for r in manifest["ranks"])
+
+    stages = read_parts(run_dir, "stages")
+    iters = read_parts(run_dir, "iterations")
+    # 6 iterations flushed every 3: two parts a rank.
+    assert len(list(run_dir.glob("rank00000/stages-*.parquet"))) == 2
+    assert len(stages) == 2 * 6 * len(STAGES)
+    assert set(stages["stage"]) == set(STAGES)
+    assert dict(zip(stages["rank"], stages["node"])) == {0: 0, 1: 1}  # simulated node per rank
+    assert (stages["end_ns"] >= stages["start_ns"]).all()
+    assert stages.groupby("iteration")["warmup"].first().tolist() == [True, True, False, False, False, False]
+    # Stages run in order inside each iteration and within its bounds.
+    for (rank, it), g in stages.groupby(["rank", "iteration"]):
+        g = g.set_index("stage").loc[list(STAGES)]
+        assert (g["start_ns"].values[1:] >= g["end_ns"].values[:-1]).all()
+        bounds = iters[(iters["rank"] == rank) & (iters["iteration"] == it)].iloc[0]
+        assert g["start_ns"].min() >= bounds["start_ns"] and g["end_ns"].max() <= bounds["end_ns"]
+    assert len(iters) == 12 and iters["loss"].notna().all() and (iters["samples"] == 48).all()
+    for stage in STAGES:
+        assert stage in out
+    assert "samples_per_s" in out
+
+    # make report reproduces the table from the folder alone.
+    code = main(["report", "--run", "latest", "--runs-root", str(runs), "--reports-root", str(tmp_path / "rep")])
+    assert code == 0
+    csv = pd.read_csv(tmp_path / "rep" / run_dir.name / "summary.csv")
+    timed = stages[~stages["warmup"]]
+    for stage in STAGES:
+        row = csv[csv["stage"] == stage].iloc[0]
+        assert row["mean_ms"] == pytest.approx(timed.loc[timed["stage"] == stage, "duration_ms"].mean())
+    assert (tmp_path / "rep" / run_dir.name / "summary.md").exists()
+
+
+def test_no_timeline_records_iterations_only(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    assert main(["bench", "--preset", "tiny", "--iters", "3", "--warmup", "1", "--no-timeline",
+                 "--runs-root", str(runs)]) == 0
+    run = load_run(only_run(runs))
+    assert run.stages.empty and len(run.iterations) == 2 * 4
+    assert "stages not timed" in capsys.readouterr().out
+
+
+def test_injected_fault_fails_run_and_keeps_records(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    code = main(["bench", "--preset", "tiny", "--iters", "6", "--warmup", "0", "--flush-every", "1",
+                 "--fail-at", "1:3", "--collective-timeout", "30", "--runs-root", str(runs)])
+    err = capsys.readouterr().err
+    assert code == 1
+    run_dir = only_run(runs)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "failed"
+    assert "rank 1: harness.train.InjectedFault: injected fault on rank 1 at iteration 3" in manifest["error"]
+    assert "failed" in err and str(run_dir) in err
+    iters = read_parts(run_dir, "iterations")
+    for rank in (0, 1):  # iterations before the fault were flushed and stay readable
+        assert set(iters.loc[iters["rank"] == rank, "iteration"]) >= {0, 1, 2}
+    assert 3 not in set(iters.loc[iters["rank"] == 1, "iteration"])
