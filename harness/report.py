@@ -170,7 +170,11 @@ def iteration_summary(run: Run) -> dict:
     """
     its = run.iterations
     timed = its[~its["warmup"]]
-    warmup_iterations = int(its.loc[its["warmup"], "iteration"].nunique())
+    warmup_iterations = int(its.loc[its["warmup"], "iteration"].nunique()) if not its.empty else 0
+    if timed.empty:
+        raise ReportError(f"run {run.run_id} has no non-warm-up iterations recorded "
+                          f"({warmup_iterations} warm-up iteration(s) excluded); run more "
+                          "iterations than the warm-up count")
     # Ranks step together (collectives), so the job's iteration i takes as long as
     # its slowest rank: iter_ms of the job = max over ranks; samples = sum over ranks.
     per_iter = timed.groupby("iteration").agg(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -108,8 +109,13 @@ def train(
             pending[it] = loss.detach()
             if (it + 1) % cfg.run.flush_every == 0:
                 flush()
-    finally:
-        flush()  # what finished before a failure stays on disk
+    except BaseException:
+        try:
+            flush()  # what finished before the failure stays on disk
+        except Exception as flush_exc:  # the original error is the one to report
+            print(f"rank {rank}: could not write the last records: {flush_exc!r}", file=sys.stderr)
+        raise
+    flush()
     return TrainResult(
         losses=losses,
         dense_state={k: v.detach().cpu().clone() for k, v in dense.state_dict().items()},

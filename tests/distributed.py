@@ -10,21 +10,25 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _rank_main(rank: int, world: int, cfg_dict: dict, out: str) -> None:
+def _rank_main(rank: int, world: int, cfg_dict: dict, out: str, device: str) -> None:
     from harness.config import BenchConfig
     from harness.train import train
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=world)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    backend = "nccl" if device == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"file://{out}/store", rank=rank, world_size=world)
     try:
-        result = train(BenchConfig.from_dict(cfg_dict), rank=rank, device=torch.device("cpu"), recorder=None)
+        dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
+        result = train(BenchConfig.from_dict(cfg_dict), rank=rank, device=dev, recorder=None)
         torch.save(result.__dict__, os.path.join(out, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def run_ranks(cfg, tmp_path: Path) -> list[dict]:
-    """One TrainResult dict per rank, in rank order."""
+def run_ranks(cfg, tmp_path: Path, device: str = "cpu") -> list[dict]:
+    """One TrainResult dict per rank, in rank order (gloo on CPU, NCCL with one GPU a rank on CUDA)."""
     world = cfg.run.world_size
-    mp.spawn(_rank_main, args=(world, cfg.to_dict(), str(tmp_path)), nprocs=world, join=True)
+    mp.spawn(_rank_main, args=(world, cfg.to_dict(), str(tmp_path), device), nprocs=world, join=True)
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]

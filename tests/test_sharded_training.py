@@ -35,9 +35,8 @@ def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_sharded_matches_unsharded_reference(world, tmp_path):
-    cfg = tiny(nodes=1, gpus_per_node=world, iters=STEPS, warmup_iters=0)
+def check_against_reference(world: int, tmp_path, device: str) -> None:
+    cfg = tiny(nodes=1, gpus_per_node=world, iters=STEPS, warmup_iters=0, device=device)
     # Learning rate raised from MLPerf's 0.005 so that 5 steps move weights well past float noise.
     # eps raised from 1e-8: Adagrad's step g / (sqrt(sum g^2) + eps) divides float32 summation
     # noise by |g| where a gradient nearly cancels, so with eps 1e-8 even one rank against the
@@ -49,7 +48,7 @@ def test_sharded_matches_unsharded_reference(world, tmp_path):
     if world == 3:
         assert len(set(counts)) > 1, f"want uneven tables per rank, plan gives {counts}"
 
-    ranks = run_ranks(cfg, tmp_path)
+    ranks = run_ranks(cfg, tmp_path, device)
     ref_losses, ref = reference_run(cfg)
 
     # Each rank's loss is the mean over an equal share, so the global loss is their mean.
@@ -68,3 +67,14 @@ def test_sharded_matches_unsharded_reference(world, tmp_path):
     for t, (r_i, w) in owned.items():
         assert owners[t] == r_i
         close(w, ref.tables[t].weight.detach())
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_matches_unsharded_reference(world, tmp_path):
+    check_against_reference(world, tmp_path, "cpu")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_sharded_on_cuda_matches_unsharded_reference(tmp_path):
+    check_against_reference(2, tmp_path, "cuda")
