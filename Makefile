@@ -18,12 +18,13 @@ HAS_CUDA      := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_REQS    := $(if $(HAS_CUDA),requirements-cuda.txt,requirements-cpu.txt)
 STAMP         := $(VENV)/.installed-$(basename $(TORCH_REQS))
 
-.PHONY: help bench report test check-bench-knobs venv clean-venv
+.PHONY: help bench report test perf check-bench-knobs venv clean-venv
 
 help:
 	@echo "make bench  [PRESET=small|tiny|mlperf] [NODES=1] [GPUS_PER_NODE=2] [ITERS=20] [WARMUP=3] [OPTS=\"...\"]"
 	@echo "make report [RUN=latest|<run_id>]"
 	@echo "make test"
+	@echo "make perf   [PRESET=tiny|small]   (timeline on vs off: the instrumentation's cost)"
 	@echo "OPTS passes extra flags to 'python -m harness bench' (see: $(PY) -m harness bench --help)"
 
 # Knobs are checked before anything is installed or started.
@@ -53,6 +54,10 @@ report: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The instrumentation's own cost: timeline on vs off, interleaved runs (PRESET=tiny|small).
+perf: $(STAMP)
+	$(PY) -m harness.perf --preset $(if $(filter command line,$(origin PRESET)),$(PRESET),tiny) --gpus-per-node $(GPUS_PER_NODE)
 
 clean-venv:
 	rm -rf $(VENV)
