@@ -8,8 +8,12 @@ ITERS         ?= 20
 WARMUP        ?= 3
 OPTS          ?=
 RUN           ?= latest
+DRY_RUN       ?= 0
+SHARDING      ?= auto
+RUN_ID        ?=
 
-VALID_PRESETS := mlperf small tiny
+VALID_PRESETS  := mlperf small tiny
+VALID_SHARDING := auto table_wise column_wise row_wise data_parallel
 PYTHON        ?= $(shell command -v python3.11 || command -v python3)
 VENV          := .venv
 PY            := $(VENV)/bin/python
@@ -21,7 +25,10 @@ STAMP         := $(VENV)/.installed-$(basename $(TORCH_REQS))
 .PHONY: help bench report test perf check-bench-knobs venv clean-venv
 
 help:
-	@echo "make bench  [PRESET=small|tiny|mlperf] [NODES=1] [GPUS_PER_NODE=2] [ITERS=20] [WARMUP=3] [OPTS=\"...\"]"
+	@echo "make bench  [PRESET=small|tiny|mlperf] [NODES=1] [GPUS_PER_NODE=2] [ITERS=20] [WARMUP=3]"
+	@echo "            [SHARDING=auto|table_wise|column_wise|row_wise|data_parallel] [DRY_RUN=0|1] [RUN_ID=...] [OPTS=\"...\"]"
+	@echo "            inside Slurm: srun, one torchrun a node; with MASTER_ADDR + NODE_RANK (+ RUN_ID): torchrun"
+	@echo "            for this host (run it on every host); otherwise NODES x GPUS_PER_NODE local processes"
 	@echo "make report [RUN=latest|<run_id>]"
 	@echo "make test"
 	@echo "make perf   [PRESET=tiny|small]   (timeline on vs off: the instrumentation's cost)"
@@ -36,6 +43,10 @@ check-bench-knobs:
 	  { echo "make: $$kv is not valid; valid values: a positive integer (1, 2, 3, ...)" >&2; exit 2; }; done
 	@echo "$(WARMUP)" | grep -Eq '^[0-9]+$$' || \
 	  { echo "make: WARMUP=$(WARMUP) is not valid; valid values: an integer >= 0" >&2; exit 2; }
+	@case " $(VALID_SHARDING) " in *" $(SHARDING) "*) ;; \
+	  *) echo "make: SHARDING=$(SHARDING) is not valid; valid values: $(VALID_SHARDING)" >&2; exit 2;; esac
+	@case "$(DRY_RUN)" in 0|1) ;; \
+	  *) echo "make: DRY_RUN=$(DRY_RUN) is not valid; valid values: 0 1" >&2; exit 2;; esac
 
 $(STAMP): requirements.txt $(TORCH_REQS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,7 +58,8 @@ venv: $(STAMP)
 
 bench: check-bench-knobs $(STAMP)
 	$(PY) -m harness bench --preset $(PRESET) --nodes $(NODES) --gpus-per-node $(GPUS_PER_NODE) \
-	  --iters $(ITERS) --warmup $(WARMUP) $(OPTS)
+	  --iters $(ITERS) --warmup $(WARMUP) --sharding $(SHARDING) \
+	  $(if $(filter 1,$(DRY_RUN)),--dry-run) $(if $(RUN_ID),--run-id $(RUN_ID)) $(OPTS)
 
 report: $(STAMP)
 	$(PY) -m harness report --run $(RUN)

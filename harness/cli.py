@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from harness import records, report
-from harness.config import BenchConfig, DataConfig
+from harness.config import BenchConfig, DataConfig, ShardingConfig
 from harness.device import check_device_available, describe_device
 from harness.presets import PRESETS
-from harness.train import table_plan
+from harness.launch import LaunchFailed, choose_launch, node_commands
+from harness.launch import run as launch_run
+from harness.planning import format_plan, make_plan
 from model.dense import dense_flops_per_sample
+from model.sharding import SHARDING_TYPES
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -28,6 +32,14 @@ def _rank_iter(text: str) -> tuple[int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected RANK:ITERATION, got {text!r}") from None
     return rank, it
+
+
+def _table_kinds(text: str) -> tuple[tuple[int, str], ...]:
+    try:
+        pairs = tuple((int(t), k) for t, k in (item.split("=") for item in text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected T=KIND[,T=KIND...], got {text!r}") from None
+    return pairs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,7 +62,25 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--collective-timeout", type=float, default=300.0, help="seconds before a stuck collective fails the job")
     bench.add_argument("--fail-at", type=_rank_iter, default=None, metavar="RANK:ITER",
                        help="fault injection: that rank raises at that iteration")
+    bench.add_argument("--stall-at", type=_rank_iter, default=None, metavar="RANK:ITER",
+                       help="fault injection: that rank hangs at that iteration (the collective timeout ends the job)")
     bench.add_argument("--runs-root", type=Path, default=Path("runs"), help="where run folders go")
+    bench.add_argument("--run-id", default=None, help="name the run (multi-host launches: the same on every host)")
+    bench.add_argument("--dry-run", action="store_true", help="print each node's command and the plan; start nothing")
+    bench.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                       help="multi-host rendezvous (default: MASTER_ADDR:MASTER_PORT when set)")
+    bench.add_argument("--node-rank", type=int, default=None, help="this host's node (default: NODE_RANK)")
+    shard = bench.add_argument_group("sharding")
+    shard.add_argument("--sharding", choices=["auto", *SHARDING_TYPES], default=None,
+                       help="auto: the planner picks per table; a type: forced on every table")
+    shard.add_argument("--shard", type=_table_kinds, default=(), metavar="T=KIND[,T=KIND...]",
+                       help="force the type of single tables, e.g. 0=row_wise,5=data_parallel")
+    shard.add_argument("--column-shards", type=int, default=None, help="column blocks of a column_wise table")
+    shard.add_argument("--hardware", choices=["cpu", "h100"], default=None, help="the planner's bandwidth/memory profile")
+    shard.add_argument("--memory-gib", type=float, default=None, help="per-rank memory budget for embeddings")
+
+    wk = sub.add_parser("worker", help="one rank (what torchrun starts on each node)")
+    wk.add_argument("--run-dir", type=Path, required=True)
 
     rep = sub.add_parser("report", help="summarise a run folder (reads nothing else)")
     rep.add_argument("--run", default="latest", help="run id under --runs-root, or 'latest'")
@@ -63,7 +93,13 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     cfg = PRESETS[args.preset](
         iters=args.iters, warmup_iters=args.warmup, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
         device=args.device, timeline=args.timeline, flush_every=args.flush_every,
-        collective_timeout_s=args.collective_timeout, fail_at=args.fail_at,
+        collective_timeout_s=args.collective_timeout, fail_at=args.fail_at, stall_at=args.stall_at,
+    )
+    sh = cfg.sharding
+    sharding = ShardingConfig(
+        kind=args.sharding or sh.kind, per_table=args.shard or sh.per_table,
+        column_shards=args.column_shards or sh.column_shards, hardware=args.hardware or sh.hardware,
+        memory_gib=args.memory_gib or sh.memory_gib,
     )
     data = cfg.data
     if args.global_batch is not None or args.id_exponent is not None:
@@ -74,55 +110,79 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         )
     else:
         data = DataConfig(global_batch_size=data.global_batch_size, seed=args.seed, id_exponent=data.id_exponent)
-    return cfg.replace(data=data)
+    return cfg.replace(data=data, sharding=sharding)
+
+
+def _error(exc: Exception) -> int:
+    sys.stderr.write(f"harness bench: error: {exc}\n")
+    return 2
 
 
 def bench(args: argparse.Namespace) -> int:
+    # Everything a user can get wrong is checked here, before a folder is made or a process started.
     try:
         cfg = config_from_args(args)
         check_device_available(cfg.run.device)
+        launch = choose_launch(cfg, environ=os.environ, rdzv_endpoint=args.rdzv_endpoint, node_rank=args.node_rank)
+        if launch.mode == "torchrun" and not args.run_id:
+            raise ValueError("a multi-host launch needs the same --run-id (make: RUN_ID=...) on every host")
+        ranks_per_host = cfg.run.world_size if launch.mode == "local-simulation" else cfg.run.gpus_per_node
+        plan, plan_desc = make_plan(cfg, ranks_per_host=ranks_per_host)
     except ValueError as exc:
-        sys.stderr.write(f"harness bench: error: {exc}\n")
-        return 2
-    # Imported late: the launcher pulls in the elastic agent, which a bad command line never needs.
-    from harness.launch import LaunchFailed, launch_local
+        return _error(exc)
+    run_id = args.run_id or records.new_run_id(cfg.run.preset, cfg.run.nodes, cfg.run.gpus_per_node)
+    run_dir = args.runs_root / run_id
+    if args.dry_run:
+        print(f"dry run: nothing is started. launcher: {launch.mode}, {cfg.run.nodes} node(s) x "
+              f"{cfg.run.gpus_per_node} rank(s) = {cfg.run.world_size} ranks, rendezvous {launch.endpoint}")
+        print("\n".join(node_commands(launch, run_dir, run_id)))
+        print(format_plan(plan_desc))
+        return 0
+    if run_dir.exists() and not (launch.mode == "torchrun" and launch.node_rank):
+        return _error(ValueError(f"run folder {run_dir} exists; run ids are never reused"))
 
-    run_id = records.new_run_id(cfg.run.preset, cfg.run.nodes, cfg.run.gpus_per_node)
-    run_dir = records.create_run(
-        args.runs_root,
-        run_id,
-        {
-            "preset": cfg.run.preset,
-            "config": cfg.to_dict(),
-            "world_size": cfg.run.world_size,
-            "nodes": cfg.run.nodes,
-            "gpus_per_node": cfg.run.gpus_per_node,
-            "global_batch_size": cfg.data.global_batch_size,
-            "device": describe_device(cfg.run.device),
-            "launcher": "local-simulation",
-            "sharding_plan": {"kind": cfg.sharding.kind, "table_owner": table_plan(cfg)},
+    leader = launch.mode != "torchrun" or launch.node_rank == 0
+    if leader:
+        records.create_run(args.runs_root, run_id, {
+            "preset": cfg.run.preset, "config": cfg.to_dict(), "world_size": cfg.run.world_size,
+            "nodes": cfg.run.nodes, "gpus_per_node": cfg.run.gpus_per_node,
+            "global_batch_size": cfg.data.global_batch_size, "device": describe_device(cfg.run.device),
+            "launcher": launch.mode, "node_commands": node_commands(launch, run_dir, run_id),
+            "sharding_plan": plan_desc,
             "dense_flops_per_sample": dense_flops_per_sample(**cfg.model.dense_arch_kwargs()),
-        },
-    )
-    print(f"run {run_id}: {cfg.run.preset}, {cfg.run.nodes} node(s) x {cfg.run.gpus_per_node} rank(s), "
-          f"global batch {cfg.data.global_batch_size}, {cfg.run.warmup_iters}+{cfg.run.iters} iterations -> {run_dir}",
-          flush=True)
+        })
+    elif not records.wait_for_manifest(run_dir, timeout_s=120):
+        return _error(ValueError(f"{run_dir}/manifest.json did not appear in 120 s: node 0 writes it, so runs/ "
+                                 "must be on a filesystem every node shares"))
+    print(f"run {run_id}: {cfg.run.preset}, {cfg.run.nodes} node(s) x {cfg.run.gpus_per_node} rank(s) "
+          f"({launch.mode}), global batch {cfg.data.global_batch_size}, "
+          f"{cfg.run.warmup_iters}+{cfg.run.iters} iterations -> {run_dir}", flush=True)
+    print(format_plan(plan_desc, max_rows=16), flush=True)
     error = None
     try:
-        launch_local(run_dir, run_id=run_id, world_size=cfg.run.world_size)
+        launch_run(launch, run_dir, run_id=run_id)
     except LaunchFailed as exc:
         error = str(exc)
     except KeyboardInterrupt:
         error = "interrupted (KeyboardInterrupt) before all ranks finished"
     except Exception as exc:  # the launcher itself broke: still close the run as failed
         error = f"launcher: {type(exc).__name__}: {exc}"
+    if not leader:
+        return 1 if error else 0
     records.finish_run(run_dir, error=error)
     if error:
         sys.stderr.write(f"harness bench: run {run_id} failed: {error}\n"
                          f"harness bench: records written before the failure are kept in {run_dir}\n")
         return 1
-    run = report.load_run(run_dir)
-    print(report.format_summary(run))
+    print(report.format_summary(report.load_run(run_dir)))
+    return 0
+
+
+def worker(args: argparse.Namespace) -> int:
+    """One rank under torchrun (multi-node launches); the local simulation calls run_rank directly."""
+    from harness.worker import run_rank
+
+    run_rank(str(args.run_dir))
     return 0
 
 
@@ -130,4 +190,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench":
         return bench(args)
+    if args.command == "worker":
+        return worker(args)
     return report.report_main(args.run, args.runs_root, args.reports_root)

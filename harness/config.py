@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from model.embeddings import EMBEDDING_OPTIMIZERS
+from model.sharding import SHARDING_TYPES
+
+HARDWARE_PROFILES = ("cpu", "h100")
 
 def _positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -105,14 +108,40 @@ class DataConfig:
 
 @dataclass(kw_only=True, frozen=True)
 class ShardingConfig:
-    """How embedding tables are spread over ranks."""
+    """How embedding tables are spread over ranks (model/sharding.py, model/planner.py)."""
 
-    kind: str = "table_wise"
-    """Sharding type of every table. Only table_wise exists yet (each table whole on one rank)."""
+    kind: str = "auto"
+    """auto (the planner picks per table), or one of table_wise, column_wise, row_wise,
+    data_parallel forced on every table."""
+    per_table: tuple[tuple[int, str], ...] = ()
+    """(table, kind) pairs forced on single tables; they win over `kind`."""
+    column_shards: int = 2
+    """Column blocks of a column_wise table (capped at the world size); must divide the dim."""
+    hardware: str = "cpu"
+    """Bandwidth and memory profile the planner assumes: cpu or h100 (harness/planning.py)."""
+    memory_gib: float | None = None
+    """Per-rank memory budget for shards and optimizer state; None: the profile's default."""
+    memory_gbps: float | None = None
+    """Memory bandwidth a rank gets (GB/s); None: the profile's."""
+    intra_node_gbps: float | None = None
+    """Per-rank bandwidth inside a node (GB/s); None: the profile's."""
+    inter_node_gbps: float | None = None
+    """Per-rank bandwidth between nodes (GB/s); None: the profile's."""
 
     def __post_init__(self) -> None:
-        if self.kind != "table_wise":
-            raise ValueError(f"sharding.kind {self.kind!r} is not one of ['table_wise']")
+        kinds = ("auto", *SHARDING_TYPES)
+        if self.kind not in kinds:
+            raise ValueError(f"sharding.kind {self.kind!r} is not one of {list(kinds)}")
+        for t, k in self.per_table:
+            if k not in SHARDING_TYPES:
+                raise ValueError(f"sharding.per_table: table {t} kind {k!r} is not one of {list(SHARDING_TYPES)}")
+        _positive_int("sharding.column_shards", self.column_shards)
+        if self.hardware not in HARDWARE_PROFILES:
+            raise ValueError(f"sharding.hardware {self.hardware!r} is not one of {sorted(HARDWARE_PROFILES)}")
+        for name in ("memory_gib", "memory_gbps", "intra_node_gbps", "inter_node_gbps"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ValueError(f"sharding.{name} must be > 0, got {v}")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -139,6 +168,8 @@ class RunConfig:
     """How long a collective may wait before the job is declared failed."""
     fail_at: tuple[int, int] | None = None
     """Fault injection for tests: (rank, iteration) at which that rank raises. None: no fault."""
+    stall_at: tuple[int, int] | None = None
+    """Fault injection: (rank, iteration) at which that rank hangs; the others' collective timeout ends the job."""
 
     def __post_init__(self) -> None:
         for name in ("iters", "nodes", "gpus_per_node", "flush_every"):
@@ -171,6 +202,15 @@ class BenchConfig:
     """Launch and measurement."""
 
     def __post_init__(self) -> None:
+        for t, _ in self.sharding.per_table:
+            if not 0 <= t < self.model.num_sparse:
+                raise ValueError(f"sharding.per_table names table {t}; tables are 0..{self.model.num_sparse - 1}")
+        uses_dp = self.sharding.kind == "data_parallel" or any(k == "data_parallel" for _, k in self.sharding.per_table)
+        if uses_dp and self.optimizer.embedding_optimizer != "exact_adagrad":
+            raise ValueError(
+                "data_parallel tables train with dense Adagrad (= exact_adagrad); with "
+                f"optimizer.embedding_optimizer={self.optimizer.embedding_optimizer!r} shard them another way"
+            )
         if self.data.global_batch_size % self.run.world_size:
             raise ValueError(
                 f"global batch {self.data.global_batch_size} does not divide by the world size "
@@ -194,7 +234,7 @@ class BenchConfig:
             model=ModelConfig(**tuples(d["model"])),
             optimizer=OptimizerConfig(**d["optimizer"]),
             data=DataConfig(**d["data"]),
-            sharding=ShardingConfig(**d["sharding"]),
+            sharding=ShardingConfig(**{**d["sharding"], "per_table": tuple(tuple(x) for x in d["sharding"]["per_table"])}),
             run=RunConfig(**tuples(d["run"])),
         )
 

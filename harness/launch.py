@@ -1,25 +1,51 @@
-"""Starting the rank processes. Here: local simulation of nodes x ranks on this machine.
+"""Starting the rank processes: which launcher, with what command, and running it.
 
-The ranks run `harness.worker.run_rank` under torch.distributed's elastic agent (what torchrun
-uses), started in-process, so a real multi-node launch (torchrun per node) runs the very same
-entry point.
+Three ways, picked by what the environment says:
+
+- inside a Slurm allocation (SLURM_JOB_ID): `srun` starts one torchrun per node (c10d
+  rendezvous on the first node of the allocation);
+- with a rendezvous endpoint (--rdzv-endpoint, or MASTER_ADDR) and a node rank (--node-rank,
+  or NODE_RANK): torchrun for this node (static rendezvous); the same command runs on each host;
+- otherwise a local simulation: nodes x ranks processes on this machine over loopback, under
+  torch.distributed's elastic agent started in-process (what torchrun runs).
+
+Every way ends in the same rank entry point, `python -m harness worker` / harness.worker.run_rank.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shlex
 import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
+from harness.config import BenchConfig
 from harness.records import rank_errors
-from harness.worker import run_rank
+
+DEFAULT_PORT = 29500
 
 
 class LaunchFailed(RuntimeError):
     """One or more ranks failed; the message names them and their errors."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    mode: str
+    """local-simulation, slurm or torchrun."""
+    nodes: int
+    nproc_per_node: int
+    endpoint: str
+    """host:port of the rendezvous."""
+    node_rank: int | None = None
+    """This host's node (torchrun mode)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Set for every rank (e.g. NCCL settings)."""
 
 
 def free_port() -> int:
@@ -28,18 +54,100 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_local(run_dir: Path, *, run_id: str, world_size: int) -> None:
-    """All ranks as processes of this machine over loopback; returns when all finished, raises if any failed."""
+def slurm_head_node(environ: Mapping[str, str]) -> str:
+    """First host of the allocation; the literal shell expression when scontrol is not here (dry runs)."""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", environ["SLURM_JOB_NODELIST"]],
+                             capture_output=True, text=True, timeout=30, check=True)
+        return out.stdout.split()[0]
+    except (OSError, KeyError, IndexError, subprocess.SubprocessError):
+        return "$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1)"
+
+
+def choose_launch(
+    cfg: BenchConfig, *, environ: Mapping[str, str], rdzv_endpoint: str | None, node_rank: int | None
+) -> Launch:
+    """Which launcher; a ValueError (one line) when the environment is inconsistent with the config."""
+    nodes, g = cfg.run.nodes, cfg.run.gpus_per_node
+    env = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"} if cfg.run.device == "cuda" else {}
+    if rdzv_endpoint or "MASTER_ADDR" in environ:
+        endpoint = rdzv_endpoint or f"{environ['MASTER_ADDR']}:{environ.get('MASTER_PORT', DEFAULT_PORT)}"
+        if node_rank is None and "NODE_RANK" not in environ:
+            raise ValueError(f"a rendezvous endpoint ({endpoint}) is set but no node rank: pass --node-rank K "
+                             f"or NODE_RANK=K (0..{nodes - 1}) on each host")
+        k = node_rank if node_rank is not None else int(environ["NODE_RANK"])
+        if not 0 <= k < nodes:
+            raise ValueError(f"node rank {k} is outside 0..{nodes - 1} for NODES={nodes}")
+        if ":" not in endpoint:
+            endpoint = f"{endpoint}:{DEFAULT_PORT}"
+        return Launch("torchrun", nodes, g, endpoint, k, env)
+    if "SLURM_JOB_ID" in environ:
+        have = int(environ.get("SLURM_JOB_NUM_NODES", environ.get("SLURM_NNODES", "1")))
+        if have < nodes:
+            raise ValueError(f"NODES={nodes} but this Slurm allocation has {have} node(s); ask salloc/sbatch for {nodes}")
+        return Launch("slurm", nodes, g, f"{slurm_head_node(environ)}:{DEFAULT_PORT}", None, env)
+    return Launch("local-simulation", nodes, g, f"127.0.0.1:{free_port()}", None, env)
+
+
+def torchrun_argv(launch: Launch, run_dir: Path, run_id: str, node_rank: int | str | None) -> list[str]:
+    """torchrun for one node. Static rendezvous when the node rank is known (it fixes which
+    ranks live on which node), c10d (nodes join in any order) under Slurm."""
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={launch.nodes}",
+            f"--nproc-per-node={launch.nproc_per_node}", "--max-restarts=0"]
+    host, port = launch.endpoint.rsplit(":", 1)
+    if node_rank is None:
+        argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={launch.endpoint}", f"--rdzv-id={run_id}"]
+    else:
+        argv += [f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}"]
+    return argv + ["-m", "harness", "worker", "--run-dir", str(run_dir)]
+
+
+def node_commands(launch: Launch, run_dir: Path, run_id: str) -> list[str]:
+    """What each node runs, as shell lines (the dry run prints these)."""
+    env = " ".join(f"{k}={v}" for k, v in launch.env.items())
+    prefix = f"{env} " if env else ""
+    if launch.mode == "slurm":
+        line = shlex.join(["srun", f"--nodes={launch.nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+                           *torchrun_argv(launch, run_dir, run_id, None)])
+        return [f"node {k} (one srun task): {prefix}{line}" for k in range(launch.nodes)]
+    if launch.mode == "torchrun":
+        return [f"node {k}: {prefix}{shlex.join(torchrun_argv(launch, run_dir, run_id, k))}" for k in range(launch.nodes)]
+    real = Launch("torchrun", launch.nodes, launch.nproc_per_node, f"NODE0_HOST:{DEFAULT_PORT}", None, launch.env)
+    return [
+        f"node {k} (simulated here by ranks {k * launch.nproc_per_node}..{(k + 1) * launch.nproc_per_node - 1}; "
+        f"on a cluster, with NODE0_HOST the first node: MASTER_ADDR=NODE0_HOST NODE_RANK={k} RUN_ID=<id> make bench ...): "
+        f"{prefix}{shlex.join(torchrun_argv(real, run_dir, run_id, k))}"
+        for k in range(launch.nodes)
+    ]
+
+
+def run(launch: Launch, run_dir: Path, *, run_id: str) -> None:
+    """Start the ranks and wait; raise LaunchFailed naming the failed ranks and their errors."""
+    if launch.mode == "local-simulation":
+        _run_local(launch, run_dir, run_id)
+        return
+    if launch.mode == "slurm":
+        argv = ["srun", f"--nodes={launch.nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+                *torchrun_argv(launch, run_dir, run_id, None)]
+    else:
+        argv = torchrun_argv(launch, run_dir, run_id, launch.node_rank)
+    code = subprocess.run(argv, env={**os.environ, **launch.env}).returncode
+    if code != 0:
+        errors = rank_errors(run_dir)
+        raise LaunchFailed("; ".join(errors) if errors else f"{launch.mode} exited with code {code}")
+
+
+def _run_local(launch: Launch, run_dir: Path, run_id: str) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from harness.worker import run_rank
+
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    os.environ.update(launch.env)  # inherited by the spawned ranks
     config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=world_size,
-        run_id=run_id,
-        rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{free_port()}",
-        max_restarts=0,
-        monitor_interval=0.1,
+        min_nodes=1, max_nodes=1, nproc_per_node=launch.nodes * launch.nproc_per_node, run_id=run_id,
+        rdzv_backend="c10d", rdzv_endpoint=launch.endpoint, max_restarts=0, monitor_interval=0.1,
         start_method="spawn",
     )
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from harness.config import BenchConfig, DataConfig, ModelConfig, RunConfig
+from harness.config import BenchConfig, DataConfig, ModelConfig, RunConfig, ShardingConfig
 
 MLPERF_TABLE_ROWS = (
     40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
@@ -14,10 +14,11 @@ MLPERF_MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12,
 
 
 def mlperf(**run: object) -> BenchConfig:
-    """MLPerf Training DLRM-DCNv2 exactly: full tables, global batch 65536. For real clusters."""
+    """MLPerf Training DLRM-DCNv2 exactly: full tables, global batch 65536, planned for H100 nodes."""
     return BenchConfig(
         model=ModelConfig(table_rows=MLPERF_TABLE_ROWS, multi_hot=MLPERF_MULTI_HOT),
         data=DataConfig(global_batch_size=65536),
+        sharding=ShardingConfig(hardware="h100"),
         run=RunConfig(preset="mlperf", **run),
     )
 

@@ -16,6 +16,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -122,12 +123,27 @@ def finish_run(run_dir: Path, *, error: str | None) -> None:
 
 
 def rank_errors(run_dir: Path) -> list[str]:
-    """'rank k: <last line of its traceback>' for each rank that wrote an error."""
+    """'rank k: <what it said>' for each rank that noted a fault or wrote an error.
+
+    Injected faults come first: a stalled rank raises nothing itself, the others time out
+    waiting for it, so the note is what names the cause.
+    """
     out = []
-    for path in sorted(Path(run_dir).glob("rank*/error.txt")):
-        lines = path.read_text().strip().splitlines() or ["(empty error)"]
-        out.append(f"rank {int(path.parent.name[4:])}: {lines[-1]}")
+    for name in ("fault.txt", "error.txt"):
+        for path in sorted(Path(run_dir).glob(f"rank*/{name}")):
+            lines = path.read_text().strip().splitlines() or ["(empty error)"]
+            out.append(f"rank {int(path.parent.name[4:])}: {lines[-1]}")
     return out
+
+
+def wait_for_manifest(run_dir: Path, *, timeout_s: float) -> bool:
+    """For nodes other than 0 of a multi-host run: node 0 writes the manifest."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (Path(run_dir) / "manifest.json").exists():
+            return True
+        time.sleep(0.5)
+    return False
 
 
 class RankRecorder:
@@ -174,6 +190,9 @@ class RankRecorder:
 
     def write_info(self, info: dict[str, Any]) -> None:
         _write_json(self.dir / "rank.json", {**self.keys, **info})
+
+    def write_fault(self, note: str) -> None:
+        (self.dir / "fault.txt").write_text(note + "\n")
 
     def write_error(self, exc: BaseException) -> None:
         (self.dir / "error.txt").write_text("".join(traceback.format_exception(exc)))

@@ -1,140 +1,44 @@
-"""Turn one run folder (runs/<run_id>/) into a stage and iteration summary.
+"""Reports from run folders (runs/<run_id>/), ablations and nsys traces: the read side of the
+run records. It reads only manifest.json and the per-rank parquet parts (or an nsys sqlite
+export), so a report can be made later, elsewhere, from copied folders. Warm-up records are
+read but never summarised.
 
-This is the read side of the run records: it only reads manifest.json and the
-per-rank parquet parts, so a report can be made later, elsewhere, from copied
-run folders. Warm-up records are read but never summarised.
+Notebook API (all pandas, every table takes the frame of `load_runs`, a `Run` or a list of them):
+
+    df = load_runs(["runs/<id1>", "runs/<id2>"])       # flat stage records + run/flag columns
+    stage_stats(df, "job" | "rank" | "node")            # mean/p50/p90/p99 ms, share of iteration
+    iteration_table(df, "job" | "rank" | "node")        # iter_ms stats, samples_per_s
+    straggler_table(df); input_dist_overlap(df); completeness(df)
+    roofline_table(load_run(path))                      # analytic FLOPs/bytes vs measured peaks
+    ab = load_ablation(resolve_ablation(runs_root, id), runs_root)
+    ablation_table(ab); flag_contributions(ab)
+    read_nsys(path)                                     # an nsys sqlite export as a Run
+
+`report_main` writes reports/<name>/ (report.md, report.html, CSVs, PNGs, summary.csv/.md).
 """
 
 from __future__ import annotations
 
-import json
 import sys
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 
+from harness.report_ablation import (  # noqa: F401  (re-exported API)
+    Ablation, ablation_table, bootstrap_mean_ci, flag_contributions, load_ablation, resolve_ablation,
+)
+from harness.report_load import (  # noqa: F401  (re-exported API)
+    FLAGS, ITERATION_COLUMNS, STAGE_COLUMNS, ReportError, Run, load_run, load_runs, records, resolve_run,
+)
+from harness.report_roofline import roofline_table, stage_work  # noqa: F401
+from harness.report_tables import (  # noqa: F401
+    completeness, input_dist_overlap, input_dist_spans, iteration_table, job_iterations, stage_stats,
+    straggler_table,
+)
 # The five stages of one iteration, in execution order (design.md, "The five stages").
 from harness.stages import STAGES
 
-STAGE_COLUMNS = ("run_id", "rank", "node", "iteration", "stage",
-                 "start_ns", "end_ns", "duration_ms", "warmup")
-ITERATION_COLUMNS = ("run_id", "rank", "node", "iteration", "start_ns", "end_ns",
-                     "iter_ms", "loss", "samples", "warmup")
 SUMMARY_COLUMNS = ("stage", "mean_ms", "p50_ms", "p90_ms", "count")
-
-
-class ReportError(Exception):
-    """A problem the user can fix; the message is one line meant to be printed as is."""
-
-
-@dataclass(kw_only=True)
-class Run:
-    """Everything read from one run folder."""
-
-    manifest: dict
-    """manifest.json as written by the run; `run_id` is filled from the folder name if absent."""
-    stages: pd.DataFrame
-    """All stage records of all ranks and parts, warm-up rows included."""
-    iterations: pd.DataFrame
-    """All per-iteration records of all ranks and parts, warm-up rows included."""
-
-    @property
-    def run_id(self) -> str:
-        return str(self.manifest["run_id"])
-
-
-# --- finding and reading runs -------------------------------------------------
-
-def _read_manifest(run_dir: Path) -> dict:
-    path = run_dir / "manifest.json"
-    if not path.is_file():
-        raise ReportError(f"{path} is missing: {run_dir} is not a run folder "
-                          "(or its run died before writing the manifest)")
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ReportError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(manifest, dict):
-        raise ReportError(f"{path} does not hold a JSON object")
-    return manifest
-
-
-def _start_key(manifest: dict) -> datetime:
-    # Parse rather than compare strings: runs started on hosts with different UTC
-    # offsets must still order by real time. Naive times are taken as UTC.
-    try:
-        t = datetime.fromisoformat(str(manifest.get("start_time")))
-    except ValueError:
-        return datetime.min.replace(tzinfo=timezone.utc)
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
-
-
-def _runs_by_start(runs_root: Path) -> list[str]:
-    """Run ids under runs_root, oldest first; folders without a readable manifest are skipped."""
-    if not runs_root.is_dir():
-        return []
-    keyed = []
-    for d in runs_root.iterdir():
-        if not d.is_dir():
-            continue
-        try:
-            keyed.append((_start_key(_read_manifest(d)), d.name))
-        except ReportError:
-            continue  # half-created or foreign folder: it cannot be ranked by start time
-    return [name for _, name in sorted(keyed)]
-
-
-def resolve_run(runs_root: Path, run: str) -> Path:
-    """The folder of run id `run`, or of the most recently started run for "latest"."""
-    runs_root = Path(runs_root)
-    known = _runs_by_start(runs_root)
-    if run == "latest":
-        if not known:
-            raise ReportError(f"no runs under {runs_root}/ yet; make one with `make bench`")
-        return runs_root / known[-1]
-    # Only a plain folder name is a run id; "..", "a/b" must not reach outside runs/.
-    if Path(run).name == run and run not in (".", "..") and (runs_root / run).is_dir():
-        return runs_root / run
-    there = ", ".join(known) if known else "none (make one with `make bench`)"
-    raise ReportError(f"no run '{run}' under {runs_root}/; runs there: {there}")
-
-
-def _read_parts(run_dir: Path, pattern: str, columns: tuple[str, ...]) -> pd.DataFrame:
-    frames = []
-    for path in sorted(run_dir.glob(f"rank*/{pattern}")):
-        try:
-            df = pd.read_parquet(path)
-        except Exception as exc:  # pyarrow raises several types for a torn/corrupt file
-            raise ReportError(f"cannot read {path}: {exc}") from exc
-        missing = [c for c in columns if c not in df.columns]
-        if missing:
-            raise ReportError(f"{path} lacks column(s) {', '.join(missing)}")
-        frames.append(df)
-    if not frames:
-        # A run that has not flushed a part yet: an empty frame lets the summaries
-        # give the "no records" error instead of a KeyError.
-        return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
-    df = pd.concat(frames, ignore_index=True)
-    df["warmup"] = df["warmup"].astype(bool)
-    return df
-
-
-def load_run(run_dir: Path) -> Run:
-    """Read the manifest and all parquet parts of all ranks; incomplete runs load too."""
-    run_dir = Path(run_dir)
-    manifest = _read_manifest(run_dir)
-    manifest.setdefault("run_id", run_dir.name)
-    stages = _read_parts(run_dir, "stages-*.parquet", STAGE_COLUMNS)
-    unknown = sorted(set(stages["stage"]) - set(STAGES))
-    if unknown:
-        # Stage names are a contract with the writer; a report that silently dropped
-        # records would mislead, so say which names are wrong.
-        raise ReportError(f"run {manifest['run_id']}: unknown stage name(s) {', '.join(map(str, unknown))}; "
-                          f"expected {', '.join(STAGES)}")
-    iterations = _read_parts(run_dir, "iterations-*.parquet", ITERATION_COLUMNS)
-    return Run(manifest=manifest, stages=stages, iterations=iterations)
 
 
 # --- summaries ----------------------------------------------------------------
@@ -158,8 +62,13 @@ def stage_summary(run: Run) -> pd.DataFrame:
 
 
 def _world_size(run: Run) -> int:
+    """Ranks an iteration needs to count: world_size, or fewer when some ranks wrote no records at
+    all (the header names them); otherwise one silent rank would leave nothing to report."""
     ws = run.manifest.get("world_size")
-    return ws if isinstance(ws, int) and ws > 0 else int(run.iterations["rank"].nunique())
+    seen = int(run.iterations["rank"].nunique())
+    if not (isinstance(ws, int) and ws > 0):
+        return seen
+    return min(ws, seen) if seen else ws
 
 
 def iteration_summary(run: Run) -> dict:
@@ -178,7 +87,7 @@ def iteration_summary(run: Run) -> dict:
     # Ranks step together (collectives), so the job's iteration i takes as long as
     # its slowest rank: iter_ms of the job = max over ranks; samples = sum over ranks.
     per_iter = timed.groupby("iteration").agg(
-        iter_ms=("iter_ms", "max"), samples=("samples", "sum"), ranks=("rank", "nunique"))
+        iter_ms=("iter_ms", "max"), samples=("samples", lambda x: x.sum(min_count=1)), ranks=("rank", "nunique"))
     # An iteration that not every rank recorded (the last one of a failed or still
     # running job) would understate the max, so it is left out and counted instead.
     whole = per_iter[per_iter["ranks"] >= _world_size(run)]
@@ -189,7 +98,8 @@ def iteration_summary(run: Run) -> dict:
     stats = _stats(whole["iter_ms"])
     # Throughput as total samples over total job time, not a mean of per-iteration
     # rates: a mean of rates would over-weight the fast iterations.
-    samples_per_s = float(whole["samples"].sum() / (whole["iter_ms"].sum() / 1000.0))
+    # NaN when samples are unknown (an nsys trace).
+    samples_per_s = float(whole["samples"].sum(min_count=1) / (whole["iter_ms"].sum() / 1000.0))
     return {"iterations": int(len(whole)),
             "warmup_iterations": warmup_iterations,
             "partial_iterations": int(len(per_iter) - len(whole)),
@@ -229,6 +139,8 @@ def _header_lines(run: Run, its: dict) -> list[str]:
         + (f", {its['partial_iterations']} not recorded by every rank excluded"
            if its["partial_iterations"] else ""),
     ]
+    if m.get("source"):
+        lines.insert(1, f"source: {m['source']}")
     status = m.get("status")
     if status != "completed":
         # Incomplete runs are still reported (records before the stop are valid), but
@@ -237,12 +149,18 @@ def _header_lines(run: Run, its: dict) -> list[str]:
         # The error may be a whole traceback; its last line names the exception.
         error = (str(m.get("error") or "").strip().splitlines() or ["no error recorded"])[-1]
         lines.append(f"!! run {word}: {error}; numbers cover only the records written")
+    # Ranks or stages with no records: the tables would silently lack them, so say which.
+    lines += [f"!! {note}" for note in completeness(run)]
     return lines
 
 
 def _iteration_line(its: dict) -> str:
     return (f"iteration: iter_ms mean {its['iter_ms_mean']:.3f}  p50 {its['iter_ms_p50']:.3f}  "
-            f"p90 {its['iter_ms_p90']:.3f}  samples_per_s {its['samples_per_s']:.1f}")
+            f"p90 {its['iter_ms_p90']:.3f}  samples_per_s {_rate(its['samples_per_s'])}")
+
+
+def _rate(samples_per_s: float) -> str:
+    return "n/a" if pd.isna(samples_per_s) else f"{samples_per_s:.1f}"
 
 
 def _stages_off(run: Run) -> bool:
@@ -261,7 +179,7 @@ def rank_table(run: Run) -> pd.DataFrame:
     ranks = pd.DataFrame(run.manifest.get("ranks") or [])
     if ranks.empty:
         return ranks
-    cols = [c for c in ("rank", "node", "host", "threads", "gemm_gflops", "peak_rss_gib") if c in ranks]
+    cols = [c for c in ("rank", "node", "host", "threads", "gemm_gflops", "copy_gbps", "peak_rss_gib") if c in ranks]
     ranks = ranks[cols].sort_values("rank").reset_index(drop=True)
     flops = run.manifest.get("dense_flops_per_sample")
     dense = run.stages[(run.stages["stage"] == "dense_fwd_bwd") & ~run.stages["warmup"]]
@@ -291,8 +209,8 @@ def format_summary(run: Run) -> str:
     return "\n".join(parts)
 
 
-def write_report(run: Run, reports_root: Path) -> Path:
-    """Write reports/<run_id>/summary.csv and summary.md; return that folder."""
+def write_report(run: Run, reports_root: Path, *, name: str | None = None) -> Path:
+    """Write reports/<name>/summary.csv and summary.md (name: the run id by default); return that folder."""
     its = iteration_summary(run)
     table = pd.DataFrame(columns=list(SUMMARY_COLUMNS)) if _stages_off(run) else stage_summary(run)
     # The CSV is for machines and run comparisons: full precision, the job iteration
@@ -302,13 +220,13 @@ def write_report(run: Run, reports_root: Path) -> Path:
                      "count": its["iterations"], "samples_per_s": its["samples_per_s"]}
     csv = pd.concat([table.assign(samples_per_s=float("nan")), pd.DataFrame([iteration_row])],
                     ignore_index=True)
-    out = Path(reports_root) / run.run_id
+    out = Path(reports_root) / (name or run.run_id)
     out.mkdir(parents=True, exist_ok=True)
     csv.to_csv(out / "summary.csv", index=False)
 
     it_header = ["iter_ms mean", "iter_ms p50", "iter_ms p90", "samples_per_s", "iterations"]
     it_row = [f"{its['iter_ms_mean']:.3f}", f"{its['iter_ms_p50']:.3f}",
-              f"{its['iter_ms_p90']:.3f}", f"{its['samples_per_s']:.1f}", str(its["iterations"])]
+              f"{its['iter_ms_p90']:.3f}", _rate(its["samples_per_s"]), str(its["iterations"])]
     md = "\n".join([
         f"# Run {run.run_id}", "",
         *[f"- {line}" for line in _header_lines(run, its)], "",
@@ -326,16 +244,56 @@ def write_report(run: Run, reports_root: Path) -> Path:
     return out
 
 
-def report_main(run: str, runs_root: Path, reports_root: Path) -> int:
-    """Report one run: print the summary, write the files; 2 with one stderr line on a user error."""
+def _report_run(run: Run, reports_root: Path, name: str) -> list[Path]:
+    from harness.report_build import run_report  # matplotlib loads only when a report is made
+
+    its = iteration_summary(run)  # raises first when there is nothing to report
+    text = format_summary(run)
+    out = Path(reports_root) / name
+    written = run_report(run, out, header=_header_lines(run, its))
+    write_report(run, reports_root, name=name)
+    print(text)
+    return [out / "summary.csv", out / "summary.md", *written]
+
+
+def _report_ablation(ablation: str, runs_root: Path, reports_root: Path) -> list[Path]:
+    from harness.report_build import ablation_report
+    from harness.report_html import cells
+
+    ab = load_ablation(resolve_ablation(runs_root, ablation), runs_root)
+    out = Path(reports_root) / f"ablation-{ab.ablation_id}"
+    written, table = ablation_report(ab, out)
+    cols = ["config", "runs", "iterations", "iter_ms", "ci_low", "ci_high", "speedup", "note"]
+    print(f"ablation {ab.ablation_id}  status {ab.manifest.get('status', '?')}")
+    print(_text_table(*cells(table[cols])))
+    return written
+
+
+def report_main(run: str | None = None, runs_root: Path = Path("runs"), reports_root: Path = Path("reports"), *,
+                ablation: str | None = None, nsys: str | Path | None = None) -> int:
+    """Report one run (id or "latest"), one ablation (id or "latest", under runs_root/ablations/) or
+    one nsys sqlite export: print a summary, write reports/<run_id | ablation-<id> | nsys-<stem>>/.
+    Exactly one of run, ablation, nsys. Returns 0, or 2 with one stderr line on a user error
+    (then nothing is written)."""
     try:
-        loaded = load_run(resolve_run(Path(runs_root), run))
-        text = format_summary(loaded)
-        print(text)
-        out = write_report(loaded, Path(reports_root))
+        given = [k for k, v in (("run", run), ("ablation", ablation), ("nsys", nsys)) if v is not None]
+        if len(given) != 1:
+            raise ReportError(f"give exactly one of --run, --ablation, --nsys (got {' and '.join(given) or 'none'})")
+        runs_root, reports_root = Path(runs_root), Path(reports_root)
+        if run is not None:
+            loaded = load_run(resolve_run(runs_root, run))
+            written = _report_run(loaded, reports_root, loaded.run_id)
+        elif nsys is not None:
+            from harness.report_nsys import read_nsys
+
+            written = _report_run(read_nsys(Path(nsys)), reports_root, f"nsys-{Path(nsys).stem}")
+        else:
+            written = _report_ablation(str(ablation), runs_root, reports_root)
     except ReportError as exc:
         print(f"report: error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {out / 'summary.csv'}")
-    print(f"wrote {out / 'summary.md'}")
+    main = [p for p in written if p.name in ("summary.csv", "summary.md", "report.md", "report.html")]
+    for path in main:
+        print(f"wrote {path}")
+    print(f"wrote {len(written) - len(main)} more file(s) (CSVs, PNGs) in {written[0].parent}")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -15,8 +16,8 @@ from harness.data_parallel import FlatGradients
 from harness.records import RankRecorder
 from harness.timeline import Timeline
 from model.dense import DenseArch
-from model.sharded_embeddings import TableWiseShardedEmbeddings
-from model.sharding import table_wise_plan
+from model.sharded_embeddings import ShardedEmbeddingCollection
+from model.sharding import Shard, TablePlan
 
 
 class InjectedFault(RuntimeError):
@@ -29,8 +30,19 @@ class TrainResult:
     """This rank's loss (mean over its local batch) at every iteration, warm-up included."""
     dense_state: dict[str, torch.Tensor]
     """Final dense parameters (identical on every rank)."""
-    tables: dict[int, torch.Tensor]
-    """Final weights of the tables this rank owns, by table index."""
+    shards: list[tuple[int, Shard, torch.Tensor]]
+    """(table, shard, final weights) of every shard this rank holds."""
+
+
+def maybe_inject_fault(cfg: BenchConfig, rank: int, it: int, recorder: RankRecorder | None) -> None:
+    """--fail-at raises here; --stall-at hangs here (after leaving a note naming the cause)."""
+    if cfg.run.fail_at == (rank, it):
+        raise InjectedFault(f"injected fault on rank {rank} at iteration {it} (--fail-at)")
+    if cfg.run.stall_at == (rank, it):
+        if recorder is not None:
+            recorder.write_fault(f"injected stall on rank {rank} at iteration {it} (--stall-at)")
+        while True:
+            time.sleep(3600)
 
 
 def build_dense(cfg: BenchConfig, device: torch.device) -> DenseArch:
@@ -40,16 +52,13 @@ def build_dense(cfg: BenchConfig, device: torch.device) -> DenseArch:
         return DenseArch(**cfg.model.dense_arch_kwargs()).to(device)
 
 
-def table_plan(cfg: BenchConfig) -> list[int]:
-    return table_wise_plan([r * cfg.model.embedding_dim * 4 for r in cfg.model.table_rows], cfg.run.world_size)
-
-
 def train(
     cfg: BenchConfig,
     *,
     rank: int,
     device: torch.device,
     recorder: RankRecorder | None,
+    plan: list[TablePlan],
     group: dist.ProcessGroup | None = None,
 ) -> TrainResult:
     world = cfg.run.world_size
@@ -58,10 +67,10 @@ def train(
     dense = build_dense(cfg, device)
     grads = FlatGradients(dense, world_size=world, group=group)
     dense_opt = torch.optim.Adagrad(dense.parameters(), lr=cfg.optimizer.learning_rate, eps=cfg.optimizer.eps)
-    embeddings = TableWiseShardedEmbeddings(
+    embeddings = ShardedEmbeddingCollection(
         table_rows=cfg.model.table_rows,
         embedding_dim=cfg.model.embedding_dim,
-        owners=table_plan(cfg),
+        plan=plan,
         rank=rank,
         world_size=world,
         group=group,
@@ -87,8 +96,7 @@ def train(
     try:
         for it in range(total):
             batch = data.local_batch(it, rank, world).to(device)
-            if cfg.run.fail_at == (rank, it):
-                raise InjectedFault(f"injected fault on rank {rank} at iteration {it} (--fail-at)")
+            maybe_inject_fault(cfg, rank, it, recorder)
             timeline.begin_iteration(it)
             with timeline.stage("input_dist"):
                 ids = embeddings.input_dist(batch.sparse)
@@ -119,5 +127,5 @@ def train(
     return TrainResult(
         losses=losses,
         dense_state={k: v.detach().cpu().clone() for k, v in dense.state_dict().items()},
-        tables={t: w.detach().cpu().clone() for t, w in embeddings.table_weights().items()},
+        shards=[(t, s, w.detach().cpu().clone()) for t, s, w in embeddings.shard_weights()],
     )

@@ -13,7 +13,8 @@ import torch.distributed as dist
 
 from harness.config import BenchConfig
 from harness.device import resolve_device
-from harness.peaks import measure_gemm_gflops
+from harness.planning import plan_from_manifest
+from harness.peaks import measure_copy_gbps, measure_gemm_gflops
 from harness.records import RankRecorder, read_manifest
 from harness.train import train
 
@@ -41,13 +42,13 @@ def run_rank(run_dir: str) -> dict:
         torch.set_num_threads(threads_per_rank(local_world))
         device, backend = resolve_device(cfg.run.device, local_rank)
         dist.init_process_group(backend, timeout=dt.timedelta(seconds=cfg.run.collective_timeout_s))
-        gemm = measure_gemm_gflops(device)
         info = {
             "host": socket.gethostname(), "pid": os.getpid(), "device": str(device), "backend": backend,
-            "threads": torch.get_num_threads(), "gemm_gflops": gemm,
+            "threads": torch.get_num_threads(),
+            "gemm_gflops": measure_gemm_gflops(device), "copy_gbps": measure_copy_gbps(device),
         }
         recorder.write_info(info)
-        result = train(cfg, rank=rank, device=device, recorder=recorder)
+        result = train(cfg, rank=rank, device=device, recorder=recorder, plan=plan_from_manifest(manifest))
         info["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         if device.type == "cuda":
             info["peak_gpu_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30

@@ -1,7 +1,8 @@
-"""fbgemm table-batched embeddings with the optimizer fused into backward."""
+"""fbgemm table-batched embeddings, their optimizers, and the weights' deterministic init."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -9,8 +10,13 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     ComputeDevice,
+    DenseTableBatchedEmbeddingBagsCodegen,
     SplitTableBatchedEmbeddingBagsCodegen,
 )
+
+# fbgemm's CPU dense TBE registers its backward the old way and torch warns on every backward;
+# its gradients equal nn.EmbeddingBag's exactly (tests/test_embeddings.py checks them).
+warnings.filterwarnings("ignore", message="fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel")
 
 # The fused optimizers fbgemm's CPU and CUDA kernels both support (Adam is CUDA-only).
 EMBEDDING_OPTIMIZERS = {
@@ -19,27 +25,26 @@ EMBEDDING_OPTIMIZERS = {
     "exact_sgd": EmbOptimType.EXACT_SGD,
 }
 
+# Optimizer state a weight element carries, in floats per element (for memory planning).
+STATE_PER_ELEMENT = {"exact_adagrad": 1.0, "exact_rowwise_adagrad": 0.0, "exact_sgd": 0.0}
 
-def build_tbe(
-    *,
-    rows: Sequence[int],
-    dim: int,
-    device: torch.device,
-    optimizer: str,
-    learning_rate: float,
-    eps: float,
+INIT_CHUNK_ROWS = 65536
+"""Init draws come in chunks of this many full rows, each from its own seed: any shard's
+weights are a slice of the same full-table init, whatever the plan, without materialising
+the full table."""
+
+
+def build_fused_tbe(
+    *, rows: Sequence[int], dims: Sequence[int], device: torch.device, optimizer: str, learning_rate: float, eps: float
 ) -> SplitTableBatchedEmbeddingBagsCodegen:
-    """One table-batched embedding holding `rows` tables of width `dim`, sum-pooled.
-
-    backward() on its output updates the weights in place (the optimizer is fused), so the
-    embedding gradients never exist as tensors.
-    """
+    """Sum-pooled tables whose backward() updates the weights in place (optimizer fused):
+    the embedding gradients never exist as tensors."""
     if device.type == "cuda":
         location, compute = EmbeddingLocation.DEVICE, ComputeDevice.CUDA
     else:
         location, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
     return SplitTableBatchedEmbeddingBagsCodegen(
-        [(r, dim, location, compute) for r in rows],
+        [(r, d, location, compute) for r, d in zip(rows, dims)],
         optimizer=EMBEDDING_OPTIMIZERS[optimizer],
         learning_rate=learning_rate,
         eps=eps,
@@ -48,14 +53,32 @@ def build_tbe(
     )
 
 
-def init_table_(weight: torch.Tensor, *, table: int, seed: int) -> None:
-    """TorchRec's default init, U(-1/sqrt(rows), 1/sqrt(rows)), from a stream owned by this table alone.
+def build_dense_tbe(*, rows: Sequence[int], dims: Sequence[int], device: torch.device) -> DenseTableBatchedEmbeddingBagsCodegen:
+    """Sum-pooled tables with an ordinary dense weight gradient (for replicated, data-parallel tables)."""
+    return DenseTableBatchedEmbeddingBagsCodegen(
+        list(zip(rows, dims)), pooling_mode=PoolingMode.SUM, use_cpu=device.type != "cuda"
+    ).to(device)
 
-    Seeding per table (not per rank) makes the weights independent of the sharding plan and
-    the world size, which is what lets a sharded run be compared with an unsharded one.
+
+def init_shard_(
+    weight: torch.Tensor, *, table: int, table_rows: int, table_dim: int, row_start: int, col_start: int, seed: int
+) -> None:
+    """Fill a shard (rows row_start.., columns col_start..) with its slice of the table's init.
+
+    The table's init is TorchRec's default U(-1/sqrt(rows), 1/sqrt(rows)); chunk k of its
+    rows is drawn at the table's full width from a generator seeded by (seed, table, k) alone.
     """
-    bound = weight.shape[0] ** -0.5
-    gen = torch.Generator(device=weight.device)
-    gen.manual_seed(seed * 1_000_003 + table)
+    bound = table_rows**-0.5
+    rows, cols = weight.shape
+    row, end = row_start, row_start + rows
     with torch.no_grad():
-        weight.uniform_(-bound, bound, generator=gen)
+        while row < end:
+            k = row // INIT_CHUNK_ROWS
+            first = k * INIT_CHUNK_ROWS
+            gen = torch.Generator().manual_seed((seed * 1_000_003 + table) * 1_000_003 + k)
+            chunk = torch.empty(min(INIT_CHUNK_ROWS, table_rows - first), table_dim).uniform_(-bound, bound, generator=gen)
+            take = min(end, first + chunk.shape[0]) - row
+            weight[row - row_start : row - row_start + take].copy_(
+                chunk[row - first : row - first + take, col_start : col_start + cols]
+            )
+            row += take

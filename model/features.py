@@ -37,7 +37,11 @@ class SparseFeatures:
             values=self.values.to(device, non_blocking=non_blocking),
         )
 
-    def permute(self, order: torch.Tensor) -> "SparseFeatures":
-        """Features reordered so that feature i of the result is feature order[i] of this one."""
-        lengths, values, _ = torch.ops.fbgemm.permute_2D_sparse_data(order, self.lengths, self.values, None)
+    def permute(self, order: torch.Tensor, *, total_values: int | None = None) -> "SparseFeatures":
+        """Features reordered so that feature i of the result is feature order[i] of this one.
+
+        `order` (int32) may drop or repeat features; when it repeats one, fbgemm needs the
+        result's number of values, `total_values`.
+        """
+        lengths, values, _ = torch.ops.fbgemm.permute_2D_sparse_data(order, self.lengths, self.values, None, total_values)
         return SparseFeatures(lengths=lengths, values=values)

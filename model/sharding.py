@@ -1,22 +1,91 @@
-"""Sharding plans: which rank owns which embedding table."""
+"""Sharding plans: where each embedding table's rows and columns live.
+
+A plan is a list with one TablePlan per table. Every kind is expressed as shards (a row range
+times a column range on one rank), so placement, memory and cost are computed one way:
+
+- table_wise:    one shard, the whole table, on one rank;
+- column_wise:   k shards, all rows, a column block each, on k distinct ranks;
+- row_wise:      one shard per rank holding a block of ceil(rows / world) rows (the last
+                 blocks may be short or, for tiny tables, empty and then absent);
+- data_parallel: the whole table replicated on every rank.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
 
 
-def table_wise_plan(table_bytes: Sequence[int], world_size: int) -> list[int]:
-    """Owner rank of each table, balancing bytes per rank (largest table first, to the lightest rank).
+@dataclass(frozen=True)
+class Shard:
+    rank: int
+    row_start: int
+    row_end: int
+    col_start: int
+    col_end: int
 
-    Deterministic: ties go to the lowest rank, so every rank computes the same plan alone.
-    Ranks may own no table when there are more ranks than tables.
-    """
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    load = [0] * world_size
-    owners = [0] * len(table_bytes)
-    for t in sorted(range(len(table_bytes)), key=lambda t: (-table_bytes[t], t)):
-        r = min(range(world_size), key=lambda r: (load[r], r))
-        owners[t] = r
-        load[r] += table_bytes[t]
-    return owners
+    @property
+    def rows(self) -> int:
+        return self.row_end - self.row_start
+
+    @property
+    def cols(self) -> int:
+        return self.col_end - self.col_start
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    kind: str
+    shards: tuple[Shard, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "shards": [asdict(s) for s in self.shards]}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "TablePlan":
+        return TablePlan(kind=d["kind"], shards=tuple(Shard(**s) for s in d["shards"]))
+
+
+def table_wise(rows: int, dim: int, rank: int) -> TablePlan:
+    return TablePlan("table_wise", (Shard(rank, 0, rows, 0, dim),))
+
+
+def column_wise(rows: int, dim: int, ranks: Sequence[int]) -> TablePlan:
+    k = len(ranks)
+    if k < 1 or dim % k or len(set(ranks)) != k:
+        raise ValueError(f"column_wise needs {k} distinct ranks and a dim divisible by them; dim is {dim}")
+    w = dim // k
+    return TablePlan("column_wise", tuple(Shard(r, 0, rows, i * w, (i + 1) * w) for i, r in enumerate(ranks)))
+
+
+def row_block(rows: int, world_size: int) -> int:
+    return -(-rows // world_size)
+
+
+def row_wise(rows: int, dim: int, world_size: int) -> TablePlan:
+    b = row_block(rows, world_size)
+    shards = tuple(
+        Shard(r, r * b, min(rows, (r + 1) * b), 0, dim) for r in range(world_size) if r * b < rows
+    )
+    return TablePlan("row_wise", shards)
+
+
+def data_parallel(rows: int, dim: int, world_size: int) -> TablePlan:
+    return TablePlan("data_parallel", tuple(Shard(r, 0, rows, 0, dim) for r in range(world_size)))
+
+
+def check_plan(plan: Sequence[TablePlan], table_rows: Sequence[int], dim: int, world_size: int) -> None:
+    """Every table covered exactly once (replicas aside), on ranks that exist."""
+    if len(plan) != len(table_rows):
+        raise ValueError(f"plan has {len(plan)} tables, model has {len(table_rows)}")
+    for t, (tp, rows) in enumerate(zip(plan, table_rows)):
+        if tp.kind not in SHARDING_TYPES:
+            raise ValueError(f"table {t}: unknown sharding type {tp.kind!r}")
+        if any(not 0 <= s.rank < world_size for s in tp.shards):
+            raise ValueError(f"table {t}: shard on a rank outside 0..{world_size - 1}")
+        copies = world_size if tp.kind == "data_parallel" else 1
+        if sum(s.rows * s.cols for s in tp.shards) != copies * rows * dim:
+            raise ValueError(f"table {t}: {tp.kind} shards do not cover {rows} x {dim} exactly")

@@ -13,9 +13,13 @@ from torch import nn
 
 
 def embedding_init(rows: int, dim: int, *, table: int, seed: int) -> torch.Tensor:
-    """design: U(-1/sqrt(rows), 1/sqrt(rows)) from a generator seeded by (seed, table) alone."""
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + table)
-    return torch.empty(rows, dim).uniform_(-(rows**-0.5), rows**-0.5, generator=gen)
+    """The documented init rule (model/embeddings.py): U(-1/sqrt(rows), 1/sqrt(rows)), rows drawn
+    in chunks of 65536 full-width rows, chunk k from a generator seeded by (seed, table, k)."""
+    chunks = []
+    for k, first in enumerate(range(0, rows, 65536)):
+        gen = torch.Generator().manual_seed((seed * 1_000_003 + table) * 1_000_003 + k)
+        chunks.append(torch.empty(min(65536, rows - first), dim).uniform_(-(rows**-0.5), rows**-0.5, generator=gen))
+    return torch.cat(chunks)
 
 
 class ReferenceDLRM:

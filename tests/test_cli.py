@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-import harness.launch
+import harness.cli
 from harness.cli import main
 from harness.report import load_run
 from harness.stages import STAGES
@@ -20,7 +20,7 @@ def no_launch(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a process was launched for bad input")
 
-    monkeypatch.setattr(harness.launch, "launch_local", refuse)
+    monkeypatch.setattr(harness.cli, "launch_run", refuse)
 
 
 BAD_BENCH = {
@@ -34,6 +34,13 @@ BAD_BENCH = {
     "batch not divisible": (["--preset", "tiny", "--gpus-per-node", "5"], "does not divide by the world size 5"),
     "unknown flag": (["--warp-speed"], "unrecognized arguments: --warp-speed"),
     "cuda without cuda": (["--device", "cuda"], "no usable CUDA device"),
+    "unknown sharding": (["--sharding", "diagonal"], "invalid choice: 'diagonal'"),
+    "column-wise dim": (["--preset", "tiny", "--gpus-per-node", "3", "--sharding", "column_wise", "--column-shards", "3"],
+                        "needs a dim divisible by 3"),
+    "table fits nowhere": (["--preset", "mlperf", "--sharding", "table_wise", "--memory-gib", "1"], "fits on no rank"),
+    "bad per-table": (["--shard", "99=row_wise"], "names table 99"),
+    "rendezvous without node rank": (["--rdzv-endpoint", "127.0.0.1:1"], "no node rank"),
+    "rendezvous without run id": (["--rdzv-endpoint", "127.0.0.1:1", "--node-rank", "0"], "same --run-id"),
 }
 
 

@@ -1,31 +1,56 @@
-"""Table-wise plans and the feature permutations input distribution is built on."""
+"""Shard layouts, plan checks, and the feature permutations input distribution is built on."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from model.features import SparseFeatures
-from model.sharding import table_wise_plan
+from model.sharding import check_plan, column_wise, data_parallel, row_wise, table_wise
 
 
-def test_plan_balances_bytes_and_is_deterministic():
-    sizes = [40, 100, 10, 90, 30, 50]
-    owners = table_wise_plan(sizes, 2)
-    # By hand, largest first to the lightest rank (ties to rank 0): 100->0, 90->1, 50->1,
-    # 40->0, 30->0 (140 vs 140), 10->1.
-    assert owners == [0, 0, 1, 1, 0, 1]
-    assert owners == table_wise_plan(sizes, 2)
+def test_row_wise_blocks_cover_rows_and_skip_empty_ranks():
+    tp = row_wise(10, 4, 4)  # block ceil(10/4) = 3: rows 0-2, 3-5, 6-8, 9
+    assert [(s.rank, s.row_start, s.row_end) for s in tp.shards] == [(0, 0, 3), (1, 3, 6), (2, 6, 9), (3, 9, 10)]
+    tp = row_wise(3, 4, 4)  # block 1: rank 3 holds nothing
+    assert [s.rank for s in tp.shards] == [0, 1, 2]
 
 
-def test_plan_with_more_ranks_than_tables_leaves_ranks_empty():
-    owners = table_wise_plan([5, 4, 3], 5)
-    assert sorted(owners) == [0, 1, 2]
+def test_column_wise_needs_divisible_dim():
+    assert [(s.col_start, s.col_end) for s in column_wise(5, 16, [2, 0]).shards] == [(0, 8), (8, 16)]
+    with pytest.raises(ValueError, match="divisible"):
+        column_wise(5, 16, [0, 1, 2])
 
 
-def test_permute_reorders_whole_features():
+def test_check_plan_catches_gaps_and_bad_ranks():
+    rows = [10, 20]
+    check_plan([table_wise(10, 4, 1), data_parallel(20, 4, 2)], rows, 4, 2)
+    with pytest.raises(ValueError, match="outside"):
+        check_plan([table_wise(10, 4, 2), table_wise(20, 4, 0)], rows, 4, 2)
+    with pytest.raises(ValueError, match="cover"):
+        check_plan([table_wise(10, 4, 0), table_wise(19, 4, 0)], rows, 4, 2)
+
+
+def test_permute_reorders_drops_and_repeats_whole_features():
     lengths = torch.tensor([[1, 2], [0, 1], [2, 0]])
     values = torch.tensor([10, 11, 12, 20, 30, 31])  # f0: [10], [11, 12]; f1: [], [20]; f2: [30, 31], []
-    out = SparseFeatures(lengths=lengths, values=values).permute(torch.tensor([2, 0, 1], dtype=torch.int32))
+    f = SparseFeatures(lengths=lengths, values=values)
+    out = f.permute(torch.tensor([2, 0, 1], dtype=torch.int32))
     assert out.lengths.tolist() == [[2, 0], [1, 2], [0, 1]]
     assert out.values.tolist() == [30, 31, 10, 11, 12, 20]
     assert out.offsets().tolist() == [0, 2, 2, 3, 5, 5, 6]
+    rep = f.permute(torch.tensor([1, 1], dtype=torch.int32), total_values=2)
+    assert rep.values.tolist() == [20, 20]
+    assert f.permute(torch.tensor([2], dtype=torch.int32)).values.tolist() == [30, 31]
+
+
+def test_block_bucketize_routes_ids_to_row_blocks():
+    # The op row-wise input dist relies on: ids go to rank id // block, rebased to the block.
+    lengths = torch.tensor([2, 1, 0, 3])  # 2 features x batch 2
+    values = torch.tensor([0, 5, 7, 1, 8, 9])
+    out_lengths, out_values, *_ = torch.ops.fbgemm.block_bucketize_sparse_features(
+        lengths, values, False, False, torch.tensor([4, 5]), 2, None
+    )
+    # rank 0: f0 [0] | [], f1 [] | [1]; rank 1: f0 [5-4] | [7-4], f1 [] | [8-5, 9-5]
+    assert out_lengths.tolist() == [1, 0, 0, 1, 1, 1, 0, 2]
+    assert out_values.tolist() == [0, 1, 1, 3, 3, 4]

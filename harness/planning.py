@@ -1,0 +1,105 @@
+"""From a config to a sharding plan: the hardware profile, the planner call, the printed table.
+
+The plan is made once, by the launcher, before any rank starts; it goes into the manifest
+and every rank reads it from there, so all ranks agree and the run records what ran.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from harness.config import BenchConfig
+from model.embeddings import STATE_PER_ELEMENT
+from model.planner import Topology, TableSpec, plan_tables
+from model.sharding import TablePlan
+
+GB = 1e9
+
+# Per-rank figures. h100: 80 GB HBM3 of which 64 GiB for embeddings (the rest: dense model,
+# activations, NCCL buffers), 3.35 TB/s HBM, NVLink 4 at 450 GB/s a direction, one 400 Gb/s
+# NDR InfiniBand port per GPU (50 GB/s). cpu: a share of host RAM, one core's copy bandwidth,
+# gloo over loopback and 10 GbE between hosts.
+PROFILES: dict[str, dict[str, float | None]] = {
+    "h100": {"memory_gib": 64.0, "memory_gbps": 3350.0, "intra_node_gbps": 450.0, "inter_node_gbps": 50.0},
+    "cpu": {"memory_gib": None, "memory_gbps": 20.0, "intra_node_gbps": 2.0, "inter_node_gbps": 1.25},
+}
+
+
+def host_memory_share_gib(ranks_per_host: int) -> float:
+    """Half the host's RAM split over the ranks it runs (the rest: dense model, data, the OS)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return total / 2 / ranks_per_host / 2**30
+
+
+def topology(cfg: BenchConfig, *, ranks_per_host: int) -> Topology:
+    sh, prof = cfg.sharding, PROFILES[cfg.sharding.hardware]
+    memory_gib = sh.memory_gib or prof["memory_gib"] or host_memory_share_gib(ranks_per_host)
+    return Topology(
+        world_size=cfg.run.world_size,
+        ranks_per_node=cfg.run.gpus_per_node,
+        memory_bytes=memory_gib * 2**30,
+        memory_bw=(sh.memory_gbps or prof["memory_gbps"]) * GB,
+        intra_node_bw=(sh.intra_node_gbps or prof["intra_node_gbps"]) * GB,
+        inter_node_bw=(sh.inter_node_gbps or prof["inter_node_gbps"]) * GB,
+    )
+
+
+def make_plan(cfg: BenchConfig, *, ranks_per_host: int) -> tuple[list[TablePlan], dict[str, Any]]:
+    """The plan and a manifest-ready description of it (per-rank memory and estimated cost).
+
+    Raises model.planner.PlanError (a ValueError) when no plan fits.
+    """
+    m = cfg.model
+    tables = [TableSpec(rows=r, dim=m.embedding_dim, pooling=h) for r, h in zip(m.table_rows, m.multi_hot)]
+    forced = {t: cfg.sharding.kind for t in range(m.num_sparse)} if cfg.sharding.kind != "auto" else {}
+    forced.update(dict(cfg.sharding.per_table))
+    topo = topology(cfg, ranks_per_host=ranks_per_host)
+    plan, loads = plan_tables(
+        tables, topo, global_batch=cfg.data.global_batch_size,
+        state_per_row=STATE_PER_ELEMENT[cfg.optimizer.embedding_optimizer],
+        forced=forced, column_shards=cfg.sharding.column_shards,
+    )
+    ranks = [
+        {"rank": r, "node": r // cfg.run.gpus_per_node, "memory_gib": ld.memory_bytes / 2**30,
+         "est_ms": ld.cost_s * 1e3, "shards": ld.shards}
+        for r, ld in enumerate(loads)
+    ]
+    costs = [r["est_ms"] for r in ranks]
+    desc = {
+        "hardware": cfg.sharding.hardware,
+        "topology": {"memory_gib": topo.memory_bytes / 2**30, "memory_gbps": topo.memory_bw / GB,
+                     "intra_node_gbps": topo.intra_node_bw / GB, "inter_node_gbps": topo.inter_node_bw / GB,
+                     "link": "inter-node" if topo.world_size > topo.ranks_per_node else "intra-node"},
+        "kinds": {k: sum(tp.kind == k for tp in plan) for k in ("table_wise", "column_wise", "row_wise", "data_parallel")},
+        "est_ms_max": max(costs), "est_ms_min": min(costs),
+        "memory_gib_max": max(r["memory_gib"] for r in ranks),
+        "ranks": ranks,
+        "tables": [tp.to_dict() for tp in plan],
+    }
+    return plan, desc
+
+
+def format_plan(desc: dict[str, Any], *, max_rows: int | None = None) -> str:
+    """The plan as a table: rank, node, shards, memory GiB, estimated cost."""
+    t = desc["topology"]
+    kinds = ", ".join(f"{n} {k}" for k, n in desc["kinds"].items() if n)
+    lines = [
+        f"sharding plan ({desc['hardware']} profile: {t['memory_gib']:.1f} GiB a rank, memory {t['memory_gbps']:.0f} GB/s, "
+        f"{t['link']} link {t['inter_node_gbps' if t['link'] == 'inter-node' else 'intra_node_gbps']:.2f} GB/s): {kinds}",
+        f"{'rank':>5} {'node':>5} {'memory_gib':>10} {'est_ms':>8}  shards",
+    ]
+    rows = desc["ranks"] if max_rows is None else desc["ranks"][:max_rows]
+    for r in rows:
+        lines.append(f"{r['rank']:>5} {r['node']:>5} {r['memory_gib']:>10.3f} {r['est_ms']:>8.3f}  {' '.join(r['shards']) or '-'}")
+    if len(rows) < len(desc["ranks"]):
+        lines.append(f"  ... {len(desc['ranks']) - len(rows)} more ranks (all in the manifest)")
+    lines.append(
+        f"estimated cost a rank: max {desc['est_ms_max']:.3f} ms, min {desc['est_ms_min']:.3f} ms "
+        f"(spread {desc['est_ms_max'] / max(desc['est_ms_min'], 1e-12):.2f}x); memory max {desc['memory_gib_max']:.3f} GiB"
+    )
+    return "\n".join(lines)
+
+
+def plan_from_manifest(manifest: dict[str, Any]) -> list[TablePlan]:
+    return [TablePlan.from_dict(d) for d in manifest["sharding_plan"]["tables"]]

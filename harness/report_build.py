@@ -1,0 +1,198 @@
+"""Assemble and write a whole report folder: reports/<name>/ with report.md, report.html, CSVs, PNGs.
+
+Everything is computed before the folder is made, so a report that cannot be made leaves
+nothing behind.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from harness import report_ablation as abl
+from harness import report_plots as plots
+from harness import report_tables as tables
+from harness.report_html import Doc
+from harness.report_load import FLAGS, ReportError, Run, records
+from harness.report_roofline import roofline_table
+
+MAX_TIMELINE_ITERS = 3
+
+
+def _drop_run_id(df: pd.DataFrame) -> pd.DataFrame:
+    return df.drop(columns=[c for c in ("run_id",) if c in df.columns])
+
+
+def optimizations_table(manifest: dict) -> pd.DataFrame | None:
+    """requested / effective / reason per flag, from manifest["optimizations"]; None if absent."""
+    opts = manifest.get("optimizations")
+    if not isinstance(opts, dict):
+        return None
+    req, eff = opts.get("requested") or {}, opts.get("effective") or {}
+    why = opts.get("inactive_reasons") or {}
+    names = [f for f in FLAGS if f in req or f in eff] + sorted((set(req) | set(eff)) - set(FLAGS))
+    return pd.DataFrame([{"flag": f, "requested": req.get(f), "effective": eff.get(f), "inactive_reason": why.get(f, "")}
+                         for f in names])
+
+
+def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
+    """Write the full report of one run (or nsys trace) into `out`; return the files written.
+
+    header: the summary's header lines (status, world size, iteration counts, failure).
+    """
+    df = records(run)
+    doc = Doc(f"Run {run.run_id}")
+    # "!! " lines (failed or incomplete run, ranks or stages without records) become warnings.
+    doc.bullets([line for line in header if not line.startswith("!! ")])
+    for line in header:
+        if line.startswith("!! "):
+            doc.warn(line[3:])
+    csvs: dict[str, pd.DataFrame] = {}
+    multi_node = df["node"].nunique() > 1
+
+    doc.h2("Iterations")
+    doc.p("Job iteration = slowest rank (ranks step together); only iterations every rank recorded count. "
+          "samples_per_s = samples / summed iteration time.")
+    it_job, it_rank = tables.iteration_table(df, "job"), tables.iteration_table(df, "rank")
+    doc.table(_drop_run_id(it_job))
+    scopes = [it_job.assign(scope="job"), it_rank.assign(scope="rank")]
+    if multi_node:
+        it_node = tables.iteration_table(df, "node")
+        doc.p("Per node (node iteration = its slowest rank):")
+        doc.table(_drop_run_id(it_node))
+        scopes.append(it_node.assign(scope="node"))
+    doc.p("Per rank:")
+    doc.table(_drop_run_id(it_rank))
+    csvs["iteration_stats"] = pd.concat(scopes, ignore_index=True)
+    csvs["iterations"] = tables.job_iterations(df, warmup=True)
+
+    staged = not tables.timed_stages(df).empty
+    pngs = []
+    if staged:
+        st_job, st_rank = tables.stage_stats(df, "job"), tables.stage_stats(df, "rank")
+        csvs["stages"], csvs["stages_by_rank"] = st_job, st_rank
+        doc.h2("Stages, all ranks")
+        doc.p("Duration stats of non-warm-up records (ms); share = mean stage time / mean iteration time "
+              "(a sum above 100% means overlap, below it untimed gaps).")
+        doc.table(_drop_run_id(st_job))
+        doc.h2("Stages per rank (mean ms)")
+        doc.table(tables.stage_pivot(st_rank, "rank"), index=True)
+        if multi_node:
+            st_node = tables.stage_stats(df, "node")
+            csvs["stages_by_node"] = st_node
+            doc.h2("Stages per node (mean ms)")
+            doc.table(tables.stage_pivot(st_node, "node"), index=True)
+        strag = tables.straggler_table(df)
+        csvs["stragglers"] = strag
+        doc.h2("Stragglers")
+        doc.p("Per stage, the rank with the largest mean time and its gap to the median rank's mean. "
+              "Ranks wait for each other inside collectives, so look at compute-heavy stages first.")
+        doc.table(_drop_run_id(strag))
+        overlap = tables.input_dist_overlap(df)
+        csvs["input_dist_overlap"] = overlap
+        doc.h2("Input distribution hidden by the pipeline")
+        pipe = run.manifest.get("pipeline")
+        doc.p(f"pipeline: {'on' if pipe else 'off' if pipe is False else 'not recorded'}. hidden = time of each "
+              "input_dist span that overlaps the same rank's other stages (from start/end times).")
+        doc.table(_drop_run_id(overlap))
+        _roofline(run, doc, csvs)
+        pngs.append((plots.plot_stage_bars, (tables.stage_pivot(st_rank, "rank"),),
+                     dict(title=f"Stage time per rank, run {run.run_id}", row_label="rank"),
+                     "stage_bars.png", "Mean stage time per rank (stacked, ms)"))
+        pngs.append((plots.plot_timeline, (df,), dict(iterations=MAX_TIMELINE_ITERS), "timeline.png",
+                     "Per-rank timeline of a few non-warm-up iterations"))
+    else:
+        doc.h2("Stages")
+        doc.p("No stage records (a run made with --no-timeline, or none flushed): iteration times only.")
+    opt = optimizations_table(run.manifest)
+    if opt is not None:
+        doc.h2("Optimizations")
+        doc.table(opt)
+    ranks = _rank_table(run)
+    if ranks is not None and not ranks.empty:
+        doc.h2("Ranks")
+        doc.table(ranks)
+    pngs.append((plots.plot_iteration_time, (df,), dict(title=f"Iteration time, run {run.run_id}"),
+                 "iteration_time.png", "Iteration time over the run (warm-up shaded)"))
+    return _write(out, doc, csvs, pngs)
+
+
+def _roofline(run: Run, doc: Doc, csvs: dict) -> None:
+    doc.h2("Roofline")
+    try:
+        roof, by_rank = roofline_table(run), roofline_table(run, per_rank=True)
+    except ReportError as exc:
+        doc.p(str(exc))
+        return
+    csvs["roofline"], csvs["roofline_by_rank"] = roof, by_rank
+    doc.p("Analytic work of one iteration on one rank (mean over ranks) against measured peaks "
+          "(gemm_gflops: torch.mm; copy_gbps: device memory copy, read + write); n/a: peak not measured. "
+          "Formulas: harness/report_roofline.py.")
+    doc.table(roof)
+
+
+def _rank_table(run: Run) -> pd.DataFrame | None:
+    from harness.report import rank_table  # the summary's own table; late import avoids a cycle
+    try:
+        return rank_table(run)
+    except (KeyError, ValueError):
+        return None
+
+
+def _write(out: Path, doc: Doc, csvs: dict[str, pd.DataFrame], pngs: list) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, df in csvs.items():
+        df.to_csv(out / f"{name}.csv", index=False)
+        written.append(out / f"{name}.csv")
+    doc.h2("Plots")
+    for fn, args, kwargs, name, caption in pngs:
+        written.append(fn(*args, out / name, **kwargs))
+        doc.image(out / name, caption)
+    return written + doc.write(out)
+
+
+def ablation_report(ab: abl.Ablation, out: Path) -> tuple[list[Path], pd.DataFrame]:
+    """Write the report of an ablation into `out`; return the files written and the config table."""
+    table = abl.ablation_table(ab)
+    if table["iterations"].sum() == 0:
+        raise ReportError(f"ablation {ab.ablation_id}: no run of any config has complete non-warm-up "
+                          "iterations; nothing to report")
+    contrib = abl.flag_contributions(ab, table)
+    m = ab.manifest
+    doc = Doc(f"Ablation {ab.ablation_id}")
+    doc.bullets([f"status {m.get('status', '?')}  preset {m.get('preset', '?')}  "
+                 f"{m.get('nodes', '?')} node(s) x {m.get('gpus_per_node', '?')} per node  "
+                 f"repeats {m.get('repeats', '?')}",
+                 f"started {m.get('start_time', '?')}  ended {m.get('end_time') or '-'}",
+                 f"flags: {', '.join(m.get('flags') or [])}"])
+    if m.get("status") != "completed":
+        doc.warn(f"ablation {str(m.get('status', '?')).upper()}: configs below cover only the runs written")
+    for run_id, why in ab.missing.items():
+        doc.warn(f"run {run_id} not read: {why}")
+    doc.h2("Configs")
+    doc.p("iter_ms: mean job iteration time, each repeat weighing the same; 95% CI by bootstrap over "
+          "repeats, then iterations within them (seeded). speedup = baseline / config. n/a: the "
+          "config's requested flags were all inactive (reason in note).")
+    doc.table(table)
+    doc.h2("Marginal contribution of each flag (ms saved per iteration)")
+    doc.p("alone = baseline - (+flag); removal = (all - flag) - all. Positive = the flag makes it faster.")
+    doc.table(contrib)
+    stage_means = abl.config_stage_means(ab)
+    csvs = {"ablation": table, "contributions": contrib, "stages_by_config": stage_means.reset_index(names="config")}
+    pngs = []
+    if not stage_means.empty:
+        doc.h2("Mean stage time per config (ms)")
+        doc.table(stage_means, index=True)
+        pngs.append((plots.plot_stage_bars, (stage_means,), dict(title=f"Stage time per config, ablation {ab.ablation_id}",
+                     row_label="config"), "stage_bars.png", "Mean stage time per config (stacked, ms)"))
+    ms = table.set_index("config")["iter_ms"]
+    base, full = abl._by_kind(ab, "baseline"), abl._by_kind(ab, "all")
+    if base is not None and not pd.isna(ms.get(base)):
+        pngs.append((plots.plot_waterfall, (contrib, float(ms[base]), float(ms.get(full, float("nan")))),
+                     dict(title=f"Ablation {ab.ablation_id}: baseline to all flags (green: faster)"),
+                     "waterfall.png", "Waterfall: each flag alone, then the interaction, to all flags on"))
+    doc.h2("Runs")
+    doc.bullets([f"{c['name']}: {', '.join(c.get('runs') or []) or '(none)'}" for c in ab.configs])
+    return _write(out, doc, csvs, pngs), table

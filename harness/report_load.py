@@ -1,0 +1,262 @@
+"""Reading run folders (runs/<run_id>/) into pandas: the one place the report side reads them.
+
+`load_run` gives one run's manifest and raw records; `records` flattens a loaded run into the
+long frame every table of the report is computed from, and `load_runs` does that for many
+run folders at once (the notebook entry point).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+# The five stages of one iteration, in execution order (design.md, "The five stages").
+from harness.stages import STAGES
+
+STAGE_COLUMNS = ("run_id", "rank", "node", "iteration", "stage",
+                 "start_ns", "end_ns", "duration_ms", "warmup")
+ITERATION_COLUMNS = ("run_id", "rank", "node", "iteration", "start_ns", "end_ns",
+                     "iter_ms", "loss", "samples", "warmup")
+# The optimizations of design.md; a manifest may name more, which are kept too.
+FLAGS = ("cuda_graphs", "threaded_input_dist", "pinned_d2h", "avoid_record_streams", "skip_splits_a2a")
+# Columns of the flat frame besides the flags, in order.
+RUN_COLUMNS = ("run_id", "preset", "world_size", "nodes", "device", "status", "pipeline")
+RECORD_COLUMNS = ("rank", "node", "iteration", "warmup", "stage", "start_ns", "end_ns", "duration_ms",
+                  "iter_start_ns", "iter_end_ns", "iter_ms", "samples", "loss")
+
+
+class ReportError(Exception):
+    """A problem the user can fix; the message is one line meant to be printed as is."""
+
+
+@dataclass(kw_only=True)
+class Run:
+    """Everything read from one run folder."""
+
+    manifest: dict
+    """manifest.json as written by the run; `run_id` is filled from the folder name if absent."""
+    stages: pd.DataFrame
+    """All stage records of all ranks and parts, warm-up rows included."""
+    iterations: pd.DataFrame
+    """All per-iteration records of all ranks and parts, warm-up rows included."""
+
+    @property
+    def run_id(self) -> str:
+        return str(self.manifest["run_id"])
+
+
+# --- finding and reading runs -------------------------------------------------
+
+def read_json(path: Path, what: str = "") -> dict:
+    """A JSON object from `path`, or a one-line ReportError saying what is wrong."""
+    if not path.is_file():
+        raise ReportError(f"{path} is missing{what}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"cannot read {path}: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(data, dict):
+        raise ReportError(f"{path} does not hold a JSON object")
+    return data
+
+
+def _read_manifest(run_dir: Path) -> dict:
+    return read_json(run_dir / "manifest.json", f": {run_dir} is not a run folder "
+                     "(or its run died before writing the manifest)")
+
+
+def start_key(manifest: dict) -> datetime:
+    # Parse rather than compare strings: runs started on hosts with different UTC
+    # offsets must still order by real time. Naive times are taken as UTC.
+    try:
+        t = datetime.fromisoformat(str(manifest.get("start_time")))
+    except ValueError:
+        return datetime.min.replace(tzinfo=timezone.utc)
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def _runs_by_start(runs_root: Path) -> list[str]:
+    """Run ids under runs_root, oldest first; folders without a readable manifest are skipped."""
+    if not runs_root.is_dir():
+        return []
+    keyed = []
+    for d in runs_root.iterdir():
+        if not d.is_dir():
+            continue
+        try:
+            keyed.append((start_key(_read_manifest(d)), d.name))
+        except ReportError:
+            continue  # half-created or foreign folder (ablations/): it cannot be ranked by start time
+    return [name for _, name in sorted(keyed)]
+
+
+def is_plain_name(name: str) -> bool:
+    """Only a plain folder name is an id; "..", "a/b" must not reach outside the root."""
+    return Path(name).name == name and name not in ("", ".", "..")
+
+
+def resolve_run(runs_root: Path, run: str) -> Path:
+    """The folder of run id `run`, or of the most recently started run for "latest"."""
+    runs_root = Path(runs_root)
+    known = _runs_by_start(runs_root)
+    if run == "latest":
+        if not known:
+            raise ReportError(f"no runs under {runs_root}/ yet; make one with `make bench`")
+        return runs_root / known[-1]
+    if is_plain_name(run) and (runs_root / run).is_dir():
+        return runs_root / run
+    there = ", ".join(known) if known else "none (make one with `make bench`)"
+    raise ReportError(f"no run '{run}' under {runs_root}/; runs there: {there}")
+
+
+def _read_parts(run_dir: Path, pattern: str, columns: tuple[str, ...]) -> pd.DataFrame:
+    frames = []
+    for path in sorted(run_dir.glob(f"rank*/{pattern}")):
+        try:
+            df = pd.read_parquet(path)
+        except Exception as exc:  # pyarrow raises several types for a torn/corrupt file
+            raise ReportError(f"cannot read {path}: {str(exc).splitlines()[0]}") from exc
+        missing = [c for c in columns if c not in df.columns]
+        if missing:
+            raise ReportError(f"{path} lacks column(s) {', '.join(missing)}")
+        frames.append(df)
+    if not frames:
+        # A run that has not flushed a part yet: an empty frame lets the summaries
+        # give the "no records" error instead of a KeyError.
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+    df = pd.concat(frames, ignore_index=True)
+    df["warmup"] = df["warmup"].astype(bool)
+    return df
+
+
+def check_stage_names(run_id: str, stages: pd.DataFrame) -> None:
+    unknown = sorted(set(stages["stage"].dropna()) - set(STAGES))
+    if unknown:
+        # Stage names are a contract with the writer; a report that silently dropped
+        # records would mislead, so say which names are wrong.
+        raise ReportError(f"run {run_id}: unknown stage name(s) {', '.join(map(str, unknown))}; "
+                          f"expected {', '.join(STAGES)}")
+
+
+def load_run(run_dir: Path) -> Run:
+    """Read the manifest and all parquet parts of all ranks; incomplete runs load too.
+
+    A run still going (or killed) has no `ranks` in its manifest yet; the ranks' own
+    rank.json notes are read instead, so the roofline still has its peaks.
+    """
+    run_dir = Path(run_dir)
+    manifest = _read_manifest(run_dir)
+    manifest.setdefault("run_id", run_dir.name)
+    if not manifest.get("ranks"):
+        notes = []
+        for p in sorted(run_dir.glob("rank*/rank.json")):
+            try:
+                notes.append(read_json(p))
+            except ReportError:
+                continue  # torn note of a dying rank: peaks become n/a, nothing else depends on it
+        if notes:
+            manifest["ranks"] = notes
+    stages = _read_parts(run_dir, "stages-*.parquet", STAGE_COLUMNS)
+    check_stage_names(str(manifest["run_id"]), stages)
+    iterations = _read_parts(run_dir, "iterations-*.parquet", ITERATION_COLUMNS)
+    return Run(manifest=manifest, stages=stages, iterations=iterations)
+
+
+# --- the flat frame -----------------------------------------------------------
+
+def effective_flags(manifest: dict) -> dict[str, object]:
+    """Flag -> effective bool; pd.NA for every flag when the manifest predates optimizations."""
+    opts = manifest.get("optimizations")
+    if not isinstance(opts, dict):
+        return {f: pd.NA for f in FLAGS}
+    effective = opts.get("effective") or {}
+    requested = opts.get("requested") or {}
+    names = list(FLAGS) + sorted((set(effective) | set(requested)) - set(FLAGS))
+    return {f: bool(effective[f]) if f in effective else pd.NA for f in names}
+
+
+def run_info(manifest: dict) -> dict[str, object]:
+    """The per-run columns of the flat frame."""
+    pipeline = manifest.get("pipeline")
+    return {
+        "run_id": str(manifest.get("run_id")),
+        "preset": manifest.get("preset"),
+        "world_size": manifest.get("world_size"),
+        "nodes": manifest.get("nodes"),
+        "device": manifest.get("device"),
+        "status": manifest.get("status"),
+        "pipeline": bool(pipeline) if isinstance(pipeline, bool) else pd.NA,
+        **effective_flags(manifest),
+    }
+
+
+def records(run: Run) -> pd.DataFrame:
+    """One run as the flat frame: a row per stage record, its iteration's figures beside it.
+
+    Columns: run_id, preset, world_size, nodes, device, status, pipeline, one boolean column per
+    optimization flag (effective value; NA when the manifest does not say), then rank, node,
+    iteration, warmup, stage, start_ns, end_ns, duration_ms, and from the iteration record
+    iter_start_ns, iter_end_ns, iter_ms, samples, loss. An iteration without stage records
+    (a run made with --no-timeline) is one row with stage NA; a stage record without an
+    iteration record has NA iteration figures. Nothing is dropped here.
+    """
+    keys = ["rank", "iteration"]
+    st = run.stages[[c for c in STAGE_COLUMNS if c != "run_id"]].copy()
+    it = run.iterations[["rank", "node", "iteration", "start_ns", "end_ns", "iter_ms", "samples",
+                         "loss", "warmup"]].rename(
+        columns={"start_ns": "iter_start_ns", "end_ns": "iter_end_ns", "node": "iter_node",
+                 "warmup": "iter_warmup"})
+    # Nullable ints: the outer merge would otherwise turn times with a missing side into floats.
+    for df, cols in ((st, ("start_ns", "end_ns")), (it, ("iter_start_ns", "iter_end_ns"))):
+        for k in keys:
+            df[k] = df[k].astype("int64")
+        for c in cols:
+            df[c] = df[c].astype("Int64")
+    df = st.merge(it, on=keys, how="outer")
+    # Fill what only one side had: iteration-only rows take the iteration's node and warm-up mark.
+    df["node"] = df["node"].fillna(df["iter_node"])
+    df["warmup"] = df["warmup"].fillna(df["iter_warmup"]).astype(bool)
+    df = df.drop(columns=["iter_node", "iter_warmup"])
+    df["stage"] = df["stage"].astype(object)  # stays text even when every row lacks a stage
+    df["node"] = df["node"].astype("int64")
+    info = run_info(run.manifest)
+    flags = set(effective_flags(run.manifest))
+    for name, value in reversed(info.items()):
+        col = pd.Series([value] * len(df), index=df.index)
+        if name == "pipeline" or name in flags:
+            col = col.astype("boolean")
+        df.insert(0, name, col)
+    df = df[[*info, *RECORD_COLUMNS]]
+    order = df["stage"].map({s: i for i, s in enumerate(STAGES)})
+    return (df.assign(_o=order).sort_values(["rank", "iteration", "_o"], na_position="first")
+              .drop(columns="_o").reset_index(drop=True))
+
+
+def load_runs(paths: Iterable[str | Path] | str | Path) -> pd.DataFrame:
+    """Stage records of many run folders in one frame (see `records` for the columns).
+
+    Runs whose manifests name different flags get NA where a run does not name one.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    frames = [records(load_run(Path(p))) for p in paths]
+    if not frames:
+        raise ReportError("no run folders given to load_runs")
+    return pd.concat(frames, ignore_index=True)
+
+
+def as_records(runs: pd.DataFrame | Run | Sequence[Run]) -> pd.DataFrame:
+    """The flat frame from what a caller holds: the frame itself, one Run or several."""
+    if isinstance(runs, pd.DataFrame):
+        return runs
+    if isinstance(runs, Run):
+        return records(runs)
+    frames = [records(r) for r in runs]
+    if not frames:
+        raise ReportError("no runs given")
+    return pd.concat(frames, ignore_index=True)

@@ -1,0 +1,260 @@
+"""The per-stage tables of one or many runs, computed from the flat frame of report_load.
+
+Every function takes loaded runs: the frame `load_runs` returns, one `Run`, or a list of
+them, and returns a DataFrame keyed by run_id (so one call serves a comparison of runs).
+Warm-up records are never summarised. Durations are in ms; quantiles are pandas' linear
+interpolation (numpy.percentile's default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from harness.report_load import Run, as_records
+from harness.stages import STAGES
+
+Runs = pd.DataFrame | Run | Sequence[Run]
+_GROUPS = {"job": [], "rank": ["rank"], "node": ["node"]}
+
+
+def _by(by: str) -> list[str]:
+    if by not in _GROUPS:
+        raise ValueError(f"by must be one of {', '.join(_GROUPS)}, got {by!r}")
+    return _GROUPS[by]
+
+
+def timed_stages(runs: Runs) -> pd.DataFrame:
+    """Non-warm-up stage records."""
+    df = as_records(runs)
+    return df[df["stage"].notna() & ~df["warmup"]]
+
+
+def rank_iterations(runs: Runs, *, warmup: bool = False) -> pd.DataFrame:
+    """One row per (run_id, rank, iteration) that has an iteration record; warm-up ones only if asked."""
+    df = as_records(runs)
+    df = df[df["iter_ms"].notna() & (warmup | ~df["warmup"])]
+    cols = ["run_id", "world_size", "rank", "node", "iteration", "warmup",
+            "iter_start_ns", "iter_end_ns", "iter_ms", "samples", "loss"]
+    return df.drop_duplicates(["run_id", "rank", "iteration"])[cols].reset_index(drop=True)
+
+
+def job_iterations(runs: Runs, *, warmup: bool = False) -> pd.DataFrame:
+    """The job's iterations: iter_ms = slowest rank (ranks step together through collectives),
+    samples = sum over ranks; `complete` says every rank of world_size recorded it.
+
+    Columns: run_id, iteration, warmup, iter_ms, samples, ranks, complete.
+    """
+    its = rank_iterations(runs, warmup=warmup)
+    out = its.groupby(["run_id", "iteration"], as_index=False).agg(
+        warmup=("warmup", "first"), iter_ms=("iter_ms", "max"),
+        samples=("samples", lambda s: s.sum(min_count=1)), ranks=("rank", "nunique"),
+        world_size=("world_size", "first"))
+    # Ranks that wrote no records at all are reported by completeness(); counting them here would
+    # leave no complete iteration. world_size unknown (an nsys trace): the ranks seen are the world.
+    seen = out["run_id"].map(its.groupby("run_id")["rank"].nunique())
+    world = pd.concat([pd.to_numeric(out["world_size"], errors="coerce").fillna(seen), seen], axis=1).min(axis=1)
+    out["complete"] = out["ranks"] >= world
+    return out.drop(columns="world_size")
+
+
+def _quantiles(g, col: str) -> pd.DataFrame:
+    return g[col].agg(mean_ms="mean", p50_ms=lambda s: s.quantile(0.5), p90_ms=lambda s: s.quantile(0.9),
+                      p99_ms=lambda s: s.quantile(0.99), count="count")
+
+
+def stage_stats(runs: Runs, by: str = "job") -> pd.DataFrame:
+    """Per stage duration mean/p50/p90/p99 (ms), record count and share of iteration time.
+
+    by: "job" (all ranks together), "rank" or "node". share = the stage's mean duration over
+    the group's mean iter_ms (each rank's own iteration time, over the same non-warm-up
+    iterations). Shares summing below 1 show untimed gaps; above 1, overlap (pipelining).
+    Stages come in STAGES order; absent stages have no row.
+    """
+    keys = ["run_id", *_by(by)]
+    st = timed_stages(runs)
+    if st.empty:
+        return pd.DataFrame(columns=[*keys, "stage", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "count", "share"])
+    out = _quantiles(st.groupby([*keys, "stage"]), "duration_ms").reset_index()
+    it_ms = rank_iterations(runs).groupby(keys)["iter_ms"].mean().rename("_it")
+    out = out.join(it_ms, on=keys)
+    out["share"] = out["mean_ms"] / out["_it"]
+    out["_o"] = out["stage"].map({s: i for i, s in enumerate(STAGES)})
+    return out.sort_values([*keys, "_o"]).drop(columns=["_it", "_o"]).reset_index(drop=True)
+
+
+def stage_pivot(stats: pd.DataFrame, by: str, value: str = "mean_ms") -> pd.DataFrame:
+    """stage_stats of one run as a wide table: a row per rank/node, a column per stage."""
+    wide = stats.pivot_table(index=_by(by), columns="stage", values=value, aggfunc="first")
+    return wide[[s for s in STAGES if s in wide.columns]]
+
+
+def iteration_table(runs: Runs, by: str = "job") -> pd.DataFrame:
+    """Iteration time (ms) mean/p50/p90/p99 and samples/s per run, rank or node.
+
+    job: a job iteration takes as long as its slowest rank; only iterations every rank
+    recorded count (`partial` says how many were left out). node: likewise over the node's
+    ranks. rank: the rank's own times. samples_per_s = samples / summed iteration time, not a
+    mean of rates (that would over-weight fast iterations); NaN when samples are unknown.
+    """
+    keys = _by(by)
+    if by == "job":
+        its = job_iterations(runs)
+        partial = its[~its["complete"]].groupby("run_id").size()
+        its = its[its["complete"]]
+    else:
+        ri = rank_iterations(runs)
+        if by == "rank":
+            its = ri
+        else:
+            its = ri.groupby(["run_id", "node", "iteration"], as_index=False).agg(
+                iter_ms=("iter_ms", "max"), samples=("samples", lambda s: s.sum(min_count=1)),
+                ranks=("rank", "nunique"))
+            full = ri.groupby(["run_id", "node"])["rank"].nunique().rename("_n")
+            its = its.join(full, on=["run_id", "node"])
+            its = its[its["ranks"] >= its["_n"]]
+        partial = None
+    g = its.groupby(["run_id", *keys])
+    out = g["iter_ms"].agg(iterations="count", iter_ms_mean="mean", iter_ms_p50=lambda s: s.quantile(0.5),
+                           iter_ms_p90=lambda s: s.quantile(0.9), iter_ms_p99=lambda s: s.quantile(0.99))
+    total_s = g["iter_ms"].sum() / 1e3
+    out["samples_per_s"] = g["samples"].sum(min_count=1) / total_s
+    out = out.reset_index()
+    if partial is not None:
+        out["partial"] = out["run_id"].map(partial).fillna(0).astype("int64")
+    return out
+
+
+def straggler_table(runs: Runs) -> pd.DataFrame:
+    """Per stage: the rank with the largest mean duration and its gap to the median rank.
+
+    median_rank_ms is the median over ranks of the per-rank means; gap_pct is the gap over it.
+    Ranks wait for each other inside collectives, so a slow rank also shows up as long
+    collective stages on the others: read the slowest compute stage first.
+    """
+    st = timed_stages(runs)
+    cols = ["run_id", "stage", "slowest_rank", "slowest_node", "slowest_ms", "median_rank_ms", "gap_ms",
+            "gap_pct", "ranks"]
+    if st.empty:
+        return pd.DataFrame(columns=cols)
+    per_rank = st.groupby(["run_id", "stage", "rank"]).agg(mean_ms=("duration_ms", "mean"),
+                                                            node=("node", "first")).reset_index()
+    rows = []
+    for (run_id, stage), g in per_rank.groupby(["run_id", "stage"], sort=False):
+        top = g.loc[g["mean_ms"].idxmax()]
+        med = float(g["mean_ms"].median())
+        rows.append({"run_id": run_id, "stage": stage, "slowest_rank": int(top["rank"]),
+                     "slowest_node": int(top["node"]), "slowest_ms": float(top["mean_ms"]),
+                     "median_rank_ms": med, "gap_ms": float(top["mean_ms"]) - med,
+                     "gap_pct": 100 * (float(top["mean_ms"]) - med) / med if med > 0 else np.nan,
+                     "ranks": len(g)})
+    out = pd.DataFrame(rows, columns=cols)
+    out["_o"] = out["stage"].map({s: i for i, s in enumerate(STAGES)})
+    return out.sort_values(["run_id", "_o"]).drop(columns="_o").reset_index(drop=True)
+
+
+def _covered(us: np.ndarray, ue: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Length of the union of disjoint sorted intervals [us, ue) that lies below each x."""
+    cum = np.concatenate([[0], np.cumsum(ue - us)])
+    k = np.searchsorted(us, x, side="right")  # intervals starting at or before x
+    prev = np.maximum(k - 1, 0)
+    inside = np.clip(x - us[prev], 0, ue[prev] - us[prev]) if len(us) else np.zeros_like(x)
+    return np.where(k > 0, cum[prev] + inside, 0)
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    if not len(s):
+        return s, e
+    prev_max = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(e)[:-1]])
+    first = np.flatnonzero(s > prev_max)
+    return s[first], np.maximum.reduceat(e, first)
+
+
+def input_dist_spans(runs: Runs) -> pd.DataFrame:
+    """Each non-warm-up input_dist record with hidden_ms: how much of it ran while the same rank
+    ran another stage (any iteration's, from start_ns/end_ns). 0 when stages run one after another.
+
+    Columns: run_id, rank, node, iteration, duration_ms, hidden_ms, exposed_ms.
+    """
+    df = as_records(runs)
+    df = df[df["stage"].notna()]
+    out = []
+    for (run_id, rank), g in df.groupby(["run_id", "rank"], sort=True):
+        idist = g[(g["stage"] == "input_dist") & ~g["warmup"]]
+        if idist.empty:
+            continue
+        # Warm-up spans of other stages count: the first timed input_dist may hide under the
+        # last warm-up iteration's compute.
+        other = g[g["stage"] != "input_dist"]
+        us, ue = _union(other["start_ns"].to_numpy("int64"), other["end_ns"].to_numpy("int64"))
+        a, b = idist["start_ns"].to_numpy("int64"), idist["end_ns"].to_numpy("int64")
+        hidden = (_covered(us, ue, b) - _covered(us, ue, a)) / 1e6
+        out.append(pd.DataFrame({"run_id": run_id, "rank": rank, "node": idist["node"].to_numpy(),
+                                 "iteration": idist["iteration"].to_numpy(),
+                                 "duration_ms": idist["duration_ms"].to_numpy(), "hidden_ms": hidden}))
+    if not out:
+        return pd.DataFrame(columns=["run_id", "rank", "node", "iteration", "duration_ms", "hidden_ms", "exposed_ms"])
+    spans = pd.concat(out, ignore_index=True)
+    spans["exposed_ms"] = spans["duration_ms"] - spans["hidden_ms"]
+    return spans
+
+
+def input_dist_overlap(runs: Runs) -> pd.DataFrame:
+    """How much of input_dist the pipeline hid, per rank and over all ranks (rank "all").
+
+    Columns: run_id, rank, spans, input_dist_ms (mean a span), hidden_ms, exposed_ms (means),
+    hidden_frac (summed hidden over summed input_dist time).
+    """
+    spans = input_dist_spans(runs)
+    cols = ["run_id", "rank", "spans", "input_dist_ms", "hidden_ms", "exposed_ms", "hidden_frac"]
+    if spans.empty:
+        return pd.DataFrame(columns=cols)
+
+    def agg(g: pd.DataFrame) -> dict:
+        total = g["duration_ms"].sum()
+        return {"spans": len(g), "input_dist_ms": g["duration_ms"].mean(), "hidden_ms": g["hidden_ms"].mean(),
+                "exposed_ms": g["exposed_ms"].mean(), "hidden_frac": g["hidden_ms"].sum() / total if total > 0 else 0.0}
+
+    rows = []
+    for run_id, g in spans.groupby("run_id", sort=True):
+        rows += [{"run_id": run_id, "rank": str(r), **agg(gr)} for r, gr in g.groupby("rank")]
+        rows.append({"run_id": run_id, "rank": "all", **agg(g)})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def completeness(runs: Runs) -> list[str]:
+    """One line per gap in the records: ranks missing vs world_size, stages missing overall or
+    on some ranks. Empty when every rank recorded every stage. (Status and iterations not
+    recorded by every rank are reported by the iteration summary.)"""
+    df = as_records(runs)
+    notes = []
+    for run_id, g in df.groupby("run_id", sort=True):
+        pre = f"run {run_id}: " if df["run_id"].nunique() > 1 else ""
+        ws = g["world_size"].iloc[0]
+        seen = set(g["rank"].astype(int))
+        if isinstance(ws, (int, np.integer)) and ws > 0:
+            missing = sorted(set(range(int(ws))) - seen)
+            if missing:
+                notes.append(f"{pre}rank(s) {_ints(missing)} of world size {ws} have no records")
+        st = g[g["stage"].notna()]
+        if st.empty:
+            continue  # no stage timing at all: the summary says so
+        absent = [s for s in STAGES if s not in set(st["stage"])]
+        if absent:
+            notes.append(f"{pre}no records of stage(s) {', '.join(absent)} on any rank")
+        have = st.groupby("rank")["stage"].agg(set)
+        for rank, stages in have.items():
+            lack = [s for s in STAGES if s not in stages and s not in absent]
+            if lack:
+                notes.append(f"{pre}rank {rank} has no records of stage(s) {', '.join(lack)}")
+        for rank in sorted(seen - set(have.index)):
+            notes.append(f"{pre}rank {rank} has iteration records but no stage records")
+    return notes
+
+
+def _ints(xs: list[int]) -> str:
+    return ", ".join(map(str, xs))

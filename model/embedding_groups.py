@@ -1,0 +1,208 @@
+"""One group of tables per way of distributing them, as TorchRec groups by sharding type.
+
+Every group takes its features' ids (local batch), and gives back its features' pooled
+embeddings for the local batch, (B, n_features * dim) in its feature order. The sparse
+groups split that into input distribution (`bucketize` + an IdsAllToAll), `forward`
+(lookup + output distribution) and `backward` (gradient distribution + fused update).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from model.embeddings import build_dense_tbe, build_fused_tbe, init_shard_
+from model.features import SparseFeatures
+from model.ids_all_to_all import IdsAllToAll
+from model.sharding import Shard, row_block
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupContext:
+    """What every group needs to know about the job."""
+
+    rank: int
+    world_size: int
+    group: dist.ProcessGroup | None
+    device: torch.device
+    dim: int
+    optimizer: str
+    learning_rate: float
+    eps: float
+    init_seed: int
+
+
+@dataclass
+class GroupForward:
+    """What backward needs from forward: the local lookup's output, with its graph."""
+
+    pooled: torch.Tensor
+    local_batch: int
+
+
+class PooledAllToAllGroup:
+    """Table-wise and column-wise shards: each shard's owner looks up the whole global batch
+    for its (feature, column block) and sends every batch owner its rows back."""
+
+    distributes_ids = True
+
+    def __init__(self, ctx: GroupContext, *, features: Sequence[int], slots: Sequence[tuple[int, int, Shard]],
+                 table_rows: Sequence[int]) -> None:
+        """slots: (position of the feature in `features`, table index, shard) for every shard."""
+        self.ctx, self.features = ctx, list(features)
+        w = ctx.world_size
+        by_rank = [sorted((s for s in slots if s[2].rank == r), key=lambda s: (s[0], s[2].col_start)) for r in range(w)]
+        self.local = by_rank[ctx.rank]
+        self.widths = [sum(s[2].cols for s in r_slots) for r_slots in by_rank]
+        self.send_features = torch.tensor([s[0] for r_slots in by_rank for s in r_slots], dtype=torch.int32,
+                                          device=ctx.device)
+        self.repeats = len(self.send_features) != len(set(self.send_features.tolist()))
+        self.ids = IdsAllToAll(send_slots=[len(s) for s in by_rank], recv_slots=len(self.local),
+                               world_size=w, group=ctx.group, device=ctx.device)
+        # Column j of what arrives (ranks in order, their slots in order) is output column out_cols[j].
+        out_cols = [p * ctx.dim + s.col_start + j for r_slots in by_rank for p, _, s in r_slots for j in range(s.cols)]
+        self.out_cols = torch.tensor(out_cols, dtype=torch.int64, device=ctx.device)
+        self.in_cols = torch.argsort(self.out_cols)
+        self.tbe = None
+        if self.local:
+            self.tbe = build_fused_tbe(rows=[table_rows[t] for _, t, _ in self.local], dims=[s.cols for *_, s in self.local],
+                                       device=ctx.device, optimizer=ctx.optimizer,
+                                       learning_rate=ctx.learning_rate, eps=ctx.eps)
+            for w_t, (_, t, s) in zip(self.tbe.split_embedding_weights(), self.local):
+                init_shard_(w_t, table=t, table_rows=table_rows[t], table_dim=ctx.dim, row_start=s.row_start,
+                            col_start=s.col_start, seed=ctx.init_seed)
+
+    def bucketize(self, ids: SparseFeatures) -> SparseFeatures:
+        """Ids regrouped by destination rank (a column-wise feature goes to each of its ranks)."""
+        total = None
+        if self.repeats:  # fbgemm needs the output size when features repeat
+            total = int(ids.lengths.sum(1).index_select(0, self.send_features.long()).sum())
+        return ids.permute(self.send_features, total_values=total)
+
+    def forward(self, local_ids: SparseFeatures, local_batch: int) -> tuple[torch.Tensor, GroupForward]:
+        ctx = self.ctx
+        if self.tbe is not None:
+            pooled = self.tbe(local_ids.values, local_ids.offsets())
+        else:
+            pooled = torch.zeros(local_batch * ctx.world_size, 0, device=ctx.device)
+        # pooled is (global batch, local columns) row-major: each batch owner's rows are contiguous.
+        received = torch.empty(local_batch * sum(self.widths), device=ctx.device)
+        dist.all_to_all_single(
+            received, pooled.detach().reshape(-1),
+            output_split_sizes=[local_batch * wd for wd in self.widths],
+            input_split_sizes=[local_batch * self.widths[ctx.rank]] * ctx.world_size,
+            group=ctx.group,
+        )
+        by_rank = [c.view(local_batch, -1) for c in received.split([local_batch * wd for wd in self.widths])]
+        out = torch.cat(by_rank, dim=1).index_select(1, self.in_cols)
+        return out, GroupForward(pooled=pooled, local_batch=local_batch)
+
+    def backward(self, fwd: GroupForward, grad: torch.Tensor) -> None:
+        ctx, b = self.ctx, fwd.local_batch
+        grouped = grad.index_select(1, self.out_cols)
+        send = torch.cat([c.reshape(-1) for c in grouped.split(self.widths, dim=1)])
+        received = torch.empty(b * ctx.world_size * self.widths[ctx.rank], device=ctx.device)
+        dist.all_to_all_single(
+            received, send,
+            output_split_sizes=[b * self.widths[ctx.rank]] * ctx.world_size,
+            input_split_sizes=[b * wd for wd in self.widths],
+            group=ctx.group,
+        )
+        if self.tbe is not None:
+            fwd.pooled.backward(received.view(b * ctx.world_size, -1))
+
+    def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
+        if self.tbe is None:
+            return []
+        return [(t, s, w) for (_, t, s), w in zip(self.local, self.tbe.split_embedding_weights())]
+
+
+class RowWiseGroup:
+    """Row-wise tables: ids bucketized by row block to the block's rank; each rank pools the
+    rows it holds for the whole global batch; partial sums are reduce-scattered to the owners."""
+
+    distributes_ids = True
+
+    def __init__(self, ctx: GroupContext, *, features: Sequence[int], table_rows: Sequence[int]) -> None:
+        self.ctx, self.features = ctx, list(features)
+        w, r = ctx.world_size, ctx.rank
+        rows = [table_rows[t] for t in self.features]
+        self.blocks = [row_block(n, w) for n in rows]
+        self.block_sizes = torch.tensor(self.blocks, dtype=torch.int64, device=ctx.device)
+        # A rank past a small table's last row holds an empty block: a 1-row stand-in keeps
+        # the TBE's layout one table per feature; no id is ever routed to it.
+        self.local = [Shard(r, min(n, r * b), min(n, (r + 1) * b), 0, ctx.dim) for n, b in zip(rows, self.blocks)]
+        self.ids = IdsAllToAll(send_slots=[len(self.features)] * w, recv_slots=len(self.features),
+                               world_size=w, group=ctx.group, device=ctx.device)
+        self.tbe = build_fused_tbe(rows=[max(1, s.rows) for s in self.local], dims=[ctx.dim] * len(self.local),
+                                   device=ctx.device, optimizer=ctx.optimizer,
+                                   learning_rate=ctx.learning_rate, eps=ctx.eps)
+        for w_t, t, s in zip(self.tbe.split_embedding_weights(), self.features, self.local):
+            if s.rows:
+                init_shard_(w_t, table=t, table_rows=table_rows[t], table_dim=ctx.dim, row_start=s.row_start,
+                            col_start=0, seed=ctx.init_seed)
+
+    def bucketize(self, ids: SparseFeatures) -> SparseFeatures:
+        """Ids by destination rank (its row block), rebased to the block's first row."""
+        lengths, values, *_ = torch.ops.fbgemm.block_bucketize_sparse_features(
+            ids.lengths.reshape(-1), ids.values, False, False, self.block_sizes, self.ctx.world_size, None
+        )
+        return SparseFeatures(lengths=lengths.view(-1, ids.batch_size), values=values)
+
+    def forward(self, local_ids: SparseFeatures, local_batch: int) -> tuple[torch.Tensor, GroupForward]:
+        ctx = self.ctx
+        pooled = self.tbe(local_ids.values, local_ids.offsets())  # partial sums, (global batch, F * dim)
+        out = torch.empty(local_batch, pooled.shape[1], device=ctx.device)
+        dist.reduce_scatter_single(out, pooled.detach(), group=ctx.group)
+        return out, GroupForward(pooled=pooled, local_batch=local_batch)
+
+    def backward(self, fwd: GroupForward, grad: torch.Tensor) -> None:
+        """Every rank holding rows a sample used needs that sample's gradient: all-gather it."""
+        full = torch.empty(self.ctx.world_size * fwd.local_batch, grad.shape[1], device=self.ctx.device)
+        dist.all_gather_single(full, grad.contiguous(), group=self.ctx.group)
+        fwd.pooled.backward(full)
+
+    def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
+        return [(t, s, w) for t, s, w in zip(self.features, self.local, self.tbe.split_embedding_weights()) if s.rows]
+
+
+class DataParallelGroup:
+    """Replicated tables: local lookup, gradient all-reduced, dense Adagrad (the same math as
+    fbgemm's EXACT_ADAGRAD: untouched rows get a zero gradient and do not move)."""
+
+    distributes_ids = False
+
+    def __init__(self, ctx: GroupContext, *, features: Sequence[int], table_rows: Sequence[int]) -> None:
+        self.ctx, self.features = ctx, list(features)
+        rows = [table_rows[t] for t in self.features]
+        self.tbe = build_dense_tbe(rows=rows, dims=[ctx.dim] * len(rows), device=ctx.device)
+        offsets = self.tbe.weights_offsets.tolist()
+        with torch.no_grad():
+            for i, (t, n) in enumerate(zip(self.features, rows)):
+                view = self.tbe.weights[offsets[i] : offsets[i] + n * ctx.dim].view(n, ctx.dim)
+                init_shard_(view, table=t, table_rows=n, table_dim=ctx.dim, row_start=0, col_start=0,
+                            seed=ctx.init_seed)
+        self.rows = rows
+        self.offsets = offsets
+        self.opt = torch.optim.Adagrad([self.tbe.weights], lr=ctx.learning_rate, eps=ctx.eps)
+
+    def forward(self, local_ids: SparseFeatures, local_batch: int) -> tuple[torch.Tensor, GroupForward]:
+        pooled = self.tbe(local_ids.values, local_ids.offsets())
+        return pooled.detach(), GroupForward(pooled=pooled, local_batch=local_batch)
+
+    def backward(self, fwd: GroupForward, grad: torch.Tensor) -> None:
+        fwd.pooled.backward(grad)
+        if self.ctx.world_size > 1:
+            dist.all_reduce(self.tbe.weights.grad, group=self.ctx.group)
+        self.opt.step()
+        self.tbe.weights.grad = None
+
+    def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
+        out = []
+        for t, n, off in zip(self.features, self.rows, self.offsets):
+            view = self.tbe.weights.detach()[off : off + n * self.ctx.dim].view(n, self.ctx.dim)
+            out.append((t, Shard(self.ctx.rank, 0, n, 0, self.ctx.dim), view))
+        return out

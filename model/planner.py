@@ -1,0 +1,161 @@
+"""A sharding planner that explains itself: memory per rank and an estimated cost per rank.
+
+Cost model (bytes a rank moves per iteration, turned into seconds with the given bandwidths):
+
+    lookup  = 3 x ids x bytes per pooled row slice  (forward read, backward read + write)
+    comm    = ids in + pooled rows out + their gradients back (table/column-wise),
+              reduce-scatter + all-gather of pooled rows (row-wise),
+              all-reduce of the whole table's gradient (data-parallel)
+    seconds = lookup / memory bandwidth + comm / link bandwidth
+
+The link is the inter-node one when the job spans nodes (the all-to-alls then cross them),
+else the intra-node one. Tables are placed largest first; for each, every allowed kind and
+placement that fits the remaining memory is tried and the one with the smallest resulting
+maximum rank cost wins (ties: table_wise, column_wise, row_wise, data_parallel, in that order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from model.sharding import SHARDING_TYPES, Shard, TablePlan, column_wise, data_parallel, row_wise, table_wise
+
+ID_BYTES = 8
+FLOAT_BYTES = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class Topology:
+    world_size: int
+    ranks_per_node: int
+    memory_bytes: float
+    """Memory a rank may use for embedding shards and their optimizer state."""
+    memory_bw: float
+    """Bytes/s of the memory the tables live in."""
+    intra_node_bw: float
+    """Bytes/s a rank gets over the links inside a node."""
+    inter_node_bw: float
+    """Bytes/s a rank gets over the network between nodes."""
+
+    @property
+    def link_bw(self) -> float:
+        return self.inter_node_bw if self.world_size > self.ranks_per_node else self.intra_node_bw
+
+
+@dataclass(frozen=True, kw_only=True)
+class TableSpec:
+    rows: int
+    dim: int
+    pooling: float
+    """Ids a sample looks up in this table."""
+
+
+@dataclass
+class RankLoad:
+    memory_bytes: float = 0.0
+    cost_s: float = 0.0
+    shards: list[str] = field(default_factory=list)
+
+
+class PlanError(ValueError):
+    """No plan: a table fits nowhere, or a forced type cannot work."""
+
+
+ABBREVIATIONS = {"table_wise": "TW", "column_wise": "CW", "row_wise": "RW", "data_parallel": "DP"}
+
+
+def shard_label(t: int, tp: TablePlan, s: Shard) -> str:
+    """'t3:TW', 't3:CW[0:64]', 't3:RW', 't3:DP': what a rank holds, for the printed plan."""
+    if tp.kind == "column_wise":
+        return f"t{t}:CW[{s.col_start}:{s.col_end}]"
+    return f"t{t}:{ABBREVIATIONS[tp.kind]}"
+
+
+def shard_memory(shard: Shard, state_per_row: float) -> float:
+    """Weights plus optimizer state (state_per_row floats per weight row element count)."""
+    return shard.rows * shard.cols * FLOAT_BYTES + shard.rows * state_per_row * shard.cols * FLOAT_BYTES
+
+
+def shard_cost(tp: TablePlan, shard: Shard, spec: TableSpec, topo: Topology, global_batch: int) -> float:
+    w, b, p = topo.world_size, global_batch, spec.pooling
+    row_bytes = shard.cols * FLOAT_BYTES
+    if tp.kind in ("table_wise", "column_wise"):
+        lookup = 3 * b * p * row_bytes
+        comm = b * p * ID_BYTES + 2 * b * row_bytes
+    elif tp.kind == "row_wise":
+        share = shard.rows / spec.rows
+        lookup = 3 * b * p * share * row_bytes
+        comm = b * p * share * ID_BYTES + 2 * b * row_bytes * (w - 1) / w
+    else:  # data_parallel
+        lookup = 3 * (b / w) * p * row_bytes
+        comm = 2 * spec.rows * row_bytes * (w - 1) / w
+    return lookup / topo.memory_bw + comm / topo.link_bw
+
+
+def _candidates(kind: str, t: int, spec: TableSpec, topo: Topology, loads: list[RankLoad], column_shards: int):
+    if kind == "table_wise":
+        return [table_wise(spec.rows, spec.dim, r) for r in range(topo.world_size)]
+    if kind == "column_wise":
+        k = min(column_shards, topo.world_size)
+        if spec.dim % k:
+            raise PlanError(
+                f"table {t}: column_wise into {k} shards needs a dim divisible by {k}, dim is {spec.dim}"
+            )
+        lightest = sorted(range(topo.world_size), key=lambda r: (loads[r].cost_s, r))[:k]
+        return [column_wise(spec.rows, spec.dim, sorted(lightest))]
+    if kind == "row_wise":
+        return [row_wise(spec.rows, spec.dim, topo.world_size)]
+    return [data_parallel(spec.rows, spec.dim, topo.world_size)]
+
+
+def plan_tables(
+    tables: Sequence[TableSpec],
+    topo: Topology,
+    *,
+    global_batch: int,
+    state_per_row: float,
+    forced: dict[int, str] | None = None,
+    column_shards: int = 2,
+) -> tuple[list[TablePlan], list[RankLoad]]:
+    """A plan for every table and each rank's resulting load. Raises PlanError with the reason."""
+    forced = forced or {}
+    for t, kind in forced.items():
+        if kind not in SHARDING_TYPES:
+            raise PlanError(f"table {t}: unknown sharding type {kind!r}; types are {', '.join(SHARDING_TYPES)}")
+        if not 0 <= t < len(tables):
+            raise PlanError(f"forced sharding names table {t}; tables are 0..{len(tables) - 1}")
+    loads = [RankLoad() for _ in range(topo.world_size)]
+    plan: list[TablePlan | None] = [None] * len(tables)
+    order = sorted(range(len(tables)), key=lambda t: (-tables[t].rows * tables[t].dim, t))
+    for t in order:
+        spec = tables[t]
+        kinds = [forced[t]] if t in forced else list(SHARDING_TYPES)
+        best = None
+        for pref, kind in enumerate(kinds):
+            for tp in _candidates(kind, t, spec, topo, loads, column_shards):
+                mem = [loads[r].memory_bytes for r in range(topo.world_size)]
+                cost = [loads[r].cost_s for r in range(topo.world_size)]
+                for s in tp.shards:
+                    mem[s.rank] += shard_memory(s, state_per_row)
+                    cost[s.rank] += shard_cost(tp, s, spec, topo, global_batch)
+                if max(mem) > topo.memory_bytes:
+                    continue
+                key = (max(cost), sum(cost), pref)
+                if best is None or key < best[0]:
+                    best = (key, tp)
+        if best is None:
+            need = max(shard_memory(s, state_per_row) for s in _candidates(kinds[0], t, spec, topo, loads, column_shards)[0].shards)
+            free = max(topo.memory_bytes - ld.memory_bytes for ld in loads)
+            raise PlanError(
+                f"table {t} ({spec.rows} x {spec.dim}) fits on no rank as {'/'.join(kinds)}: a shard needs "
+                f"{need / 2**30:.2f} GiB with optimizer state, the most any rank has left is {free / 2**30:.2f} GiB "
+                f"of {topo.memory_bytes / 2**30:.2f} GiB; add ranks, raise the memory budget or allow row_wise"
+            )
+        tp = best[1]
+        plan[t] = tp
+        for s in tp.shards:
+            loads[s.rank].memory_bytes += shard_memory(s, state_per_row)
+            loads[s.rank].cost_s += shard_cost(tp, s, spec, topo, global_batch)
+            loads[s.rank].shards.append(shard_label(t, tp, s))
+    return plan, loads  # type: ignore[return-value]

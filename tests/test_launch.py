@@ -1,0 +1,93 @@
+"""Launcher choice, dry runs, a real two-host torchrun launch on loopback, and hung ranks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.cli import main
+from harness.launch import choose_launch, free_port, node_commands
+from harness.presets import tiny
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_launcher_is_chosen_from_the_environment():
+    cfg = tiny(nodes=2, gpus_per_node=1)
+    assert choose_launch(cfg, environ={}, rdzv_endpoint=None, node_rank=None).mode == "local-simulation"
+    slurm = choose_launch(cfg, environ={"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2"}, rdzv_endpoint=None,
+                          node_rank=None)
+    assert slurm.mode == "slurm"
+    lines = node_commands(slurm, Path("runs/x"), "x")
+    assert len(lines) == 2 and all("srun --nodes=2" in ln and "--nnodes=2" in ln for ln in lines)
+    host = choose_launch(cfg, environ={"MASTER_ADDR": "h0", "NODE_RANK": "1"}, rdzv_endpoint=None, node_rank=None)
+    assert (host.mode, host.endpoint, host.node_rank) == ("torchrun", "h0:29500", 1)
+    assert "--node-rank=1" in node_commands(host, Path("runs/x"), "x")[1]
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1"}, "allocation has 1 node"),
+    ({"MASTER_ADDR": "h0"}, "no node rank"),
+    ({"MASTER_ADDR": "h0", "NODE_RANK": "2"}, "node rank 2 is outside 0..1"),
+])
+def test_inconsistent_environment_is_refused(environ, message):
+    with pytest.raises(ValueError, match=message):
+        choose_launch(tiny(nodes=2, gpus_per_node=1), environ=environ, rdzv_endpoint=None, node_rank=None)
+
+
+def test_dry_run_mlperf_16x8_prints_node_commands_and_plan(tmp_path, capsys):
+    code = main(["bench", "--preset", "mlperf", "--nodes", "16", "--gpus-per-node", "8", "--dry-run",
+                 "--runs-root", str(tmp_path / "runs")])
+    out = capsys.readouterr().out
+    assert code == 0
+    node_lines = [ln for ln in out.splitlines() if ln.startswith("node ")]
+    assert len(node_lines) == 16 and all("--nnodes=16 --nproc-per-node=8" in ln for ln in node_lines)
+    assert "h100 profile" in out and out.count("\n") > 128  # a row per rank
+    assert not (tmp_path / "runs").exists()
+
+
+def test_two_hosts_by_rendezvous_on_loopback(tmp_path):
+    """The multi-host path for real: one `bench` per node, torchrun each, static rendezvous."""
+    port, runs = free_port(), tmp_path / "runs"
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "harness", "bench", "--preset", "tiny", "--nodes", "2",
+                          "--gpus-per-node", "1", "--iters", "3", "--warmup", "1", "--rdzv-endpoint",
+                          f"127.0.0.1:{port}", "--node-rank", str(k), "--run-id", "twohosts", "--runs-root", str(runs)],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for k in (0, 1)
+    ]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    manifest = json.loads((runs / "twohosts" / "manifest.json").read_text())
+    assert manifest["status"] == "completed" and manifest["launcher"] == "torchrun"
+    its = pd.concat(pd.read_parquet(p) for p in (runs / "twohosts").glob("rank*/iterations-*.parquet"))
+    assert sorted(set(zip(its["rank"], its["node"]))) == [(0, 0), (1, 1)]
+
+
+def test_hung_rank_fails_the_job_within_the_timeout(tmp_path, capsys):
+    start = time.monotonic()
+    code = main(["bench", "--preset", "tiny", "--iters", "6", "--warmup", "0", "--flush-every", "1",
+                 "--stall-at", "1:2", "--collective-timeout", "5", "--runs-root", str(tmp_path / "runs")])
+    elapsed = time.monotonic() - start
+    assert code == 1
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "failed"
+    assert manifest["error"].startswith("rank 1: injected stall on rank 1 at iteration 2")
+    assert elapsed < 120, f"took {elapsed:.0f} s to notice a 5 s timeout"
+    its = pd.concat(pd.read_parquet(p) for p in run_dir.glob("rank*/iterations-*.parquet"))
+    assert set(its.loc[its["rank"] == 0, "iteration"]) >= {0, 1}
+
+
+def test_four_simulated_nodes(tmp_path, capsys):
+    assert main(["bench", "--preset", "tiny", "--nodes", "4", "--gpus-per-node", "1", "--iters", "2",
+                 "--warmup", "1", "--runs-root", str(tmp_path / "runs")]) == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    st = pd.concat(pd.read_parquet(p) for p in run_dir.glob("rank*/stages-*.parquet"))
+    assert sorted(set(zip(st["rank"], st["node"]))) == [(0, 0), (1, 1), (2, 2), (3, 3)]

@@ -1,0 +1,68 @@
+"""The planner: memory respected, cost balanced, forced types honoured, impossible plans refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.config import ShardingConfig
+from harness.planning import make_plan
+from harness.presets import mlperf, small, tiny
+from model.planner import PlanError, TableSpec, Topology, plan_tables, shard_cost
+from model.sharding import table_wise
+
+GIB = 2**30
+
+
+def topo(world=4, per_node=4, memory_gib=1.0):
+    return Topology(world_size=world, ranks_per_node=per_node, memory_bytes=memory_gib * GIB,
+                    memory_bw=10e9, intra_node_bw=1e9, inter_node_bw=0.5e9)
+
+
+def test_cost_model_by_hand():
+    spec = TableSpec(rows=1000, dim=16, pooling=2)
+    t = topo()
+    tp = table_wise(1000, 16, 0)
+    # lookup 3 * 64 * 2 * 64 B = 24576 B at 10 GB/s; comm 64*2*8 + 2*64*64 = 9216 B at 1 GB/s.
+    assert shard_cost(tp, tp.shards[0], spec, t, 64) == pytest.approx(24576 / 10e9 + 9216 / 1e9)
+
+
+def test_memory_budget_is_respected_and_big_tables_split():
+    tables = [TableSpec(rows=4_000_000, dim=64, pooling=1)] + [TableSpec(rows=1000, dim=64, pooling=1)] * 6
+    # The big table is 1 GiB of weights + 1 GiB of Adagrad state: no rank of 0.75 GiB holds it whole.
+    plan, loads = plan_tables(tables, topo(memory_gib=0.75), global_batch=256, state_per_row=1.0)
+    assert plan[0].kind in ("row_wise", "column_wise") and len(plan[0].shards) >= 3
+    assert all(ld.memory_bytes <= 0.75 * GIB for ld in loads)
+
+
+def test_forced_kinds_and_impossible_plans():
+    tables = [TableSpec(rows=100, dim=6, pooling=1)] * 3
+    plan, _ = plan_tables(tables, topo(), global_batch=8, state_per_row=1.0, forced={1: "row_wise", 2: "data_parallel"})
+    assert [tp.kind for tp in plan][1:] == ["row_wise", "data_parallel"]
+    with pytest.raises(PlanError, match="column_wise into 4 shards needs a dim divisible by 4"):
+        plan_tables(tables, topo(), global_batch=8, state_per_row=1.0, forced={0: "column_wise"}, column_shards=4)
+    with pytest.raises(PlanError, match="table 0 .* fits on no rank"):
+        plan_tables([TableSpec(rows=10**9, dim=128, pooling=1)], topo(), global_batch=8, state_per_row=1.0,
+                    forced={0: "table_wise"})
+
+
+def test_auto_plan_balances_better_than_one_rank():
+    cfg = small(nodes=1, gpus_per_node=4)
+    _, desc = make_plan(cfg, ranks_per_host=4)
+    single = sum(r["est_ms"] for r in desc["ranks"])
+    assert desc["est_ms_max"] < 0.5 * single  # four ranks share the work
+    assert len({s.split(":")[0] for r in desc["ranks"] for s in r["shards"]}) == 26
+
+
+def test_mlperf_on_16_nodes_of_8_h100_fits():
+    cfg = mlperf(nodes=16, gpus_per_node=8)
+    plan, desc = make_plan(cfg, ranks_per_host=8)
+    assert len(desc["ranks"]) == 128 and desc["memory_gib_max"] <= 64
+    assert desc["topology"]["link"] == "inter-node"
+    assert sum(desc["kinds"].values()) == 26
+
+
+def test_config_rejects_unknown_kinds_and_tables():
+    with pytest.raises(ValueError, match="sharding.kind 'diagonal'"):
+        ShardingConfig(kind="diagonal")
+    with pytest.raises(ValueError, match="names table 30"):
+        tiny().replace(sharding=ShardingConfig(per_table=((30, "row_wise"),)))

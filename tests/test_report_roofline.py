@@ -1,0 +1,109 @@
+"""Roofline: analytic work per stage (hand-computed for a toy config), achieved rates and fractions."""
+
+import pytest
+
+from harness.report import ReportError, load_run
+from harness.report_roofline import dense_shape, roofline_table, stage_work
+from tests.test_report_builders import sequential, write_run
+
+MODEL = dict(table_rows=[10, 20, 30], multi_hot=[2, 3, 1], num_dense=3, embedding_dim=4, bottom_mlp=[5, 4],
+             cross_layers=1, cross_rank=2, top_mlp=[6, 1])
+# Stage durations (ms) of every rank: stage index -> ms.
+MS = [1.0, 1.0, 2.0, 4.0, 0.5]
+
+
+def toy_run(root, *, ranks_info=True, optimizer="exact_adagrad", plan=(0, 1, 1)):
+    spans, iters = [], {}
+    for r in (0, 1):
+        sp, it = sequential(r, range(3), lambda rank, i, s: MS[s], warmup_iters=1)
+        spans += sp
+        iters.update(it)
+    manifest = {"config": {"model": MODEL, "data": {"global_batch_size": 8},
+                           "optimizer": {"embedding_optimizer": optimizer}},
+                "global_batch_size": 8, "sharding_plan": {"table_owner": list(plan)}}
+    if ranks_info:
+        # Peaks chosen so the dense stage of rank 0 runs at exactly half of each.
+        manifest["ranks"] = [{"rank": 0, "gemm_gflops": 4824 / 0.002 / 1e9 * 2, "copy_gbps": 7972 / 0.002 / 1e9 * 2},
+                             {"rank": 1, "gemm_gflops": 1.0}]
+    return load_run(write_run(root, "toy", spans, iters, world_size=2, samples=4, warmup_iters=1, manifest=manifest))
+
+
+def test_dense_shape_by_hand():
+    # P: bottom 3*5+5 + 5*4+4 = 44; cross 16*2 + 2*16 + 16 = 80; top 16*6+6 + 6+1 = 109.
+    # MACs: 15 + 20 + 2*16*2 + 96 + 6 = 201, FLOPs = 6 * 201. A = 3 + 9 + 16 + (2 + 32) + 7.
+    assert dense_shape(MODEL) == (233, 69, 1206)
+
+
+def test_dense_shape_matches_the_model():
+    torch = pytest.importorskip("torch")
+    from model.dense import DenseArch, dense_flops_per_sample
+
+    kw = dict(num_dense=13, embedding_dim=16, bottom_mlp=[32, 16], cross_layers=2, cross_rank=8, top_mlp=[32, 8, 1])
+    arch = DenseArch(num_sparse=26, **kw)
+    params, _, flops = dense_shape({**kw, "table_rows": [1] * 26})
+    assert params == sum(p.numel() for p in arch.parameters())
+    assert flops == dense_flops_per_sample(num_sparse=26, **kw)
+    del torch
+
+
+def test_stage_work_by_hand(tmp_path):
+    w = stage_work(toy_run(tmp_path)).set_index(["rank", "stage"])
+    # B=4, G=8, F=3, D=4; rank 0 owns table 0 (hotness 2): ids_in 16, 1 table; ids_out = 4*6 = 24.
+    r0 = w.loc[0]
+    assert r0.loc["input_dist", "flops"] == 0
+    assert r0.loc["input_dist", "bytes"] == 8 * (24 + 12 + 16 + 8)
+    assert r0.loc["emb_fwd", "flops"] == 4 * 16
+    assert r0.loc["emb_fwd", "bytes"] == 256 + 128 + 128 + 4 * (32 + 48)
+    assert r0.loc["dense_fwd_bwd", "flops"] == 1206 * 4
+    assert r0.loc["dense_fwd_bwd", "bytes"] == 20 * 233 + 12 * 4 * 69
+    assert r0.loc["emb_bwd", "flops"] == 6 * 4 * 16
+    assert r0.loc["emb_bwd", "bytes"] == 320 + 256 + 512 + 512 + 128
+    assert r0.loc["dense_update", "flops"] == 6 * 233
+    assert r0.loc["dense_update", "bytes"] == 24 * 233
+    # rank 1 owns tables 1 and 2 (hotness 3 + 1): ids_in 32, 2 tables.
+    assert w.loc[(1, "emb_fwd"), "flops"] == 4 * 32
+    assert w.loc[(1, "input_dist"), "bytes"] == 8 * (24 + 12 + 32 + 16)
+
+
+def test_rowwise_and_sgd_state(tmp_path):
+    adagrad = stage_work(toy_run(tmp_path / "a")).set_index(["rank", "stage"])
+    rowwise = stage_work(toy_run(tmp_path / "b", optimizer="exact_rowwise_adagrad")).set_index(["rank", "stage"])
+    sgd = stage_work(toy_run(tmp_path / "c", optimizer="exact_sgd")).set_index(["rank", "stage"])
+    # rank 0 touches 16 rows of 4: state per element (8*64 bytes), per row (8*16), none.
+    assert adagrad.loc[(0, "emb_bwd"), "bytes"] - sgd.loc[(0, "emb_bwd"), "bytes"] == 8 * 64
+    assert rowwise.loc[(0, "emb_bwd"), "bytes"] - sgd.loc[(0, "emb_bwd"), "bytes"] == 8 * 16
+    assert sgd.loc[(0, "emb_bwd"), "flops"] == 2 * 64
+
+
+def test_roofline_fractions(tmp_path):
+    run = toy_run(tmp_path)
+    per_rank = roofline_table(run, per_rank=True).set_index(["rank", "stage"])
+    d0 = per_rank.loc[(0, "dense_fwd_bwd")]
+    assert d0["mean_ms"] == pytest.approx(2.0)
+    assert d0["achieved_gflops"] == pytest.approx(4824 / 0.002 / 1e9)
+    assert d0["flops_frac"] == pytest.approx(0.5)
+    assert d0["bytes_frac"] == pytest.approx(0.5)
+    # Rank 1 measured no copy bandwidth: n/a, not zero.
+    assert per_rank.loc[(1, "dense_fwd_bwd"), "copy_gbps"] != per_rank.loc[(1, "dense_fwd_bwd"), "copy_gbps"]
+    assert per_rank.loc[(1, "emb_fwd"), "bound"] == "n/a"
+    summary = roofline_table(run).set_index("stage")
+    assert list(summary.index) == ["input_dist", "emb_fwd", "dense_fwd_bwd", "emb_bwd", "dense_update"]
+    # Mean over ranks: emb_fwd work (64 + 128) / 2 FLOPs in 1 ms.
+    assert summary.loc["emb_fwd", "gflop"] == pytest.approx(96 / 1e9)
+    assert summary.loc["emb_fwd", "achieved_gflops"] == pytest.approx(96 / 1e-3 / 1e9)
+    assert summary.loc["dense_fwd_bwd", "gemm_gflops"] == pytest.approx((4824 / 0.002 / 1e9 * 2 + 1.0) / 2)
+
+
+def test_no_peaks_and_no_config(tmp_path):
+    t = roofline_table(toy_run(tmp_path / "a", ranks_info=False))
+    assert t["flops_frac"].isna().all() and t["bytes_frac"].isna().all()
+    assert t["achieved_gflops"].notna().all()
+    run = toy_run(tmp_path / "b")
+    run.manifest["config"] = {"model": {}}
+    with pytest.raises(ReportError, match="roofline n/a: manifest config.model lacks table_rows"):
+        roofline_table(run)
+
+
+def test_unknown_plan_spreads_tables_evenly(tmp_path):
+    w = stage_work(toy_run(tmp_path, plan=())).set_index(["rank", "stage"])
+    assert w.loc[(0, "emb_fwd"), "flops"] == w.loc[(1, "emb_fwd"), "flops"] == 4 * 8 * 6 / 2

@@ -1,0 +1,212 @@
+"""Per-stage tables, iteration tables, stragglers, input_dist overlap and completeness on hand-built runs."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.report import format_summary, load_run
+from harness.report_load import FLAGS, load_runs, records
+from harness.report_tables import (
+    _covered, _union, completeness, input_dist_overlap, input_dist_spans, iteration_table, job_iterations,
+    stage_pivot, stage_stats, straggler_table,
+)
+from harness.stages import STAGES
+from tests.test_report_builders import sequential, span, write_run
+
+BASE = [1.0, 2.0, 8.0, 3.0, 1.0]  # ms per stage, STAGES order
+NODE = {0: 0, 1: 0, 2: 1, 3: 1}
+TIMED = (1, 2, 3)  # iteration 0 is warm-up
+
+
+def dur(rank, i, s):
+    if i == 0:
+        return 500.0  # warm-up: counting it would wreck every number
+    straggle = 10.0 if (rank == 3 and STAGES[s] == "dense_fwd_bwd") else 0.0
+    return BASE[s] + 0.5 * rank + 0.25 * i + straggle
+
+
+def four_ranks(root, run_id="two-nodes", drop=None):
+    spans, iters = [], {}
+    for r in range(4):
+        sp, it = sequential(r, range(4), dur, node=NODE[r], warmup_iters=1)
+        spans += sp
+        iters.update(it)
+    if drop:  # (rank, iteration) whose records the rank never wrote
+        spans = [s for s in spans if (s["rank"], s["iteration"]) != drop]
+        iters.pop(drop)
+    return write_run(root, run_id, spans, iters, world_size=4, nodes=2, warmup_iters=1)
+
+
+@pytest.fixture
+def df(tmp_path):
+    return records(load_run(four_ranks(tmp_path)))
+
+
+def raw(ranks, s):
+    return [dur(r, i, s) for r in ranks for i in TIMED]
+
+
+def iter_ms(r, i):
+    return sum(dur(r, i, s) for s in range(5))
+
+
+def test_stage_stats_job_matches_numpy(df):
+    t = stage_stats(df, "job")
+    assert list(t["stage"]) == list(STAGES)
+    mean_iter = np.mean([iter_ms(r, i) for r in range(4) for i in TIMED])
+    for s, name in enumerate(STAGES):
+        row = t.set_index("stage").loc[name]
+        x = raw(range(4), s)
+        assert row["count"] == 12
+        assert row["mean_ms"] == pytest.approx(np.mean(x))
+        for q in (50, 90, 99):
+            assert row[f"p{q}_ms"] == pytest.approx(np.percentile(x, q))
+        assert row["share"] == pytest.approx(np.mean(x) / mean_iter)
+    # Stages run back to back with no gaps here, so the shares sum to 1.
+    assert t["share"].sum() == pytest.approx(1.0)
+
+
+def test_stage_stats_per_rank_and_node(df):
+    by_rank = stage_stats(df, "rank")
+    row = by_rank[(by_rank["rank"] == 3) & (by_rank["stage"] == "dense_fwd_bwd")].iloc[0]
+    assert row["mean_ms"] == pytest.approx(20.0)  # 8 + 1.5 + 10 + mean(0.25, 0.5, 0.75)
+    assert row["share"] == pytest.approx(20.0 / np.mean([iter_ms(3, i) for i in TIMED]))
+    by_node = stage_stats(df, "node")
+    for node, ranks in ((0, [0, 1]), (1, [2, 3])):
+        for s, name in enumerate(STAGES):
+            r = by_node[(by_node["node"] == node) & (by_node["stage"] == name)].iloc[0]
+            assert r["mean_ms"] == pytest.approx(np.mean(raw(ranks, s)))
+            assert r["p90_ms"] == pytest.approx(np.percentile(raw(ranks, s), 90))
+    wide = stage_pivot(by_node, "node")
+    assert list(wide.columns) == list(STAGES) and list(wide.index) == [0, 1]
+
+
+def test_iteration_table_job_node_rank(df):
+    job = iteration_table(df, "job").iloc[0]
+    # Job iteration = slowest rank (rank 3): 32.5 + 1.25 i for i = 1, 2, 3.
+    assert job["iterations"] == 3 and job["partial"] == 0
+    assert job["iter_ms_mean"] == pytest.approx(35.0)
+    assert job["iter_ms_p99"] == pytest.approx(np.percentile([33.75, 35.0, 36.25], 99))
+    assert job["samples_per_s"] == pytest.approx(3 * 4 * 4 / 0.105)
+    node = iteration_table(df, "node").set_index("node")
+    assert node.loc[0, "iter_ms_mean"] == pytest.approx(20.0)  # rank 1: 17.5 + 1.25 i
+    assert node.loc[0, "samples_per_s"] == pytest.approx(3 * 2 * 4 / 0.060)
+    rank = iteration_table(df, "rank").set_index("rank")
+    assert rank.loc[0, "iter_ms_mean"] == pytest.approx(17.5)
+    assert rank.loc[0, "samples_per_s"] == pytest.approx(12 / 0.0525)
+
+
+def test_partial_iteration_is_left_out_of_the_job(tmp_path):
+    df = records(load_run(four_ranks(tmp_path, drop=(2, 3))))
+    job = iteration_table(df, "job").iloc[0]
+    assert job["iterations"] == 2 and job["partial"] == 1
+    assert job["iter_ms_mean"] == pytest.approx(np.mean([33.75, 35.0]))
+    its = job_iterations(df)
+    assert list(its["complete"]) == [True, True, False]
+
+
+def test_straggler_table(df):
+    t = straggler_table(df).set_index("stage")
+    d = t.loc["dense_fwd_bwd"]
+    assert d["slowest_rank"] == 3 and d["slowest_node"] == 1
+    assert d["median_rank_ms"] == pytest.approx(9.25)  # median of 8.5, 9, 9.5, 20
+    assert d["gap_ms"] == pytest.approx(10.75)
+    assert d["gap_pct"] == pytest.approx(100 * 10.75 / 9.25)
+    # Elsewhere rank 3 is slowest only by its 0.5 ms a rank offset.
+    e = t.loc["emb_fwd"]
+    assert e["slowest_rank"] == 3 and e["gap_ms"] == pytest.approx(2.0 + 1.5 + 0.5 - np.median([2.5, 3, 3.5, 4]))
+
+
+def pipelined(root):
+    """One rank; input_dist of iteration i+1 runs during iteration i's compute (times in ms)."""
+    plan = {0: (0, 3), 1: (6, 9.5), 2: (15.5, 18), 3: (22.5, 23.5)}  # input_dist spans
+    compute = {0: 3, 1: 10, 2: 17, 3: 24}  # emb_fwd start; stages 1, 3|2, 1, 1 ms long
+    spans, iters = [], {}
+    for i in range(4):
+        spans.append(span(0, i, "input_dist", *plan[i], warmup=i == 0))
+        t = compute[i]
+        for name, d in zip(STAGES[1:], (1, 3 if i < 2 else 2, 1, 1)):
+            spans.append(span(0, i, name, t, t + d, warmup=i == 0))
+            t += d
+        iters[(0, i)] = (plan[i][0] if i == 0 else compute[i], t)
+    return write_run(root, "piped", spans, iters, world_size=1, warmup_iters=1,
+                     manifest={"pipeline": True})
+
+
+def test_input_dist_overlap_by_hand(tmp_path):
+    df = records(load_run(pipelined(tmp_path)))
+    spans = input_dist_spans(df)
+    # it1 [6, 9.5] under warm-up compute [6, 9]: 3 of 3.5; it2 [15.5, 18] under [15.5, 16] and
+    # [17, 18]: 1.5 of 2.5; it3 [22.5, 23.5] runs alone: 0 of 1.
+    assert list(spans["iteration"]) == [1, 2, 3]
+    assert list(spans["hidden_ms"]) == pytest.approx([3.0, 1.5, 0.0])
+    assert list(spans["exposed_ms"]) == pytest.approx([0.5, 1.0, 1.0])
+    t = input_dist_overlap(df).set_index("rank")
+    assert t.loc["all", "hidden_frac"] == pytest.approx(4.5 / 7.0)
+    assert t.loc["0", "hidden_ms"] == pytest.approx(1.5)
+    assert t.loc["all", "spans"] == 3
+
+
+def test_input_dist_overlap_is_zero_when_sequential(df):
+    t = input_dist_overlap(df)
+    assert (t["hidden_ms"] == 0).all() and (t["hidden_frac"] == 0).all()
+    assert set(t["rank"]) == {"0", "1", "2", "3", "all"}
+
+
+def test_covered_matches_brute_force():
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        s = rng.integers(0, 200, 15)
+        e = s + rng.integers(1, 30, 15)
+        us, ue = _union(s, e)
+        covered = np.zeros(300, bool)
+        for a, b in zip(s, e):
+            covered[a:b] = True
+        a = rng.integers(0, 250, 10)
+        b = a + rng.integers(0, 50, 10)
+        got = _covered(us, ue, b) - _covered(us, ue, a)
+        assert list(got) == [covered[x:y].sum() for x, y in zip(a, b)]
+
+
+def test_completeness_names_missing_ranks_and_stages(tmp_path):
+    sp0, it0 = sequential(0, range(3), lambda r, i, s: 1.0)
+    sp1, it1 = sequential(1, range(3), lambda r, i, s: 1.0)
+    sp1 = [s for s in sp1 if s["stage"] != "emb_bwd"]
+    run = load_run(write_run(tmp_path, "gaps", sp0 + sp1, {**it0, **it1}, world_size=3))
+    notes = completeness(run)
+    assert notes == ["rank(s) 2 of world size 3 have no records", "rank 1 has no records of stage(s) emb_bwd"]
+    text = format_summary(run)
+    assert "!! rank(s) 2 of world size 3" in text and "!! rank 1 has no records of stage(s) emb_bwd" in text
+    sp = [s for s in sp0 if s["stage"] != "dense_update"]
+    run = load_run(write_run(tmp_path, "nodu", sp, it0, world_size=1))
+    assert completeness(run) == ["no records of stage(s) dense_update on any rank"]
+
+
+def test_load_runs_concatenates_with_run_and_flag_columns(tmp_path):
+    a = pipelined(tmp_path)
+    flags = {f: f == "skip_splits_a2a" for f in FLAGS}
+    b = four_ranks(tmp_path, "b")
+    import json
+    m = json.loads((b / "manifest.json").read_text())
+    m["optimizations"] = {"requested": flags, "effective": flags, "inactive_reasons": {}}
+    (b / "manifest.json").write_text(json.dumps(m))
+    df = load_runs([a, str(b)])
+    assert set(df["run_id"]) == {"piped", "b"}
+    assert len(df) == 4 * 5 + 4 * 4 * 5
+    for col in ("run_id", "preset", "world_size", "pipeline", *FLAGS, "rank", "stage", "duration_ms", "iter_ms"):
+        assert col in df.columns
+    b_rows = df[df["run_id"] == "b"]
+    assert b_rows["skip_splits_a2a"].all() and not b_rows["cuda_graphs"].any()
+    assert df.loc[df["run_id"] == "piped", "cuda_graphs"].isna().all()
+    assert df.loc[df["run_id"] == "piped", "pipeline"].all()
+    # A table over the concatenated frame has a row set per run.
+    assert set(stage_stats(df)["run_id"]) == {"piped", "b"}
+
+
+def test_iterations_without_stage_records_are_kept(tmp_path):
+    _, its = sequential(0, range(3), lambda r, i, s: 2.0)
+    df = records(load_run(write_run(tmp_path, "notl", [], its, world_size=1)))
+    assert len(df) == 3 and df["stage"].isna().all()
+    assert stage_stats(df).empty
+    assert iteration_table(df).iloc[0]["iter_ms_mean"] == pytest.approx(10.0)
+    assert isinstance(df, pd.DataFrame)
