@@ -11,6 +11,9 @@ RUN           ?= latest
 DRY_RUN       ?= 0
 SHARDING      ?= auto
 RUN_ID        ?=
+REPEATS       ?= 3
+ABLATION      ?=
+NSYS          ?=
 
 VALID_PRESETS  := mlperf small tiny
 VALID_SHARDING := auto table_wise column_wise row_wise data_parallel
@@ -22,14 +25,15 @@ HAS_CUDA      := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_REQS    := $(if $(HAS_CUDA),requirements-cuda.txt,requirements-cpu.txt)
 STAMP         := $(VENV)/.installed-$(basename $(TORCH_REQS))
 
-.PHONY: help bench report test perf check-bench-knobs venv clean-venv
+.PHONY: help bench ablation report test perf check-bench-knobs venv clean-venv
 
 help:
 	@echo "make bench  [PRESET=small|tiny|mlperf] [NODES=1] [GPUS_PER_NODE=2] [ITERS=20] [WARMUP=3]"
 	@echo "            [SHARDING=auto|table_wise|column_wise|row_wise|data_parallel] [DRY_RUN=0|1] [RUN_ID=...] [OPTS=\"...\"]"
 	@echo "            inside Slurm: srun, one torchrun a node; with MASTER_ADDR + NODE_RANK (+ RUN_ID): torchrun"
 	@echo "            for this host (run it on every host); otherwise NODES x GPUS_PER_NODE local processes"
-	@echo "make report [RUN=latest|<run_id>]"
+	@echo "make ablation [PRESET=...] [NODES=...] [GPUS_PER_NODE=...] [SHARDING=...] [REPEATS=3]"
+	@echo "make report [RUN=latest|<run_id>] | [ABLATION=latest|<id>] | [NSYS=<file.sqlite>]"
 	@echo "make test"
 	@echo "make perf   [PRESET=tiny|small]   (timeline on vs off: the instrumentation's cost)"
 	@echo "OPTS passes extra flags to 'python -m harness bench' (see: $(PY) -m harness bench --help)"
@@ -38,7 +42,7 @@ help:
 check-bench-knobs:
 	@case " $(VALID_PRESETS) " in *" $(PRESET) "*) ;; \
 	  *) echo "make: PRESET=$(PRESET) is not valid; valid values: $(VALID_PRESETS)" >&2; exit 2;; esac
-	@for kv in NODES=$(NODES) GPUS_PER_NODE=$(GPUS_PER_NODE) ITERS=$(ITERS); do \
+	@for kv in NODES=$(NODES) GPUS_PER_NODE=$(GPUS_PER_NODE) ITERS=$(ITERS) REPEATS=$(REPEATS); do \
 	  echo "$${kv#*=}" | grep -Eq '^[1-9][0-9]*$$' || \
 	  { echo "make: $$kv is not valid; valid values: a positive integer (1, 2, 3, ...)" >&2; exit 2; }; done
 	@echo "$(WARMUP)" | grep -Eq '^[0-9]+$$' || \
@@ -61,8 +65,13 @@ bench: check-bench-knobs $(STAMP)
 	  --iters $(ITERS) --warmup $(WARMUP) --sharding $(SHARDING) \
 	  $(if $(filter 1,$(DRY_RUN)),--dry-run) $(if $(RUN_ID),--run-id $(RUN_ID)) $(OPTS)
 
+# Baseline, each flag alone, all, all-but-one; REPEATS runs each (inactive-only configs once).
+ablation: check-bench-knobs $(STAMP)
+	$(PY) -m harness ablation --preset $(PRESET) --nodes $(NODES) --gpus-per-node $(GPUS_PER_NODE) \
+	  --iters $(ITERS) --warmup $(WARMUP) --sharding $(SHARDING) --repeats $(REPEATS) $(OPTS)
+
 report: $(STAMP)
-	$(PY) -m harness report --run $(RUN)
+	$(PY) -m harness report $(if $(ABLATION),--ablation $(ABLATION),$(if $(NSYS),--nsys $(NSYS),--run $(RUN)))
 
 test: $(STAMP)
 	$(PY) -m pytest

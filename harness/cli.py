@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 from harness import records, report
-from harness.config import BenchConfig, DataConfig, ShardingConfig
+from harness.config import OPTIMIZATION_FLAGS, BenchConfig, DataConfig, OptimizationsConfig, ShardingConfig
 from harness.device import check_device_available, describe_device
 from harness.presets import PRESETS
 from harness.launch import LaunchFailed, choose_launch, node_commands
 from harness.launch import run as launch_run
+from harness.optimizations import describe, resolve
 from harness.planning import format_plan, make_plan
 from model.dense import dense_flops_per_sample
 from model.sharding import SHARDING_TYPES
@@ -47,6 +48,25 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     bench = sub.add_parser("bench", help="train DLRM-DCNv2 and record every iteration's stages")
+    add_bench_arguments(bench)
+    abl = sub.add_parser("ablation", help="baseline, each flag, all, all-but-one: repeated bench runs")
+    add_bench_arguments(abl)
+    abl.add_argument("--repeats", type=int, default=3, help="runs per config (inactive-only configs: one)")
+
+    wk = sub.add_parser("worker", help="one rank (what torchrun starts on each node)")
+    wk.add_argument("--run-dir", type=Path, required=True)
+
+    rep = sub.add_parser("report", help="report a run, an ablation or an nsys export (reads nothing else)")
+    which = rep.add_mutually_exclusive_group()
+    which.add_argument("--run", default=None, help="run id under --runs-root, or 'latest' (the default)")
+    which.add_argument("--ablation", default=None, help="ablation id under --runs-root/ablations, or 'latest'")
+    which.add_argument("--nsys", type=Path, default=None, help="an `nsys export --type sqlite` file")
+    rep.add_argument("--runs-root", type=Path, default=Path("runs"))
+    rep.add_argument("--reports-root", type=Path, default=Path("reports"))
+    return parser
+
+
+def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--preset", choices=sorted(PRESETS), default="small", help="model and batch preset")
     bench.add_argument("--nodes", type=int, default=1, help="nodes (simulated on one machine here)")
     bench.add_argument("--gpus-per-node", type=int, default=2, help="ranks per node")
@@ -70,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
                        help="multi-host rendezvous (default: MASTER_ADDR:MASTER_PORT when set)")
     bench.add_argument("--node-rank", type=int, default=None, help="this host's node (default: NODE_RANK)")
+    opt = bench.add_argument_group("loop and optimization flags (design.md); each --X / --no-X")
+    opt.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=True,
+                     help="overlap batch i+1's input dist with batch i's compute (default on)")
+    opt.add_argument("--opts", choices=["none", "all"], default="none",
+                     help="start from no flags or all flags; --X/--no-X then change single ones")
+    for flag in OPTIMIZATION_FLAGS:
+        opt.add_argument(f"--{flag.replace('_', '-')}", dest=flag, action=argparse.BooleanOptionalAction, default=None)
+    bench.add_argument("--ragged-every", type=int, default=0,
+                       help="every k-th batch has variable hotness (exercises skip_splits_a2a's fallback)")
     shard = bench.add_argument_group("sharding")
     shard.add_argument("--sharding", choices=["auto", *SHARDING_TYPES], default=None,
                        help="auto: the planner picks per table; a type: forced on every table")
@@ -79,14 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
     shard.add_argument("--hardware", choices=["cpu", "h100"], default=None, help="the planner's bandwidth/memory profile")
     shard.add_argument("--memory-gib", type=float, default=None, help="per-rank memory budget for embeddings")
 
-    wk = sub.add_parser("worker", help="one rank (what torchrun starts on each node)")
-    wk.add_argument("--run-dir", type=Path, required=True)
-
-    rep = sub.add_parser("report", help="summarise a run folder (reads nothing else)")
-    rep.add_argument("--run", default="latest", help="run id under --runs-root, or 'latest'")
-    rep.add_argument("--runs-root", type=Path, default=Path("runs"))
-    rep.add_argument("--reports-root", type=Path, default=Path("reports"))
-    return parser
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
@@ -107,10 +128,23 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
             global_batch_size=args.global_batch if args.global_batch is not None else data.global_batch_size,
             seed=args.seed,
             id_exponent=args.id_exponent if args.id_exponent is not None else data.id_exponent,
+            ragged_every=args.ragged_every,
         )
     else:
-        data = DataConfig(global_batch_size=data.global_batch_size, seed=args.seed, id_exponent=data.id_exponent)
-    return cfg.replace(data=data, sharding=sharding)
+        data = DataConfig(global_batch_size=data.global_batch_size, seed=args.seed, id_exponent=data.id_exponent,
+                          ragged_every=args.ragged_every)
+    base = args.opts == "all"
+    flags = {f: getattr(args, f) if getattr(args, f) is not None else base for f in OPTIMIZATION_FLAGS}
+    return cfg.replace(data=data, sharding=sharding,
+                       optimizations=OptimizationsConfig(pipeline=args.pipeline, **flags))
+
+
+def check_config(args: argparse.Namespace) -> dict:
+    """Config, plan and effective flags of a bench command line, without running (raises ValueError)."""
+    cfg = config_from_args(args)
+    plan, _ = make_plan(cfg, ranks_per_host=cfg.run.world_size)
+    return resolve(cfg.optimizations, cuda=describe_device(cfg.run.device).startswith("cuda"),
+                   plan_kinds=[tp.kind for tp in plan])
 
 
 def _error(exc: Exception) -> int:
@@ -130,12 +164,15 @@ def bench(args: argparse.Namespace) -> int:
         plan, plan_desc = make_plan(cfg, ranks_per_host=ranks_per_host)
     except ValueError as exc:
         return _error(exc)
+    device = describe_device(cfg.run.device)
+    flags = resolve(cfg.optimizations, cuda=device.startswith("cuda"), plan_kinds=[tp.kind for tp in plan])
     run_id = args.run_id or records.new_run_id(cfg.run.preset, cfg.run.nodes, cfg.run.gpus_per_node)
     run_dir = args.runs_root / run_id
     if args.dry_run:
         print(f"dry run: nothing is started. launcher: {launch.mode}, {cfg.run.nodes} node(s) x "
               f"{cfg.run.gpus_per_node} rank(s) = {cfg.run.world_size} ranks, rendezvous {launch.endpoint}")
         print("\n".join(node_commands(launch, run_dir, run_id)))
+        print(describe(flags))
         print(format_plan(plan_desc))
         return 0
     if run_dir.exists() and not (launch.mode == "torchrun" and launch.node_rank):
@@ -146,7 +183,8 @@ def bench(args: argparse.Namespace) -> int:
         records.create_run(args.runs_root, run_id, {
             "preset": cfg.run.preset, "config": cfg.to_dict(), "world_size": cfg.run.world_size,
             "nodes": cfg.run.nodes, "gpus_per_node": cfg.run.gpus_per_node,
-            "global_batch_size": cfg.data.global_batch_size, "device": describe_device(cfg.run.device),
+            "global_batch_size": cfg.data.global_batch_size, "device": device,
+            "pipeline": cfg.optimizations.pipeline, "optimizations": flags,
             "launcher": launch.mode, "node_commands": node_commands(launch, run_dir, run_id),
             "sharding_plan": plan_desc,
             "dense_flops_per_sample": dense_flops_per_sample(**cfg.model.dense_arch_kwargs()),
@@ -157,6 +195,7 @@ def bench(args: argparse.Namespace) -> int:
     print(f"run {run_id}: {cfg.run.preset}, {cfg.run.nodes} node(s) x {cfg.run.gpus_per_node} rank(s) "
           f"({launch.mode}), global batch {cfg.data.global_batch_size}, "
           f"{cfg.run.warmup_iters}+{cfg.run.iters} iterations -> {run_dir}", flush=True)
+    print(describe(flags))
     print(format_plan(plan_desc, max_rows=16), flush=True)
     error = None
     try:
@@ -192,4 +231,15 @@ def main(argv: list[str] | None = None) -> int:
         return bench(args)
     if args.command == "worker":
         return worker(args)
-    return report.report_main(args.run, args.runs_root, args.reports_root)
+    if args.command == "ablation":
+        from harness.ablation import run_ablation
+
+        if args.repeats < 1:
+            return _error(ValueError(f"--repeats must be a positive integer, got {args.repeats}"))
+        try:
+            check_config(args)
+        except ValueError as exc:
+            return _error(exc)
+        return run_ablation(args, bench=bench, check=check_config)
+    run = args.run if args.run or args.ablation or args.nsys else "latest"
+    return report.report_main(run, args.runs_root, args.reports_root, ablation=args.ablation, nsys=args.nsys)

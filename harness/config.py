@@ -99,9 +99,14 @@ class DataConfig:
     """Seeds the data stream and the weights; the same seed gives the same losses at any world size."""
     id_exponent: float = 1.05
     """Power-law exponent of the ids (p(id k) ~ (k+1)^-a); 0 draws ids uniformly."""
+    ragged_every: int = 0
+    """Every k-th global batch (iterations k-1, 2k-1, ...) has variable hotness (odd samples keep
+    half their ids), to exercise skip_splits_a2a's fallback; 0: every batch has fixed hotness."""
 
     def __post_init__(self) -> None:
         _positive_int("data.global_batch_size", self.global_batch_size)
+        if isinstance(self.ragged_every, bool) or not isinstance(self.ragged_every, int) or self.ragged_every < 0:
+            raise ValueError(f"data.ragged_every must be an integer >= 0, got {self.ragged_every!r}")
         if self.id_exponent < 0:
             raise ValueError(f"data.id_exponent must be >= 0, got {self.id_exponent}")
 
@@ -142,6 +147,39 @@ class ShardingConfig:
             v = getattr(self, name)
             if v is not None and not v > 0:
                 raise ValueError(f"sharding.{name} must be > 0, got {v}")
+
+
+OPTIMIZATION_FLAGS = ("cuda_graphs", "threaded_input_dist", "pinned_d2h", "avoid_record_streams", "skip_splits_a2a")
+"""The published optimizations (design.md), each one flag; the ablation switches these."""
+
+
+@dataclass(kw_only=True, frozen=True)
+class OptimizationsConfig:
+    """The loop's shape and the optimization flags. Requested here; harness/optimizations.py
+    decides which can take effect on the run's device and records why the others cannot."""
+
+    pipeline: bool = True
+    """Launch batch i+1's input distribution before batch i's compute and wait for it after
+    (TorchRec's TrainPipelineSparseDist); False: the plain loop, one stage after another."""
+    cuda_graphs: bool = False
+    """Capture dense forward/backward and the gradient all-reduce in a CUDA graph; CUDA only."""
+    threaded_input_dist: bool = False
+    """A dedicated thread launches the next batch's input distribution; needs pipeline."""
+    pinned_d2h: bool = False
+    """Device-to-host copies (splits, loss) through reused pinned buffers, non-blocking; CUDA only."""
+    avoid_record_streams: bool = False
+    """TORCH_NCCL_AVOID_RECORD_STREAMS=1 before the process group starts; NCCL only."""
+    skip_splits_a2a: bool = False
+    """Fixed batch and hotness: splits computed locally, the splits all-to-all and its host sync
+    skipped (table/column-wise tables; row-wise splits depend on the ids and are still exchanged)."""
+
+    def __post_init__(self) -> None:
+        if self.threaded_input_dist and not self.pipeline:
+            raise ValueError("threaded_input_dist launches the next batch's input dist ahead: it needs the "
+                             "pipelined loop (drop --no-pipeline or --threaded-input-dist)")
+
+    def requested(self) -> dict[str, bool]:
+        return {f: getattr(self, f) for f in OPTIMIZATION_FLAGS}
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -198,6 +236,8 @@ class BenchConfig:
     """Synthetic data."""
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
     """Embedding sharding."""
+    optimizations: OptimizationsConfig = field(default_factory=OptimizationsConfig)
+    """Loop shape and optimization flags."""
     run: RunConfig
     """Launch and measurement."""
 
@@ -211,6 +251,9 @@ class BenchConfig:
                 "data_parallel tables train with dense Adagrad (= exact_adagrad); with "
                 f"optimizer.embedding_optimizer={self.optimizer.embedding_optimizer!r} shard them another way"
             )
+        if self.optimizations.skip_splits_a2a and self.data.ragged_every == 1:
+            raise ValueError("skip_splits_a2a needs fixed hotness, but data.ragged_every=1 makes every batch "
+                             "variable-length: there is no batch whose splits are known in advance")
         if self.data.global_batch_size % self.run.world_size:
             raise ValueError(
                 f"global batch {self.data.global_batch_size} does not divide by the world size "
@@ -235,6 +278,7 @@ class BenchConfig:
             optimizer=OptimizerConfig(**d["optimizer"]),
             data=DataConfig(**d["data"]),
             sharding=ShardingConfig(**{**d["sharding"], "per_table": tuple(tuple(x) for x in d["sharding"]["per_table"])}),
+            optimizations=OptimizationsConfig(**d.get("optimizations", {})),
             run=RunConfig(**tuples(d["run"])),
         )
 

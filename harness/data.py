@@ -52,8 +52,8 @@ class SyntheticCriteo:
         # Philox yields 4 words a counter step: round up so each sample starts on a step boundary.
         self.words_per_sample = -(-draws // 4) * 4
 
-    def samples(self, start: int, count: int) -> Batch:
-        """Samples start .. start+count-1 of the stream."""
+    def samples(self, start: int, count: int, *, ragged: bool = False) -> Batch:
+        """Samples start .. start+count-1 of the stream; ragged: odd samples keep half their ids."""
         bits = np.random.Philox(key=self.data.seed, counter=[start * self.words_per_sample // 4, 0, 0, 0])
         u = (bits.random_raw(count * self.words_per_sample).reshape(count, -1) >> 11) * (1.0 / (1 << 53))
         nd = self.model.num_dense
@@ -61,18 +61,33 @@ class SyntheticCriteo:
         logit = 0.6 * (dense[:, :4].sum(1) - dense[:, 4:8].sum(1)) - 1.0
         labels = (u[:, nd] < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
         ids_u = u[:, nd + 1 :]
-        values = [
-            power_law_ids(ids_u[:, self.hot_offsets[f] : self.hot_offsets[f + 1]], rows, self.data.id_exponent).reshape(-1)
-            for f, rows in enumerate(self.model.table_rows)
-        ]
-        lengths = np.repeat(np.asarray(self.model.multi_hot, dtype=np.int64)[:, None], count, axis=1)
+        hot = np.asarray(self.model.multi_hot, dtype=np.int64)
+        lengths = np.repeat(hot[:, None], count, axis=1)
+        if ragged:  # by global sample index, so any world size sees the same batch
+            odd = (np.arange(start, start + count) % 2 == 1)
+            lengths[:, odd] = (hot[:, None] + 1) // 2
+        values = []
+        for f, rows in enumerate(self.model.table_rows):
+            ids = power_law_ids(ids_u[:, self.hot_offsets[f] : self.hot_offsets[f + 1]], rows, self.data.id_exponent)
+            keep = np.arange(hot[f])[None, :] < lengths[f][:, None]
+            values.append(ids[keep])  # row-major: sample by sample, each sample's first ids
         return Batch(
             dense=torch.from_numpy(dense.astype(np.float32)),
             sparse=SparseFeatures(lengths=torch.from_numpy(lengths), values=torch.from_numpy(np.concatenate(values))),
             labels=torch.from_numpy(labels),
         )
 
+    def is_regular(self, iteration: int) -> bool:
+        """Whether global batch `iteration` has the fixed hotness (every rank can tell alone)."""
+        k = self.data.ragged_every
+        return k == 0 or (iteration + 1) % k != 0
+
+    def global_batch(self, iteration: int) -> Batch:
+        return self.samples(iteration * self.data.global_batch_size, self.data.global_batch_size,
+                            ragged=not self.is_regular(iteration))
+
     def local_batch(self, iteration: int, rank: int, world_size: int) -> Batch:
         """Rank's share of global batch `iteration`: samples in rank order, as the reference sees them."""
         local = self.data.global_batch_size // world_size
-        return self.samples(iteration * self.data.global_batch_size + rank * local, local)
+        return self.samples(iteration * self.data.global_batch_size + rank * local, local,
+                            ragged=not self.is_regular(iteration))

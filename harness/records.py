@@ -156,7 +156,8 @@ class RankRecorder:
         self.warmup_iters, self.local_batch = warmup_iters, local_batch
         self.part = 0
 
-    def write(self, stages: list[StageSpan], iterations: list[StageSpan], losses: dict[int, float]) -> None:
+    def write(self, stages: list[StageSpan], iterations: list[StageSpan], losses: dict[int, float],
+              *, splits_exchanged: dict[int, int] | None = None) -> None:
         if not iterations and not stages:
             return
         st = pd.DataFrame(
@@ -178,6 +179,9 @@ class RankRecorder:
         )
         it["loss"] = [losses.get(i, float("nan")) for i in it["iteration"]]
         it["samples"] = self.local_batch
+        # How many splits all-to-alls the iteration's input dist ran (skip_splits_a2a makes it 0;
+        # a batch off the fixed hotness falls back to the exchange and counts here).
+        it["splits_exchanged"] = [int((splits_exchanged or {}).get(i, -1)) for i in it["iteration"]]
         for df in (st, it):
             df["start_ns"] = df["start_ns"].astype("int64")
             df["end_ns"] = df["end_ns"].astype("int64")

@@ -80,6 +80,10 @@ def iteration_summary(run: Run) -> dict:
     its = run.iterations
     timed = its[~its["warmup"]]
     warmup_iterations = int(its.loc[its["warmup"], "iteration"].nunique()) if not its.empty else 0
+    if its.empty:
+        raise ReportError(f"run {run.run_id} (status {run.manifest.get('status', '?')}) has no non-warm-up "
+                          "iterations recorded: no iteration records at all yet (still running, or stopped "
+                          "before its first flush)")
     if timed.empty:
         raise ReportError(f"run {run.run_id} has no non-warm-up iterations recorded "
                           f"({warmup_iterations} warm-up iteration(s) excluded); run more "
@@ -253,7 +257,8 @@ def _report_run(run: Run, reports_root: Path, name: str) -> list[Path]:
     written = run_report(run, out, header=_header_lines(run, its))
     write_report(run, reports_root, name=name)
     print(text)
-    return [out / "summary.csv", out / "summary.md", *written]
+    extra = [out / "ranks.csv"] if (out / "ranks.csv").is_file() else []
+    return [out / "summary.csv", out / "summary.md", *written, *extra]
 
 
 def _report_ablation(ablation: str, runs_root: Path, reports_root: Path) -> list[Path]:

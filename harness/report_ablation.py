@@ -148,6 +148,8 @@ def ablation_table(ab: Ablation, *, n_boot: int = N_BOOT, seed: int = 0) -> pd.D
         groups, notes = _config_times(ab, cfg)
         point, lo, hi, boot = bootstrap_mean_ci(groups, n_boot=n_boot, rng=np.random.default_rng([seed, i]))
         boots[cfg["name"]] = boot
+        if cfg.get("failed_runs"):
+            notes.append(f"failed run(s) left out: {', '.join(map(str, cfg['failed_runs']))}")
         if len(groups) == 1:
             notes.append("1 repeat: the CI covers iteration noise only")
         if cfg.get("all_inactive"):

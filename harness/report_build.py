@@ -25,15 +25,15 @@ def _drop_run_id(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def optimizations_table(manifest: dict) -> pd.DataFrame | None:
-    """requested / effective / reason per flag, from manifest["optimizations"]; None if absent."""
+    """requested / effective / inactive reason / note per flag, from manifest["optimizations"]; None if absent."""
     opts = manifest.get("optimizations")
     if not isinstance(opts, dict):
         return None
     req, eff = opts.get("requested") or {}, opts.get("effective") or {}
-    why = opts.get("inactive_reasons") or {}
+    why, notes = opts.get("inactive_reasons") or {}, opts.get("notes") or {}
     names = [f for f in FLAGS if f in req or f in eff] + sorted((set(req) | set(eff)) - set(FLAGS))
-    return pd.DataFrame([{"flag": f, "requested": req.get(f), "effective": eff.get(f), "inactive_reason": why.get(f, "")}
-                         for f in names])
+    return pd.DataFrame([{"flag": f, "requested": req.get(f), "effective": eff.get(f),
+                          "inactive_reason": why.get(f, ""), "note": notes.get(f, "")} for f in names])
 
 
 def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
@@ -127,7 +127,8 @@ def _roofline(run: Run, doc: Doc, csvs: dict) -> None:
         return
     csvs["roofline"], csvs["roofline_by_rank"] = roof, by_rank
     doc.p("Analytic work of one iteration on one rank (mean over ranks) against measured peaks "
-          "(gemm_gflops: torch.mm; copy_gbps: device memory copy, read + write); n/a: peak not measured. "
+          "(gemm_gflops: torch.mm; copy_gbps: device memory copy, read + write); n/a: peak not measured; "
+          "a fraction above 100% means the peak was measured low (e.g. on a busy machine). "
           "Formulas: harness/report_roofline.py.")
     doc.table(roof)
 
@@ -164,7 +165,7 @@ def ablation_report(ab: abl.Ablation, out: Path) -> tuple[list[Path], pd.DataFra
     doc = Doc(f"Ablation {ab.ablation_id}")
     doc.bullets([f"status {m.get('status', '?')}  preset {m.get('preset', '?')}  "
                  f"{m.get('nodes', '?')} node(s) x {m.get('gpus_per_node', '?')} per node  "
-                 f"repeats {m.get('repeats', '?')}",
+                 f"repeats {m.get('repeats', '?')}  pipeline {m.get('pipeline', '?')}",
                  f"started {m.get('start_time', '?')}  ended {m.get('end_time') or '-'}",
                  f"flags: {', '.join(m.get('flags') or [])}"])
     if m.get("status") != "completed":

@@ -7,7 +7,7 @@ is made from a trace as from a run folder.
 - Ranges: NVTX_EVENTS rows of eventType 59 (push/pop) and 60 (start/end) with an end time; the
   name is `text`, or StringIds.value of `textId` when text is NULL. Ranges named otherwise
   (torch's own, user ranges) are ignored.
-- Rank: a range named "rank N" (or an NVTX domain named so) in a process gives that process
+- Rank: an NVTX event named "rank N" (a range, a mark, or a domain created so) in a process gives it
   rank N, when every process has one and they differ; otherwise processes ((globalTid >> 24)
   & 0xFFFFFF, nsys's serialized pid) are ranks 0..n-1 in order of their first stage range.
 - Iteration: per rank, the k-th range of each stage is iteration k, counted from the first
@@ -43,24 +43,19 @@ def _query(db: sqlite3.Connection, path: Path) -> pd.DataFrame:
     join = ""
     if "textId" in cols and "StringIds" in tables:
         name, join = "COALESCE(e.text, s.value)", "LEFT JOIN StringIds s ON e.textId = s.id"
-    domain = "NULL"
-    if "domainId" in cols:
-        # Domain names are the text of NvtxDomainCreate events (type 75) of the same process.
-        domain = ("(SELECT COALESCE(d.text, ds.value) FROM NVTX_EVENTS d LEFT JOIN StringIds ds ON d.textId = ds.id "
-                  "WHERE d.eventType = 75 AND d.domainId = e.domainId AND (d.globalTid >> 24) = (e.globalTid >> 24) "
-                  "LIMIT 1)") if join else "NULL"
-    sql = (f"SELECT e.start AS start_ns, e.end AS end_ns, {name} AS name, e.globalTid AS tid, e.eventType AS type, "
-           f"{domain} AS domain FROM NVTX_EVENTS e {join}")
+    sql = (f"SELECT e.start AS start_ns, e.end AS end_ns, {name} AS name, e.globalTid AS tid, e.eventType AS type "
+           f"FROM NVTX_EVENTS e {join}")
     return pd.read_sql_query(sql, db)
 
 
 def _ranks(ev: pd.DataFrame, stages: pd.DataFrame) -> dict[int, int]:
     """pid -> rank: from "rank N" names when they name every process once, else first-appearance order."""
     named = {}
-    for col in ("name", "domain"):
-        m = ev[col].astype(object).fillna("").astype(str).str.extract(_RANK_NAME)[0]
-        for pid, n in zip(ev.loc[m.notna(), "pid"], m.dropna()):
-            named.setdefault(int(pid), int(n))
+    # Any NVTX event of the process counts: a range, a mark, or a domain's creation (type 75,
+    # whose text is the domain's name).
+    m = ev["name"].astype(object).fillna("").astype(str).str.extract(_RANK_NAME)[0]
+    for pid, n in zip(ev.loc[m.notna(), "pid"], m.dropna()):
+        named.setdefault(int(pid), int(n))
     pids = list(dict.fromkeys(stages.sort_values("start_ns")["pid"].astype(int)))
     if all(p in named for p in pids) and len({named[p] for p in pids}) == len(pids):
         return {p: named[p] for p in pids}

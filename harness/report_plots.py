@@ -105,7 +105,7 @@ def plot_iteration_time(df: pd.DataFrame, path: Path, *, title: str = "") -> Pat
         ax.axvspan(warm.min() - 0.5, warm.max() + 0.5, color="orange", alpha=0.15, label="warm-up (excluded)")
     if len(timed):
         ax.axhline(timed.median(), color="grey", linestyle="--", linewidth=0.8,
-                   label=f"median {timed.median():.3g} ms")
+                   label=f"median {timed.median():.4g} ms")
         # Zoom on the timed iterations (jitter is the point); warm-up peaks far above are clipped.
         lo, hi = ri.loc[~ri["warmup"], "iter_ms"].min(), ri.loc[~ri["warmup"], "iter_ms"].max()
         pad = max(hi - lo, 0.05 * hi)

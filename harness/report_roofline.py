@@ -3,24 +3,39 @@
 The work of a stage is counted from the run's config alone (manifest `config`, `sharding_plan`,
 `dense_flops_per_sample`), per rank and per iteration. Notation:
 
-    W  world size            B  local batch (global batch / W)     G = B * W
-    F  sparse features       D  embedding_dim                      H_t multi-hot size of table t
-    T_r  tables rank r owns (manifest sharding_plan.table_owner; absent: 1/W of every table)
-    ids_out = B * sum_t H_t            ids this rank sends (its samples, every feature)
-    ids_in  = G * sum_{t in T_r} H_t   ids this rank receives and looks up (global batch, its tables)
-    P  dense parameters = bottom MLP and top MLP weights + biases, plus per cross layer
+    W  world size     B  local batch (global batch / W)     G = B * W     D  embedding_dim
+    F  sparse features; table t has H_t ids a sample (multi-hot) and R_t rows
+    P  dense parameters = bottom and top MLP weights + biases, plus per cross layer
        V (width x cross_rank) + W (cross_rank x width) + b (width), width = (F + 1) * D
     A  dense activations a sample = num_dense + sum(bottom) + width
        + cross_layers * (cross_rank + 2 * width) + sum(top)
+    k  fused optimizer FLOPs an updated element: 6 exact_adagrad, 4 rowwise, 2 sgd
+    S(n ids, e elements)  optimizer state read + written: 8*e exact_adagrad, 8*n rowwise, 0 sgd
+    ring(x) = 2 * (W - 1) / W * x   bytes a rank sends + receives in a ring collective of x bytes
     ids and lengths are int64 (8 bytes), everything else float32 (4 bytes).
+
+Dense stages (every rank):
 
 | stage | FLOPs | bytes |
 |---|---|---|
-| input_dist | 0 | 8 * (ids_out + B*F + ids_in + G*len(T_r)): ids and lengths sent and received |
-| emb_fwd | D * ids_in (sum pooling) | 4*D*ids_in rows read + 8*ids_in ids read + 4*D*G*len(T_r) pooled written + 4*D*(G*len(T_r) + B*F) output all-to-all sent and received |
 | dense_fwd_bwd | dense_flops_per_sample * B | 4 * (2P weights read forward and backward + P gradients written + 2P all-reduce read/write) + 4 * 3*B*A activations written, read back, their gradients written |
-| emb_bwd | k * D * ids_in (k = 6 exact_adagrad, 4 rowwise, 2 sgd) | 4*D*(B*F + G*len(T_r)) gradient all-to-all + 4*D*ids_in pooled gradient read per id + 8*D*ids_in rows read and written + optimizer state read and written (8*D*ids_in exact_adagrad, 8*ids_in rowwise, 0 sgd) + 8*ids_in ids |
 | dense_update | 6P (Adagrad: g*g, +=, sqrt, +eps, /, lr*) | 4 * 6P: param, grad, state read; param, state written; grads zeroed |
+
+Embedding stages: the sum over the shards of the plan (manifest sharding_plan.tables; the
+older table_owner list means table-wise; no plan: 1/W of every table-wise table). A shard on
+rank q holds c columns and a fraction f of the rows (f = 1 but row-wise, where ids are assumed
+spread evenly over row blocks: f = shard rows / R_t). n = G*H_t*f ids it looks up.
+
+| kind | stage | on rank q (the shard's) | on every rank |
+|---|---|---|---|
+| table/column/row-wise | input_dist | bytes 8*G*(H_t*f + 1) ids and lengths received | bytes 8*B*(H_t*f + 1) sent |
+| table/column-wise | emb_fwd | FLOPs n*c (sum pooling); bytes 4*n*c rows + 8*n ids read + 4*G*c pooled written + 4*G*c sent by the output all-to-all | bytes 4*B*c received |
+| row-wise | emb_fwd | FLOPs n*D; bytes 4*n*D + 8*n + 4*G*D partial sums + ring(4*G*D) reduce-scatter | |
+| table/column-wise | emb_bwd | FLOPs k*n*c; bytes 4*G*c gradients received + 4*n*c read per id + 8*n*c rows read and written + S(n, n*c) + 8*n ids | bytes 4*B*c sent |
+| row-wise | emb_bwd | FLOPs k*n*D; bytes ring(4*G*D) all-gather + 4*n*D + 8*n*D + S(n, n*D) + 8*n | |
+| data-parallel | input_dist | 0 (ids stay local) | |
+| data-parallel | emb_fwd | FLOPs B*H_t*D; bytes 4*B*H_t*D + 8*B*H_t + 4*B*D | |
+| data-parallel | emb_bwd | FLOPs B*H_t*D + 6*R_t*D; bytes 4*B*D + 4*R_t*D gradient written + ring(4*R_t*D) all-reduce + 20*R_t*D dense Adagrad | |
 
 Embedding rows are counted once per id: fbgemm merges repeated ids of a batch, so emb_bwd (and,
 with caches, emb_fwd) bytes are upper bounds and their achieved fractions may read high.
@@ -67,6 +82,24 @@ def dense_shape(model: dict) -> tuple[int, int, int]:
     return params, acts, 3 * 2 * macs
 
 
+def _shards(manifest: dict, rows: list[int], D: int, W: int) -> list[tuple[str, list[tuple[int, float, int]]]]:
+    """Per table: (kind, [(rank, row fraction, columns), ...]) from whichever plan form the manifest has."""
+    plan = manifest.get("sharding_plan") or {}
+    tables = plan.get("tables")
+    if isinstance(tables, list) and len(tables) == len(rows):
+        out = []
+        for tp, R in zip(tables, rows):
+            shards = [(int(sh["rank"]), (sh["row_end"] - sh["row_start"]) / R if tp["kind"] == "row_wise" else 1.0,
+                       int(sh["col_end"] - sh["col_start"])) for sh in tp["shards"]]
+            out.append((tp["kind"], shards))
+        return out
+    owners = plan.get("table_owner")
+    if isinstance(owners, list) and len(owners) == len(rows):
+        return [("table_wise", [(int(o), 1.0, D)]) for o in owners]
+    # No plan: every rank does 1/W of each table's table-wise work (columns split evenly).
+    return [("table_wise", [(r, 1.0, D / W) for r in range(W)]) for _ in rows]
+
+
 def stage_work(run: Run) -> pd.DataFrame:
     """FLOPs and bytes of each stage on each rank in one iteration (formulas: module docstring).
 
@@ -85,36 +118,47 @@ def stage_work(run: Run) -> pd.DataFrame:
         raise ReportError(f"run {run.run_id}: roofline n/a: manifest {what}")
     W, G = int(world), int(gbatch)
     B = G // W
-    D, hot = int(model["embedding_dim"]), [int(h) for h in model["multi_hot"]]
-    F = len(hot)
+    D = int(model["embedding_dim"])
+    hot, rows = [int(h) for h in model["multi_hot"]], [int(r) for r in model["table_rows"]]
     P, A, flops_sample = dense_shape(model)
     flops_sample = m.get("dense_flops_per_sample") or flops_sample
     opt = (cfg.get("optimizer") or {}).get("embedding_optimizer", "exact_adagrad")
     k_opt = EMB_OPT_FLOPS.get(opt, EMB_OPT_FLOPS["exact_adagrad"])
     state_per, state_bytes = EMB_STATE_BYTES.get(opt, EMB_STATE_BYTES["exact_adagrad"])
-    owners = (m.get("sharding_plan") or {}).get("table_owner")
-    if not (isinstance(owners, list) and len(owners) == F):
-        owners = None  # unknown plan: every rank gets 1/W of every table's work
-    ids_out = B * sum(hot)
-    rows = []
+    ring = lambda x: 2 * (W - 1) / W * x
+    work = {r: {s: [0.0, 0.0] for s in STAGES} for r in range(W)}  # rank -> stage -> [flops, bytes]
+
+    def add(rank: int, stage: str, flops: float, nbytes: float) -> None:
+        work[rank][stage][0] += flops
+        work[rank][stage][1] += nbytes
+
+    def everyone(stage: str, nbytes: float) -> None:
+        for r in range(W):
+            add(r, stage, 0.0, nbytes)
+
+    for (kind, shards), H, R in zip(_shards(m, rows, D, W), hot, rows):
+        for q, f, c in shards:
+            n = G * H * f
+            if kind == "data_parallel":
+                add(q, "emb_fwd", B * H * D, 4 * B * H * D + 8 * B * H + 4 * B * D)
+                add(q, "emb_bwd", B * H * D + 6 * R * D, 4 * B * D + 4 * R * D + ring(4 * R * D) + 20 * R * D)
+                continue
+            add(q, "input_dist", 0.0, 8 * G * (H * f + 1))
+            everyone("input_dist", 8 * B * (H * f + 1))
+            state = state_bytes * (n * (D if kind == "row_wise" else c) if state_per == "element" else n)
+            if kind == "row_wise":
+                add(q, "emb_fwd", n * D, 4 * n * D + 8 * n + 4 * G * D + ring(4 * G * D))
+                add(q, "emb_bwd", k_opt * n * D, ring(4 * G * D) + 4 * n * D + 8 * n * D + state + 8 * n)
+            else:
+                add(q, "emb_fwd", n * c, 4 * n * c + 8 * n + 4 * G * c + 4 * G * c)
+                everyone("emb_fwd", 4 * B * c)
+                add(q, "emb_bwd", k_opt * n * c, 4 * G * c + 4 * n * c + 8 * n * c + state + 8 * n)
+                everyone("emb_bwd", 4 * B * c)
     for r in range(W):
-        if owners is None:
-            ids_in, n_tables = G * sum(hot) / W, F / W
-        else:
-            ids_in = G * sum(h for h, o in zip(hot, owners) if o == r)
-            n_tables = sum(1 for o in owners if o == r)
-        pooled_local = G * n_tables * D  # elements this rank pools for the whole batch
-        state = state_bytes * (D * ids_in if state_per == "element" else ids_in)
-        work = {
-            "input_dist": (0.0, 8 * (ids_out + B * F + ids_in + G * n_tables)),
-            "emb_fwd": (D * ids_in, 4 * D * ids_in + 8 * ids_in + 4 * pooled_local + 4 * (pooled_local + B * F * D)),
-            "dense_fwd_bwd": (flops_sample * B, 4 * 5 * P + 4 * 3 * B * A),
-            "emb_bwd": (k_opt * D * ids_in, 4 * (B * F * D + pooled_local) + 4 * D * ids_in + 8 * D * ids_in
-                        + state + 8 * ids_in),
-            "dense_update": (6 * P, 4 * 6 * P),
-        }
-        rows += [{"rank": r, "stage": s, "flops": float(f), "bytes": float(b)} for s, (f, b) in work.items()]
-    return pd.DataFrame(rows)
+        add(r, "dense_fwd_bwd", flops_sample * B, 4 * 5 * P + 4 * 3 * B * A)
+        add(r, "dense_update", 6 * P, 4 * 6 * P)
+    return pd.DataFrame([{"rank": r, "stage": s, "flops": float(fb[0]), "bytes": float(fb[1])}
+                         for r in range(W) for s, fb in work[r].items()])
 
 
 def _peaks(run: Run) -> pd.DataFrame:

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from harness.config import BenchConfig
 from harness.data import SyntheticCriteo
+from harness.cuda_graph_step import DenseStep
 from harness.data_parallel import FlatGradients
+from harness.input_pipeline import InputFeeder
+from harness.pinned_d2h import HostCopies
 from harness.records import RankRecorder
 from harness.timeline import Timeline
 from model.dense import DenseArch
@@ -59,14 +62,23 @@ def train(
     device: torch.device,
     recorder: RankRecorder | None,
     plan: list[TablePlan],
+    effective: dict[str, bool] | None = None,
     group: dist.ProcessGroup | None = None,
 ) -> TrainResult:
+    """Train this rank. `effective`: the optimization flags that take effect (the manifest's
+    resolution); None means the requested ones, for callers that resolved nothing."""
+    on = effective if effective is not None else cfg.optimizations.requested()
     world = cfg.run.world_size
     local_batch = cfg.local_batch_size
     data = SyntheticCriteo(cfg.model, cfg.data)
     dense = build_dense(cfg, device)
     grads = FlatGradients(dense, world_size=world, group=group)
     dense_opt = torch.optim.Adagrad(dense.parameters(), lr=cfg.optimizer.learning_rate, eps=cfg.optimizer.eps)
+    host = HostCopies(device=device, pinned=on["pinned_d2h"])
+    # The ids exchange gets a process group of its own (see GroupContext.ids_group).
+    ids_group = group
+    if world > 1 and dist.is_initialized():  # new_group would otherwise wait 30 min on a hung peer
+        ids_group = dist.new_group(list(range(world)), timeout=dt.timedelta(seconds=cfg.run.collective_timeout_s))
     embeddings = ShardedEmbeddingCollection(
         table_rows=cfg.model.table_rows,
         embedding_dim=cfg.model.embedding_dim,
@@ -74,55 +86,67 @@ def train(
         rank=rank,
         world_size=world,
         group=group,
+        ids_group=ids_group,
         device=device,
         optimizer=cfg.optimizer.embedding_optimizer,
         learning_rate=cfg.optimizer.learning_rate,
         eps=cfg.optimizer.eps,
         init_seed=cfg.data.seed,
+        multi_hot=cfg.model.multi_hot,
+        to_host=lambda t: host.copy(t).tolist(),
+    )
+    step = DenseStep(
+        dense=dense, grads=grads, world_size=world, local_batch=local_batch, num_dense=cfg.model.num_dense,
+        pooled_width=cfg.model.num_sparse * cfg.model.embedding_dim, device=device, graphed=on["cuda_graphs"],
     )
     timeline = Timeline(cuda=device.type == "cuda", stages=cfg.run.timeline)
     total = cfg.run.warmup_iters + cfg.run.iters
+    feeder = InputFeeder(
+        embeddings=embeddings, data=data, rank=rank, world_size=world, device=device, total=total,
+        pipeline=cfg.optimizations.pipeline, threaded=on["threaded_input_dist"], skip_splits=on["skip_splits_a2a"],
+        timeline=timeline,
+    )
     pending: dict[int, torch.Tensor] = {}  # losses stay on the device until a flush, outside the timed region
+    exchanged: dict[int, int] = {}
     losses: list[float] = []
 
     def flush() -> None:
         stage_spans, iter_spans = timeline.drain()
-        values = {i: float(v) for i, v in pending.items()}
-        losses.extend(values[i] for i in sorted(values))
+        its = sorted(pending)
+        values = dict(zip(its, host.copy(torch.stack([pending[i] for i in its])).tolist())) if its else {}
+        losses.extend(values[i] for i in its)
         pending.clear()
         if recorder is not None:
-            recorder.write(stage_spans, iter_spans, values)
+            recorder.write(stage_spans, iter_spans, values, splits_exchanged=exchanged)
+        exchanged.clear()
 
     try:
         for it in range(total):
-            batch = data.local_batch(it, rank, world).to(device)
+            feeder.prepare(it)
             maybe_inject_fault(cfg, rank, it, recorder)
             timeline.begin_iteration(it)
-            with timeline.stage("input_dist"):
-                ids = embeddings.input_dist(batch.sparse)
+            batch, ids, exchanged[it] = feeder.next(it)  # times itself: its input_dist span may start earlier
             with timeline.stage("emb_fwd"):
                 pooled, emb_fwd = embeddings.forward(ids, local_batch)
             with timeline.stage("dense_fwd_bwd"):
-                loss = F.binary_cross_entropy_with_logits(dense(batch.dense, pooled), batch.labels)
-                # Each rank's mean over its share, divided by the world size and summed by the
-                # all-reduce, is the gradient of the mean over the global batch.
-                (loss / world).backward()
-                grads.all_reduce()
+                loss, pooled_grad = step.run(batch.dense, pooled, batch.labels)
             with timeline.stage("emb_bwd"):
-                embeddings.backward(emb_fwd, pooled.grad)
+                embeddings.backward(emb_fwd, pooled_grad)
             with timeline.stage("dense_update"):
                 dense_opt.step()
                 grads.zero()
             timeline.end_iteration()
-            pending[it] = loss.detach()
+            pending[it] = loss.clone()  # a graphed step's loss is a static buffer the next replay overwrites
             if (it + 1) % cfg.run.flush_every == 0:
                 flush()
     except BaseException:
         try:
+            feeder.close()
             flush()  # what finished before the failure stays on disk
         except Exception as flush_exc:  # the original error is the one to report
             print(f"rank {rank}: could not write the last records: {flush_exc!r}", file=sys.stderr)
         raise
+    feeder.close()
     flush()
     return TrainResult(
         losses=losses,

@@ -24,6 +24,15 @@ def threads_per_rank(local_ranks: int) -> int:
     return max(1, (os.cpu_count() or 1) // local_ranks)
 
 
+def maybe_avoid_record_streams(on: bool) -> None:
+    """avoid_record_streams: NCCL reads this when the process group is created, so it is set here,
+    before init_process_group. The caching allocator then frees collective buffers by stream
+    sync instead of recordStream, which otherwise delays their reuse."""
+    if not on:
+        return
+    os.environ["TORCH_NCCL_AVOID_RECORD_STREAMS"] = "1"
+
+
 def run_rank(run_dir: str) -> dict:
     """Entry point of one rank (torchrun or the in-process elastic launcher set RANK etc.)."""
     rank = int(os.environ["RANK"])
@@ -41,6 +50,8 @@ def run_rank(run_dir: str) -> dict:
     try:
         torch.set_num_threads(threads_per_rank(local_world))
         device, backend = resolve_device(cfg.run.device, local_rank)
+        effective = manifest["optimizations"]["effective"]
+        maybe_avoid_record_streams(effective["avoid_record_streams"])
         dist.init_process_group(backend, timeout=dt.timedelta(seconds=cfg.run.collective_timeout_s))
         info = {
             "host": socket.gethostname(), "pid": os.getpid(), "device": str(device), "backend": backend,
@@ -48,7 +59,8 @@ def run_rank(run_dir: str) -> dict:
             "gemm_gflops": measure_gemm_gflops(device), "copy_gbps": measure_copy_gbps(device),
         }
         recorder.write_info(info)
-        result = train(cfg, rank=rank, device=device, recorder=recorder, plan=plan_from_manifest(manifest))
+        result = train(cfg, rank=rank, device=device, recorder=recorder, plan=plan_from_manifest(manifest),
+                       effective=effective)
         info["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         if device.type == "cuda":
             info["peak_gpu_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30

@@ -8,7 +8,7 @@ groups split that into input distribution (`bucketize` + an IdsAllToAll), `forwa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +27,12 @@ class GroupContext:
     rank: int
     world_size: int
     group: dist.ProcessGroup | None
+    ids_group: dist.ProcessGroup | None
+    """A group of its own for the ids exchange, so it may run on another thread (threaded input
+    dist) without interleaving with the other collectives: each group keeps its own order."""
     device: torch.device
+    to_host: Callable[[torch.Tensor], list]
+    """Reads the splits to the host (plain .tolist(), or through pinned buffers)."""
     dim: int
     optimizer: str
     learning_rate: float
@@ -50,7 +55,7 @@ class PooledAllToAllGroup:
     distributes_ids = True
 
     def __init__(self, ctx: GroupContext, *, features: Sequence[int], slots: Sequence[tuple[int, int, Shard]],
-                 table_rows: Sequence[int]) -> None:
+                 table_rows: Sequence[int], multi_hot: Sequence[int]) -> None:
         """slots: (position of the feature in `features`, table index, shard) for every shard."""
         self.ctx, self.features = ctx, list(features)
         w = ctx.world_size
@@ -61,7 +66,10 @@ class PooledAllToAllGroup:
                                           device=ctx.device)
         self.repeats = len(self.send_features) != len(set(self.send_features.tolist()))
         self.ids = IdsAllToAll(send_slots=[len(s) for s in by_rank], recv_slots=len(self.local),
-                               world_size=w, group=ctx.group, device=ctx.device)
+                               world_size=w, group=ctx.ids_group, device=ctx.device, to_host=ctx.to_host)
+        # With fixed hotness every rank knows what any rank sends anyone: ids per sample per slot.
+        self.hot_to = [sum(multi_hot[self.features[p]] for p, _, _ in r_slots) for r_slots in by_rank]
+        self.slots_to = [len(r_slots) for r_slots in by_rank]
         # Column j of what arrives (ranks in order, their slots in order) is output column out_cols[j].
         out_cols = [p * ctx.dim + s.col_start + j for r_slots in by_rank for p, _, s in r_slots for j in range(s.cols)]
         self.out_cols = torch.tensor(out_cols, dtype=torch.int64, device=ctx.device)
@@ -74,6 +82,12 @@ class PooledAllToAllGroup:
             for w_t, (_, t, s) in zip(self.tbe.split_embedding_weights(), self.local):
                 init_shard_(w_t, table=t, table_rows=table_rows[t], table_dim=ctx.dim, row_start=s.row_start,
                             col_start=s.col_start, seed=ctx.init_seed)
+
+    def static_splits(self, local_batch: int) -> tuple[list[list[int]], list[list[int]]]:
+        """What exchange_splits would return for a fixed-hotness batch, computed locally."""
+        sent = [[n * local_batch, h * local_batch] for n, h in zip(self.slots_to, self.hot_to)]
+        me = self.ctx.rank
+        return sent, [[self.slots_to[me] * local_batch, self.hot_to[me] * local_batch]] * self.ctx.world_size
 
     def bucketize(self, ids: SparseFeatures) -> SparseFeatures:
         """Ids regrouped by destination rank (a column-wise feature goes to each of its ranks)."""
@@ -136,7 +150,7 @@ class RowWiseGroup:
         # the TBE's layout one table per feature; no id is ever routed to it.
         self.local = [Shard(r, min(n, r * b), min(n, (r + 1) * b), 0, ctx.dim) for n, b in zip(rows, self.blocks)]
         self.ids = IdsAllToAll(send_slots=[len(self.features)] * w, recv_slots=len(self.features),
-                               world_size=w, group=ctx.group, device=ctx.device)
+                               world_size=w, group=ctx.ids_group, device=ctx.device, to_host=ctx.to_host)
         self.tbe = build_fused_tbe(rows=[max(1, s.rows) for s in self.local], dims=[ctx.dim] * len(self.local),
                                    device=ctx.device, optimizer=ctx.optimizer,
                                    learning_rate=ctx.learning_rate, eps=ctx.eps)
@@ -144,6 +158,8 @@ class RowWiseGroup:
             if s.rows:
                 init_shard_(w_t, table=t, table_rows=table_rows[t], table_dim=ctx.dim, row_start=s.row_start,
                             col_start=0, seed=ctx.init_seed)
+
+    static_splits = None  # values per row block depend on the ids
 
     def bucketize(self, ids: SparseFeatures) -> SparseFeatures:
         """Ids by destination rank (its row block), rebased to the block's first row."""

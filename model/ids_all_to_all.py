@@ -9,7 +9,7 @@ their values. Phase 1 exchanges the sizes (the "splits") and reads them on the h
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,9 +30,11 @@ class IdsInFlight:
 
 class IdsAllToAll:
     def __init__(
-        self, *, send_slots: Sequence[int], recv_slots: int, world_size: int, group, device: torch.device
+        self, *, send_slots: Sequence[int], recv_slots: int, world_size: int, group, device: torch.device,
+        to_host: Callable[[torch.Tensor], list],
     ) -> None:
-        self.world_size, self.group, self.device = world_size, group, device
+        """to_host reads a small device tensor into a (nested) list: where a D2H copy strategy plugs in."""
+        self.world_size, self.group, self.device, self.to_host = world_size, group, device, to_host
         self.recv_slots = recv_slots
         self.send_slots = torch.tensor(list(send_slots), dtype=torch.int64, device=device)
         self.dest_of_slot = torch.repeat_interleave(
@@ -59,7 +61,7 @@ class IdsAllToAll:
         """
         received = torch.empty_like(counts)
         dist.all_to_all_single(received, counts, group=self.group)
-        sent, recv = torch.stack([counts, received]).tolist()
+        sent, recv = self.to_host(torch.stack([counts, received]))
         return sent, recv
 
     def start(self, grouped: SparseFeatures, sent: list[list[int]], received: list[list[int]]) -> IdsInFlight:

@@ -8,7 +8,7 @@ batch with the compute of this one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +26,8 @@ class InputDistInFlight:
 
     flights: list[IdsInFlight | None]
     local: list[SparseFeatures | None]  # data-parallel groups need no exchange
+    splits_exchanged: int
+    """Groups that ran the splits all-to-all for this batch (0 when all were known in advance)."""
 
 
 @dataclass
@@ -44,15 +46,21 @@ class ShardedEmbeddingCollection:
         rank: int,
         world_size: int,
         group: dist.ProcessGroup | None,
+        ids_group: dist.ProcessGroup | None,
         device: torch.device,
         optimizer: str,
         learning_rate: float,
         eps: float,
         init_seed: int,
+        multi_hot: Sequence[int],
+        to_host: Callable[[torch.Tensor], list] = torch.Tensor.tolist,
     ) -> None:
+        """multi_hot: ids a sample has in each feature when hotness is fixed (what makes splits
+        computable in advance); ids_group: the process group of the ids exchange."""
         check_plan(plan, table_rows, embedding_dim, world_size)
-        ctx = GroupContext(rank=rank, world_size=world_size, group=group, device=device, dim=embedding_dim,
-                           optimizer=optimizer, learning_rate=learning_rate, eps=eps, init_seed=init_seed)
+        ctx = GroupContext(rank=rank, world_size=world_size, group=group, ids_group=ids_group, device=device,
+                           to_host=to_host, dim=embedding_dim, optimizer=optimizer, learning_rate=learning_rate,
+                           eps=eps, init_seed=init_seed)
         self.num_features, self.dim, self.device = len(table_rows), embedding_dim, device
         kinds = [tp.kind for tp in plan]
         pooled = [t for t, k in enumerate(kinds) if k in ("table_wise", "column_wise")]
@@ -61,7 +69,8 @@ class ShardedEmbeddingCollection:
         self.groups: list = []
         if pooled:
             slots = [(p, t, s) for p, t in enumerate(pooled) for s in plan[t].shards]
-            self.groups.append(PooledAllToAllGroup(ctx, features=pooled, slots=slots, table_rows=table_rows))
+            self.groups.append(PooledAllToAllGroup(ctx, features=pooled, slots=slots, table_rows=table_rows,
+                                                   multi_hot=multi_hot))
         if row_wise:
             self.groups.append(RowWiseGroup(ctx, features=row_wise, table_rows=table_rows))
         if replicated:
@@ -72,20 +81,26 @@ class ShardedEmbeddingCollection:
         self.to_feature_order = torch.argsort(self.group_order)
 
     # ---- input distribution: bucketize, splits all-to-all (host sync), ids all-to-alls ---
-    def start_input_dist(self, features: SparseFeatures) -> InputDistInFlight:
-        grouped, local = [], []
+    def start_input_dist(self, features: SparseFeatures, *, splits_known: bool = False) -> InputDistInFlight:
+        """Bucketize, get the splits (exchanged, or computed locally when `splits_known`: every
+        rank's batch has the fixed hotness, which the caller knows without asking the others),
+        and launch the ids all-to-alls."""
+        flights, local, exchanged = [], [], 0
         for g, sel in zip(self.groups, self.select):
             ids = features.permute(sel)
-            grouped.append(g.bucketize(ids) if g.distributes_ids else None)
-            local.append(None if g.distributes_ids else ids)
-        flights = []
-        for g, gr in zip(self.groups, grouped):
-            if gr is None:
+            if not g.distributes_ids:
                 flights.append(None)
+                local.append(ids)
                 continue
-            sent, received = g.ids.exchange_splits(g.ids.counts(gr))
-            flights.append(g.ids.start(gr, sent, received))
-        return InputDistInFlight(flights=flights, local=local)
+            grouped = g.bucketize(ids)
+            if splits_known and g.static_splits is not None:
+                sent, received = g.static_splits(features.batch_size)
+            else:
+                sent, received = g.ids.exchange_splits(g.ids.counts(grouped))
+                exchanged += 1
+            flights.append(g.ids.start(grouped, sent, received))
+            local.append(None)
+        return InputDistInFlight(flights=flights, local=local, splits_exchanged=exchanged)
 
     def finish_input_dist(self, flight: InputDistInFlight) -> list[SparseFeatures]:
         return [

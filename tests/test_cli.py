@@ -113,12 +113,19 @@ def test_bench_tiny_two_simulated_nodes_end_to_end(tmp_path, capsys):
     assert dict(zip(stages["rank"], stages["node"])) == {0: 0, 1: 1}  # simulated node per rank
     assert (stages["end_ns"] >= stages["start_ns"]).all()
     assert stages.groupby("iteration")["warmup"].first().tolist() == [True, True, False, False, False, False]
-    # Stages run in order inside each iteration and within its bounds.
+    # Stages run in order and end inside their iteration. Pipelined (the default), batch i's
+    # input_dist is launched during iteration i-1: its span starts before iteration i does.
+    launched_early = 0
     for (rank, it), g in stages.groupby(["rank", "iteration"]):
         g = g.set_index("stage").loc[list(STAGES)]
         assert (g["start_ns"].values[1:] >= g["end_ns"].values[:-1]).all()
         bounds = iters[(iters["rank"] == rank) & (iters["iteration"] == it)].iloc[0]
-        assert g["start_ns"].min() >= bounds["start_ns"] and g["end_ns"].max() <= bounds["end_ns"]
+        assert g["start_ns"].iloc[1:].min() >= bounds["start_ns"] and g["end_ns"].max() <= bounds["end_ns"]
+        if it > 0:
+            before = iters[(iters["rank"] == rank) & (iters["iteration"] == it - 1)].iloc[0]
+            assert before["start_ns"] < g.loc["input_dist", "start_ns"] < before["end_ns"]
+            launched_early += 1
+    assert launched_early == 2 * 5
     assert len(iters) == 12 and iters["loss"].notna().all() and (iters["samples"] == 48).all()
     for stage in STAGES:
         assert stage in out
@@ -133,6 +140,17 @@ def test_bench_tiny_two_simulated_nodes_end_to_end(tmp_path, capsys):
         row = csv[csv["stage"] == stage].iloc[0]
         assert row["mean_ms"] == pytest.approx(timed.loc[timed["stage"] == stage, "duration_ms"].mean())
     assert (tmp_path / "rep" / run_dir.name / "summary.md").exists()
+
+
+def test_plain_loop_keeps_every_stage_inside_its_iteration(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    assert main(["bench", "--preset", "tiny", "--iters", "3", "--warmup", "1", "--no-pipeline",
+                 "--runs-root", str(runs)]) == 0
+    run = load_run(only_run(runs))
+    merged = run.stages.merge(run.iterations[["rank", "iteration", "start_ns", "end_ns"]],
+                              on=["rank", "iteration"], suffixes=("", "_it"))
+    assert len(merged) == 2 * 4 * len(STAGES)
+    assert ((merged["start_ns"] >= merged["start_ns_it"]) & (merged["end_ns"] <= merged["end_ns_it"])).all()
 
 
 def test_no_timeline_records_iterations_only(tmp_path, capsys):

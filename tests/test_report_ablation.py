@@ -42,7 +42,8 @@ def build(runs_root, *, missing=False):
                requested={**off, "skip_splits_a2a": True}),
         config("all", "all", None, ["a1", "a2", "a3"], requested={"cuda_graphs": True, "skip_splits_a2a": True},
                reasons=cg),
-        config("all-cuda_graphs", "all_but", "cuda_graphs", ["ac1"], requested={**off, "skip_splits_a2a": True}),
+        {**config("all-cuda_graphs", "all_but", "cuda_graphs", ["ac1"], requested={**off, "skip_splits_a2a": True}),
+         "failed_runs": ["crashed1"]},
         config("all-skip_splits_a2a", "all_but", "skip_splits_a2a", ["as1"],
                requested={**off, "cuda_graphs": True}, all_inactive=True, reasons=cg),
     ]
@@ -110,6 +111,7 @@ def test_config_rows(table):
     assert t.loc["+cuda_graphs", "iter_ms"] == pytest.approx(11.5)
     assert "1 repeat" in t.loc["+cuda_graphs", "note"]
     assert "run ghost unreadable" in t.loc["+skip_splits_a2a", "note"]
+    assert "failed run(s) left out: crashed1" in t.loc["all-cuda_graphs", "note"]
 
 
 def test_flag_contributions(ab, table):

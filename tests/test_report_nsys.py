@@ -46,7 +46,7 @@ def stage_events(pid, t0, scale, *, by_id):
     return ev
 
 
-def trace(tmp_path, *, rank_names=False, name="trace"):
+def trace(tmp_path, *, rank_names=False, domains=False, name="trace"):
     ev = [
         # Rank 0 (pid 4242, first to appear): a dense_update cut by the capture start is dropped.
         (1 * MS, 2 * MS, "dense_update", None, gtid(4242, 4242), 59),
@@ -59,6 +59,8 @@ def trace(tmp_path, *, rank_names=False, name="trace"):
     ]
     if rank_names:
         ev += [(0, 1, "rank 1", None, gtid(4242, 4242), 59), (0, 1, "Rank 0", None, gtid(1717, 1717), 59)]
+    if domains:  # NvtxDomainCreate events: the text is the domain's name
+        ev += [(0, None, "rank_3", None, gtid(4242, 4242), 75), (0, None, "rank_2", None, gtid(1717, 1717), 75)]
     return make_db(tmp_path / f"{name}.sqlite", ev, STRING_IDS)
 
 
@@ -88,6 +90,7 @@ def test_rank_names_win_over_first_appearance(tmp_path):
     assert run.manifest["pids"] == {"1": 4242, "0": 1717}
     r1 = run.stages[run.stages["rank"] == 1]
     assert r1["duration_ms"].min() == 1.0  # pid 4242's 1 ms input_dist is now rank 1's
+    assert read_nsys(trace(tmp_path, domains=True, name="dom")).manifest["pids"] == {"3": 4242, "2": 1717}
 
 
 def test_report_main_nsys(tmp_path, capsys):

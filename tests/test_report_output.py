@@ -22,8 +22,9 @@ def two_node_report(tmp_path_factory):
     d = four_ranks(root / "runs")
     m = json.loads((d / "manifest.json").read_text())
     flags = {f: True for f in FLAGS}
-    m["optimizations"] = {"requested": flags, "effective": {**flags, "cuda_graphs": False},
-                          "inactive_reasons": {"cuda_graphs": "CUDA only: this run is on cpu"}}
+    m["optimizations"] = {"pipeline": False, "requested": flags, "effective": {**flags, "cuda_graphs": False},
+                          "inactive_reasons": {"cuda_graphs": "CUDA only: this run is on cpu"},
+                          "notes": {"skip_splits_a2a": "row-wise tables still exchange their splits"}}
     (d / "manifest.json").write_text(json.dumps(m))
     assert report_main(run="latest", runs_root=root / "runs", reports_root=root / "rep") == 0
     return root / "rep" / "two-nodes"
@@ -51,7 +52,8 @@ def test_run_report_markdown_and_html(two_node_report):
                     "## Roofline", "## Optimizations", "## Plots"):
         assert heading in md
     assert "roofline n/a: manifest config.model lacks table_rows" in md
-    assert "| cuda_graphs | yes | no | CUDA only: this run is on cpu |" in md
+    assert "| cuda_graphs | yes | no | CUDA only: this run is on cpu |  |" in md
+    assert "| skip_splits_a2a | yes | yes |  | row-wise tables still exchange their splits |" in md
     assert "![Per-rank timeline" in md and "(timeline.png)" in md
     html = (two_node_report / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3

@@ -107,3 +107,44 @@ def test_no_peaks_and_no_config(tmp_path):
 def test_unknown_plan_spreads_tables_evenly(tmp_path):
     w = stage_work(toy_run(tmp_path, plan=())).set_index(["rank", "stage"])
     assert w.loc[(0, "emb_fwd"), "flops"] == w.loc[(1, "emb_fwd"), "flops"] == 4 * 8 * 6 / 2
+
+
+def shard(rank, rows, cols):
+    return {"rank": rank, "row_start": rows[0], "row_end": rows[1], "col_start": cols[0], "col_end": cols[1]}
+
+
+def test_shard_plan_kinds_by_hand(tmp_path):
+    run = toy_run(tmp_path)
+    # table 0 (R 10, H 2) column-wise 2+2 columns; table 1 (R 20, H 3) row-wise 10+10 rows;
+    # table 2 (R 30, H 1) replicated.
+    run.manifest["sharding_plan"] = {"tables": [
+        {"kind": "column_wise", "shards": [shard(0, (0, 10), (0, 2)), shard(1, (0, 10), (2, 4))]},
+        {"kind": "row_wise", "shards": [shard(0, (0, 10), (0, 4)), shard(1, (10, 20), (0, 4))]},
+        {"kind": "data_parallel", "shards": [shard(0, (0, 30), (0, 4)), shard(1, (0, 30), (0, 4))]},
+    ]}
+    w = stage_work(run).set_index(["rank", "stage"]).loc[0]
+    # input_dist: column-wise, each shard: receive 8*G*(H+1) = 192 (own shard), send 8*B*(H+1) = 96 (both);
+    # row-wise f = 1/2: receive 8*8*(1.5+1) = 160, send 8*4*2.5 = 80 to each of 2 shards; replicated: 0.
+    assert w.loc["input_dist", "bytes"] == 192 + 2 * 96 + 160 + 2 * 80
+    # emb_fwd: column-wise n = 16 ids x 2 columns: 32 FLOPs, 128 + 128 + 64 + 64 bytes, plus 4*B*2
+    # received from each shard; row-wise n = 12 ids x 4: 48 FLOPs, 192 + 96 + 128 + ring 128;
+    # replicated: 16 FLOPs, 64 + 32 + 64.
+    assert w.loc["emb_fwd", "flops"] == 32 + 48 + 16
+    assert w.loc["emb_fwd", "bytes"] == 384 + 2 * 32 + 544 + 160
+    # emb_bwd: column-wise 6*32 FLOPs, 64 + 128 + 256 + state 256 + 128, plus 4*B*2 sent to each shard;
+    # row-wise 6*48, ring 128 + 192 + 384 + state 384 + 96; replicated 16 + 6*120 FLOPs,
+    # 64 + 480 + ring 480 + 20*120.
+    assert w.loc["emb_bwd", "flops"] == 192 + 288 + 736
+    assert w.loc["emb_bwd", "bytes"] == 832 + 2 * 32 + 1184 + 3424
+
+
+def test_peaks_of_a_run_still_going_come_from_rank_notes(tmp_path):
+    run = toy_run(tmp_path, ranks_info=False)
+    d = tmp_path / "toy"
+    for r, gemm in ((0, 10.0), (1, 30.0)):
+        (d / f"rank{r:05d}" / "rank.json").write_text(f'{{"rank": {r}, "gemm_gflops": {gemm}, "copy_gbps": 5.0}}')
+    run = load_run(d)
+    assert [x["gemm_gflops"] for x in run.manifest["ranks"]] == [10.0, 30.0]
+    t = roofline_table(run).set_index("stage")
+    assert t.loc["dense_fwd_bwd", "gemm_gflops"] == pytest.approx(20.0)
+    assert t.loc["emb_fwd", "copy_gbps"] == pytest.approx(5.0)

@@ -1,0 +1,52 @@
+"""Which requested optimizations can take effect here, and why the others cannot.
+
+Decided once, by the launcher, from the device and backend the ranks will use; written to the
+manifest and printed once. Ranks read the effective flags from the manifest, so each flag has
+one reading site and nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from harness.config import OPTIMIZATION_FLAGS, OptimizationsConfig
+
+
+def resolve(opts: OptimizationsConfig, *, cuda: bool, plan_kinds: Sequence[str]) -> dict[str, Any]:
+    requested = opts.requested()
+    reasons: dict[str, str] = {}
+    notes: dict[str, str] = {}
+    device = "cuda" if cuda else "cpu"
+    if requested["cuda_graphs"] and not cuda:
+        reasons["cuda_graphs"] = f"CUDA only: this run is on {device}"
+    if requested["pinned_d2h"] and not cuda:
+        reasons["pinned_d2h"] = f"CUDA only (pinned host memory and async copies): this run is on {device}"
+    if requested["avoid_record_streams"] and not cuda:
+        reasons["avoid_record_streams"] = "NCCL only: this run uses gloo"
+    if requested["skip_splits_a2a"]:
+        static = sum(k in ("table_wise", "column_wise") for k in plan_kinds)
+        if not static:
+            reasons["skip_splits_a2a"] = ("no table/column-wise table: row-wise splits depend on the ids and "
+                                          "data-parallel tables exchange none")
+        elif "row_wise" in plan_kinds:
+            notes["skip_splits_a2a"] = "row-wise tables still exchange their splits (they depend on the ids)"
+    effective = {f: requested[f] and f not in reasons for f in OPTIMIZATION_FLAGS}
+    return {"pipeline": opts.pipeline, "requested": requested, "effective": effective,
+            "inactive_reasons": reasons, "notes": notes}
+
+
+def describe(res: dict[str, Any]) -> str:
+    """One line per requested flag: on, or requested-but-inactive with the reason."""
+    lines = [f"loop: {'pipelined' if res['pipeline'] else 'plain'}"]
+    for f in OPTIMIZATION_FLAGS:
+        if not res["requested"][f]:
+            continue
+        if res["effective"][f]:
+            note = res["notes"].get(f)
+            lines.append(f"{f}: on" + (f" ({note})" if note else ""))
+        else:
+            lines.append(f"{f}: requested but INACTIVE: {res['inactive_reasons'][f]}")
+    if len(lines) == 1:
+        lines.append("optimization flags: none requested")
+    return "\n".join(lines)

@@ -1,0 +1,143 @@
+"""Optimization flags: what takes effect where, that none changes the math, the threaded
+hand-off, the splits fallback, and the ablation's bookkeeping."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import threading
+
+import pandas as pd
+import pytest
+import torch
+
+from harness.ablation import ablation_configs, run_ablation
+from harness.cli import main
+from harness.config import OPTIMIZATION_FLAGS, OptimizationsConfig, ShardingConfig
+from harness.data import SyntheticCriteo
+from harness.input_pipeline import InputFeeder
+from harness.optimizations import describe, resolve
+from harness.planning import make_plan
+from harness.presets import tiny
+from harness.timeline import Timeline
+from tests.distributed import run_ranks
+from tests.test_sharded_training import MIXED
+
+
+def test_cuda_only_flags_are_inactive_on_cpu_with_reasons():
+    res = resolve(OptimizationsConfig(**{f: True for f in OPTIMIZATION_FLAGS}), cuda=False,
+                  plan_kinds=["table_wise", "row_wise"])
+    assert res["effective"] == {"cuda_graphs": False, "threaded_input_dist": True, "pinned_d2h": False,
+                                "avoid_record_streams": False, "skip_splits_a2a": True}
+    assert "CUDA only" in res["inactive_reasons"]["cuda_graphs"]
+    assert "NCCL only" in res["inactive_reasons"]["avoid_record_streams"]
+    assert "row-wise" in res["notes"]["skip_splits_a2a"]
+    text = describe(res)
+    assert text.count("INACTIVE") == 3 and "threaded_input_dist: on" in text
+    only_rw = resolve(OptimizationsConfig(skip_splits_a2a=True), cuda=False, plan_kinds=["row_wise"])
+    assert not only_rw["effective"]["skip_splits_a2a"] and "skip_splits_a2a" in only_rw["inactive_reasons"]
+    on_gpu = resolve(OptimizationsConfig(**{f: True for f in OPTIMIZATION_FLAGS}), cuda=True, plan_kinds=["table_wise"])
+    assert all(on_gpu["effective"].values()) and not on_gpu["inactive_reasons"]
+
+
+def test_dependent_flags_are_checked_when_built():
+    with pytest.raises(ValueError, match="threaded_input_dist .* needs the pipelined loop"):
+        OptimizationsConfig(threaded_input_dist=True, pipeline=False)
+    cfg = tiny()
+    with pytest.raises(ValueError, match="skip_splits_a2a needs fixed hotness"):
+        cfg.replace(optimizations=OptimizationsConfig(skip_splits_a2a=True),
+                    data=type(cfg.data)(global_batch_size=96, ragged_every=1))
+
+
+def _config(pipeline, threaded, skip):
+    cfg = tiny(nodes=1, gpus_per_node=2, iters=10, warmup_iters=0)
+    return cfg.replace(
+        sharding=ShardingConfig(kind="auto", per_table=MIXED),
+        data=type(cfg.data)(global_batch_size=96, ragged_every=4),  # iterations 3 and 7 fall back
+        optimizations=OptimizationsConfig(pipeline=pipeline, threaded_input_dist=threaded, skip_splits_a2a=skip),
+    )
+
+
+def test_no_flag_changes_the_math(tmp_path):
+    """Every subset of the flags that take effect on CPU, pipeline on and off: the same losses
+    and final weights, bitwise (the same operations in the same order; only their timing moves)."""
+    base_cfg = _config(False, False, False)
+    plan, _ = make_plan(base_cfg, ranks_per_host=2)
+    results = {}
+    for pipeline, threaded, skip in itertools.product([False, True], [False, True], [False, True]):
+        if threaded and not pipeline:
+            continue
+        out = tmp_path / f"p{pipeline:d}t{threaded:d}s{skip:d}"
+        out.mkdir()
+        results[(pipeline, threaded, skip)] = run_ranks(_config(pipeline, threaded, skip), plan, out)
+    base = results.pop((False, False, False))
+    assert len(base[0]["losses"]) == 10
+    for key, ranks in results.items():
+        for r, b in zip(ranks, base):
+            assert r["losses"] == b["losses"], key
+            for k in b["dense_state"]:
+                assert torch.equal(r["dense_state"][k], b["dense_state"][k]), (key, k)
+            for (t, s, w), (t0, s0, w0) in zip(r["shards"], b["shards"]):
+                assert (t, s) == (t0, s0) and torch.equal(w, w0), (key, t)
+
+
+def test_skip_splits_counts_the_fallback(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    assert main(["bench", "--preset", "tiny", "--iters", "6", "--warmup", "0", "--sharding", "table_wise",
+                 "--skip-splits-a2a", "--ragged-every", "3", "--runs-root", str(runs)]) == 0
+    (run_dir,) = runs.iterdir()
+    its = pd.concat(pd.read_parquet(p) for p in run_dir.glob("rank*/iterations-*.parquet"))
+    exchanged = its.groupby("iteration")["splits_exchanged"].max().tolist()
+    assert exchanged == [0, 0, 1, 0, 0, 1]  # iterations 2 and 5 are ragged: full exchange
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["optimizations"]["effective"]["skip_splits_a2a"] is True
+    assert "skip_splits_a2a: on" in capsys.readouterr().out
+
+
+class _FailingEmbeddings:
+    def start_input_dist(self, features, *, splits_known):
+        raise ValueError("boom in input dist")
+
+
+def test_threaded_input_dist_failure_fails_the_run_and_leaves_no_thread():
+    cfg = tiny()
+    feeder = InputFeeder(embeddings=_FailingEmbeddings(), data=SyntheticCriteo(cfg.model, cfg.data), rank=0,
+                         world_size=2, device=torch.device("cpu"), total=5, pipeline=True, threaded=True,
+                         skip_splits=False, timeline=Timeline(cuda=False, stages=True))
+    feeder.prepare(0)
+    with pytest.raises(RuntimeError, match="input-dist thread failed at iteration 0") as err:
+        feeder.next(0)
+    assert "boom in input dist" in repr(err.value.__cause__)
+    feeder.close()
+    assert not any(t.name == "input-dist" for t in threading.enumerate())
+
+
+def test_ablation_runs_each_config_and_repeats_only_active_ones(tmp_path, capsys):
+    names = [c["name"] for c in ablation_configs()]
+    assert names[0] == "baseline" and names[6] == "all" and len(names) == 12
+    assert "+skip_splits_a2a" in names and "all-cuda_graphs" in names
+    calls = []
+
+    def fake_bench(ns):
+        calls.append((ns.run_id, {f: getattr(ns, f) for f in OPTIMIZATION_FLAGS}))
+        return 0
+
+    def fake_check(ns):
+        return resolve(OptimizationsConfig(**{f: getattr(ns, f) for f in OPTIMIZATION_FLAGS}), cuda=False,
+                       plan_kinds=["table_wise"])
+
+    args = argparse.Namespace(preset="tiny", nodes=1, gpus_per_node=2, repeats=3, pipeline=True,
+                              runs_root=tmp_path, opts="none", run_id=None, **{f: None for f in OPTIMIZATION_FLAGS})
+    assert run_ablation(args, bench=fake_bench, check=fake_check) == 0
+    (folder,) = (tmp_path / "ablations").iterdir()
+    manifest = json.loads((folder / "ablation.json").read_text())
+    by_name = {c["name"]: c for c in manifest["configs"]}
+    assert manifest["status"] == "completed" and len(by_name) == 12
+    for name in ("+cuda_graphs", "+pinned_d2h", "+avoid_record_streams"):  # CUDA/NCCL only: run once
+        assert by_name[name]["all_inactive"] and len(by_name[name]["runs"]) == 1
+        assert by_name[name]["inactive_reasons"]
+    for name in ("baseline", "+threaded_input_dist", "+skip_splits_a2a", "all", "all-skip_splits_a2a"):
+        assert not by_name[name]["all_inactive"] and len(by_name[name]["runs"]) == 3
+    assert len(calls) == sum(len(c["runs"]) for c in manifest["configs"])
+    assert calls[0][1] == {f: False for f in OPTIMIZATION_FLAGS}
