@@ -20,6 +20,11 @@ def _positive_int(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _non_negative_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
 @dataclass(kw_only=True, frozen=True)
 class ModelConfig:
     """DLRM-DCNv2 shape. Defaults are MLPerf's (design.md) except the table rows, which presets set."""
@@ -105,8 +110,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _positive_int("data.global_batch_size", self.global_batch_size)
-        if isinstance(self.ragged_every, bool) or not isinstance(self.ragged_every, int) or self.ragged_every < 0:
-            raise ValueError(f"data.ragged_every must be an integer >= 0, got {self.ragged_every!r}")
+        _non_negative_int("data.ragged_every", self.ragged_every)
         if self.id_exponent < 0:
             raise ValueError(f"data.id_exponent must be >= 0, got {self.id_exponent}")
 
@@ -212,8 +216,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         for name in ("iters", "nodes", "gpus_per_node", "flush_every"):
             _positive_int(f"run.{name}", getattr(self, name))
-        if isinstance(self.warmup_iters, bool) or not isinstance(self.warmup_iters, int) or self.warmup_iters < 0:
-            raise ValueError(f"run.warmup_iters must be an integer >= 0, got {self.warmup_iters!r}")
+        _non_negative_int("run.warmup_iters", self.warmup_iters)
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"run.device {self.device!r} is not one of ['auto', 'cpu', 'cuda']")
         if not self.collective_timeout_s > 0:

@@ -69,7 +69,9 @@ def choose_launch(
 ) -> Launch:
     """Which launcher; a ValueError (one line) when the environment is inconsistent with the config."""
     nodes, g = cfg.run.nodes, cfg.run.gpus_per_node
-    env = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"} if cfg.run.device == "cuda" else {}
+    # A rank whose NCCL collective fails or times out tears the job down instead of hanging
+    # (gloo ignores it). TORCH_NCCL_AVOID_RECORD_STREAMS is the worker's, set when that flag is on.
+    env = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
     if rdzv_endpoint or "MASTER_ADDR" in environ:
         endpoint = rdzv_endpoint or f"{environ['MASTER_ADDR']}:{environ.get('MASTER_PORT', DEFAULT_PORT)}"
         if node_rank is None and "NODE_RANK" not in environ:

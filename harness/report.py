@@ -167,6 +167,18 @@ def _rate(samples_per_s: float) -> str:
     return "n/a" if pd.isna(samples_per_s) else f"{samples_per_s:.1f}"
 
 
+def _pipeline_line(run: Run) -> str:
+    """Pipelined, an input_dist span runs from its launch (in the previous iteration) to its wait,
+    so its duration includes what the compute hid; say what stayed exposed."""
+    overlap = input_dist_overlap([run])
+    row = overlap[overlap["rank"] == "all"]
+    if row.empty:
+        return "pipelined: no input_dist spans to measure"
+    r = row.iloc[0]
+    return (f"pipelined: input_dist spans launch (previous iteration) to wait; exposed {r['exposed_ms']:.3f} ms "
+            f"a span, {100 * r['hidden_frac']:.1f}% hidden behind other stages")
+
+
 def _stages_off(run: Run) -> bool:
     """The run was made without per-stage timing on purpose (it measures the timeline's cost)."""
     return run.stages.empty and run.manifest.get("config", {}).get("run", {}).get("timeline") is False
@@ -206,7 +218,10 @@ def format_summary(run: Run) -> str:
         stage_text = "stages not timed (run with --no-timeline): iteration times only"
     else:
         stage_text = _text_table(list(SUMMARY_COLUMNS), _cells(stage_summary(run)))
-    parts = [*_header_lines(run, its), "", stage_text, "", _iteration_line(its)]
+    parts = [*_header_lines(run, its), "", stage_text]
+    if run.manifest.get("pipeline") and not run.stages.empty:
+        parts.append(_pipeline_line(run))
+    parts += ["", _iteration_line(its)]
     ranks = rank_table(run)
     if not ranks.empty:
         parts += ["", _text_table(list(ranks.columns), _rank_cells(ranks))]
@@ -268,9 +283,14 @@ def _report_ablation(ablation: str, runs_root: Path, reports_root: Path) -> list
     ab = load_ablation(resolve_ablation(runs_root, ablation), runs_root)
     out = Path(reports_root) / f"ablation-{ab.ablation_id}"
     written, table = ablation_report(ab, out)
-    cols = ["config", "runs", "iterations", "iter_ms", "ci_low", "ci_high", "speedup", "note"]
+    cols = ["config", "runs", "iterations", "iter_ms", "ci_low", "ci_high", "speedup"]
     print(f"ablation {ab.ablation_id}  status {ab.manifest.get('status', '?')}")
-    print(_text_table(*cells(table[cols])))
+    # Notes are long sentences: printed under the table, numbered, so the columns stay narrow.
+    noted = table.assign(config=[f"{c} [{i}]" if n else c for i, (c, n) in enumerate(zip(table["config"], table["note"]), 1)])
+    print(_text_table(*cells(noted[cols])))
+    for i, note in enumerate(table["note"], 1):
+        if note:
+            print(f"[{i}] {note}")
     return written
 
 

@@ -2,9 +2,10 @@
 
 Cost model (bytes a rank moves per iteration, turned into seconds with the given bandwidths):
 
-    lookup  = 3 x ids x bytes per pooled row slice  (forward read, backward read + write)
-    comm    = ids in + pooled rows out + their gradients back (table/column-wise),
-              reduce-scatter + all-gather of pooled rows (row-wise),
+    lookup  = 3 x ids x bytes per pooled row slice  (forward read, backward read + write),
+              plus, row-wise, the partial sums of the whole batch written and their gradients read
+    comm    = the remote share (w-1)/w of: ids in + pooled rows out + their gradients back
+              (table/column-wise), reduce-scatter + all-gather of pooled rows (row-wise),
               all-reduce of the whole table's gradient (data-parallel)
     seconds = lookup / memory bandwidth + comm / link bandwidth
 
@@ -12,6 +13,8 @@ The link is the inter-node one when the job spans nodes (the all-to-alls then cr
 else the intra-node one. Tables are placed largest first; for each, every allowed kind and
 placement that fits the remaining memory is tried and the one with the smallest resulting
 maximum rank cost wins (ties: table_wise, column_wise, row_wise, data_parallel, in that order).
+A table is only split (column- or row-wise) when it alone costs more than a balanced rank's
+share, or fits on no rank whole: splitting adds work in total and only pays for balance.
 """
 
 from __future__ import annotations
@@ -78,18 +81,21 @@ def shard_memory(shard: Shard, state_per_row: float) -> float:
 
 
 def shard_cost(tp: TablePlan, shard: Shard, spec: TableSpec, topo: Topology, global_batch: int) -> float:
+    """Seconds this shard adds to its rank an iteration (see the module docstring)."""
     w, b, p = topo.world_size, global_batch, spec.pooling
+    remote = (w - 1) / w  # the share of a batch that lives on other ranks and crosses a link
     row_bytes = shard.cols * FLOAT_BYTES
     if tp.kind in ("table_wise", "column_wise"):
         lookup = 3 * b * p * row_bytes
-        comm = b * p * ID_BYTES + 2 * b * row_bytes
+        comm = remote * (b * p * ID_BYTES + 2 * b * row_bytes)
     elif tp.kind == "row_wise":
         share = shard.rows / spec.rows
-        lookup = 3 * b * p * share * row_bytes
-        comm = b * p * share * ID_BYTES + 2 * b * row_bytes * (w - 1) / w
+        # Every rank writes partial sums for the whole batch and reads every sample's gradient.
+        lookup = 3 * b * p * share * row_bytes + 2 * b * row_bytes
+        comm = remote * (b * p * share * ID_BYTES + 2 * b * row_bytes)
     else:  # data_parallel
         lookup = 3 * (b / w) * p * row_bytes
-        comm = 2 * spec.rows * row_bytes * (w - 1) / w
+        comm = 2 * spec.rows * row_bytes * remote
     return lookup / topo.memory_bw + comm / topo.link_bw
 
 
@@ -107,6 +113,19 @@ def _candidates(kind: str, t: int, spec: TableSpec, topo: Topology, loads: list[
     if kind == "row_wise":
         return [row_wise(spec.rows, spec.dim, topo.world_size)]
     return [data_parallel(spec.rows, spec.dim, topo.world_size)]
+
+
+def _kinds_to_try(t: int, spec: TableSpec, whole_cost: float, balanced_share: float, topo: Topology,
+                  loads: list[RankLoad], state_per_row: float) -> list[str]:
+    """Split a table (column- or row-wise) only when it alone costs more than a balanced rank's
+    share of all the work, or no rank has room for it whole: splitting always costs more in
+    total (every rank pays partial outputs and extra collectives), it only wins on balance."""
+    kinds = ["table_wise", "data_parallel"]
+    full = shard_memory(table_wise(spec.rows, spec.dim, 0).shards[0], state_per_row)
+    room = max(topo.memory_bytes - ld.memory_bytes for ld in loads)
+    if whole_cost > balanced_share or full > room:
+        kinds[1:1] = ["column_wise", "row_wise"]
+    return kinds
 
 
 def plan_tables(
@@ -128,9 +147,12 @@ def plan_tables(
     loads = [RankLoad() for _ in range(topo.world_size)]
     plan: list[TablePlan | None] = [None] * len(tables)
     order = sorted(range(len(tables)), key=lambda t: (-tables[t].rows * tables[t].dim, t))
+    whole = [shard_cost(tp, tp.shards[0], tables[t], topo, global_batch)
+             for t, tp in ((t, table_wise(tables[t].rows, tables[t].dim, 0)) for t in range(len(tables)))]
+    balanced_share = sum(whole) / topo.world_size
     for t in order:
         spec = tables[t]
-        kinds = [forced[t]] if t in forced else list(SHARDING_TYPES)
+        kinds = [forced[t]] if t in forced else _kinds_to_try(t, spec, whole[t], balanced_share, topo, loads, state_per_row)
         best = None
         for pref, kind in enumerate(kinds):
             for tp in _candidates(kind, t, spec, topo, loads, column_shards):

@@ -8,7 +8,7 @@ from harness.config import ShardingConfig
 from harness.planning import make_plan
 from harness.presets import mlperf, small, tiny
 from model.planner import PlanError, TableSpec, Topology, plan_tables, shard_cost
-from model.sharding import table_wise
+from model.sharding import row_wise, table_wise
 
 GIB = 2**30
 
@@ -20,10 +20,21 @@ def topo(world=4, per_node=4, memory_gib=1.0):
 
 def test_cost_model_by_hand():
     spec = TableSpec(rows=1000, dim=16, pooling=2)
-    t = topo()
-    tp = table_wise(1000, 16, 0)
-    # lookup 3 * 64 * 2 * 64 B = 24576 B at 10 GB/s; comm 64*2*8 + 2*64*64 = 9216 B at 1 GB/s.
-    assert shard_cost(tp, tp.shards[0], spec, t, 64) == pytest.approx(24576 / 10e9 + 9216 / 1e9)
+    t = topo()  # 4 ranks: 3/4 of every exchange crosses a link
+    tw = table_wise(1000, 16, 0)
+    # lookup 3 * 64 * 2 * 64 B = 24576 B at 10 GB/s; comm 3/4 * (64*2*8 + 2*64*64) = 6912 B at 1 GB/s.
+    assert shard_cost(tw, tw.shards[0], spec, t, 64) == pytest.approx(24576 / 10e9 + 6912 / 1e9)
+    rw = row_wise(1000, 16, 4)  # 250 rows a rank: a quarter of the ids
+    # lookup 3*64*2*0.25*64 + 2*64*64 (partial sums out, gradients in) = 14336 B;
+    # comm 3/4 * (64*2*0.25*8 + 2*64*64) = 6336 B.
+    assert shard_cost(rw, rw.shards[1], spec, t, 64) == pytest.approx(14336 / 10e9 + 6336 / 1e9)
+
+
+def test_small_tables_stay_whole():
+    # Nine equal tables on 3 ranks: none costs more than a rank's share, so none is split.
+    plan, loads = plan_tables([TableSpec(rows=1000, dim=16, pooling=1)] * 9, topo(world=3, per_node=3),
+                              global_batch=64, state_per_row=1.0)
+    assert {tp.kind for tp in plan} <= {"table_wise", "data_parallel"}
 
 
 def test_memory_budget_is_respected_and_big_tables_split():
