@@ -95,8 +95,3 @@ class IdsAllToAll:
             lengths=received.lengths.reshape(self.recv_slots, self.world_size * flight.batch_per_source),
             values=received.values,
         )
-
-    def run(self, grouped: SparseFeatures) -> SparseFeatures:
-        """Both phases, blocking."""
-        sent, received = self.exchange_splits(self.counts(grouped))
-        return self.finish(self.start(grouped, sent, received))

@@ -107,9 +107,6 @@ class ShardedEmbeddingCollection:
             g.ids.finish(f) if f is not None else loc for g, f, loc in zip(self.groups, flight.flights, flight.local)
         ]
 
-    def input_dist(self, features: SparseFeatures) -> list[SparseFeatures]:
-        return self.finish_input_dist(self.start_input_dist(features))
-
     # ---- lookup, output distribution, and back ------------------------------------------
     def forward(self, ids: list[SparseFeatures], local_batch: int) -> tuple[torch.Tensor, EmbeddingForward]:
         """Pooled embeddings of this rank's samples, (local_batch, F * dim) in feature order.
