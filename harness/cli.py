@@ -9,7 +9,7 @@ from pathlib import Path
 
 from harness import records, report
 from harness.config import OPTIMIZATION_FLAGS, BenchConfig, DataConfig, OptimizationsConfig, ShardingConfig
-from harness.device import check_device_available, describe_device
+from harness.device import describe_device
 from harness.presets import PRESETS
 from harness.launch import LaunchFailed, choose_launch, node_commands
 from harness.launch import run as launch_run
@@ -139,12 +139,18 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                        optimizations=OptimizationsConfig(pipeline=args.pipeline, **flags))
 
 
+def plan_and_flags(cfg: BenchConfig, *, ranks_per_host: int) -> tuple[dict, dict]:
+    """The sharding plan's description and the resolved optimization flags (raises ValueError)."""
+    plan, plan_desc = make_plan(cfg, ranks_per_host=ranks_per_host)
+    flags = resolve(cfg.optimizations, cuda=describe_device(cfg.run.device).startswith("cuda"),
+                    plan_kinds=[tp.kind for tp in plan])
+    return plan_desc, flags
+
+
 def check_config(args: argparse.Namespace) -> dict:
-    """Config, plan and effective flags of a bench command line, without running (raises ValueError)."""
+    """Effective flags of a bench command line, checked without running (raises ValueError)."""
     cfg = config_from_args(args)
-    plan, _ = make_plan(cfg, ranks_per_host=cfg.run.world_size)
-    return resolve(cfg.optimizations, cuda=describe_device(cfg.run.device).startswith("cuda"),
-                   plan_kinds=[tp.kind for tp in plan])
+    return plan_and_flags(cfg, ranks_per_host=cfg.run.world_size)[1]
 
 
 def _error(exc: Exception) -> int:
@@ -156,16 +162,14 @@ def bench(args: argparse.Namespace) -> int:
     # Everything a user can get wrong is checked here, before a folder is made or a process started.
     try:
         cfg = config_from_args(args)
-        check_device_available(cfg.run.device)
         launch = choose_launch(cfg, environ=os.environ, rdzv_endpoint=args.rdzv_endpoint, node_rank=args.node_rank)
         if launch.mode == "torchrun" and not args.run_id:
             raise ValueError("a multi-host launch needs the same --run-id (make: RUN_ID=...) on every host")
         ranks_per_host = cfg.run.world_size if launch.mode == "local-simulation" else cfg.run.gpus_per_node
-        plan, plan_desc = make_plan(cfg, ranks_per_host=ranks_per_host)
+        plan_desc, flags = plan_and_flags(cfg, ranks_per_host=ranks_per_host)
+        device = describe_device(cfg.run.device)
     except ValueError as exc:
         return _error(exc)
-    device = describe_device(cfg.run.device)
-    flags = resolve(cfg.optimizations, cuda=device.startswith("cuda"), plan_kinds=[tp.kind for tp in plan])
     run_id = args.run_id or records.new_run_id(cfg.run.preset, cfg.run.nodes, cfg.run.gpus_per_node)
     run_dir = args.runs_root / run_id
     if args.dry_run:

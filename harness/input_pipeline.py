@@ -24,9 +24,9 @@ from harness.timeline import Timeline
 from model.features import SparseFeatures
 from model.sharded_embeddings import InputDistInFlight, ShardedEmbeddingCollection
 
+
 @dataclass
 class Launched:
-    iteration: int
     batch: Batch
     flight: InputDistInFlight
     span: tuple
@@ -70,7 +70,7 @@ class InputFeeder:
         span = self.timeline.open_span("input_dist", it)
         # Every rank knows which global batches have the fixed hotness: no collective needed to agree.
         known = self.skip and self.data.is_regular(it)
-        return Launched(it, batch, self.emb.start_input_dist(batch.sparse, splits_known=known), span)
+        return Launched(batch, self.emb.start_input_dist(batch.sparse, splits_known=known), span)
 
     def _finish(self, launched: Launched) -> tuple[Batch, list[SparseFeatures], int]:
         ids = self.emb.finish_input_dist(launched.flight)

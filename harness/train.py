@@ -140,11 +140,13 @@ def train(
             if (it + 1) % cfg.run.flush_every == 0:
                 flush()
     except BaseException:
-        try:
-            feeder.close()
-            flush()  # what finished before the failure stays on disk
-        except Exception as flush_exc:  # the original error is the one to report
-            print(f"rank {rank}: could not write the last records: {flush_exc!r}", file=sys.stderr)
+        # What finished before the failure goes to disk first; the original error is the one
+        # to report, so errors while cleaning up are only printed.
+        for cleanup in (flush, feeder.close):
+            try:
+                cleanup()
+            except Exception as cleanup_exc:
+                print(f"rank {rank}: {cleanup.__name__} after the failure failed: {cleanup_exc!r}", file=sys.stderr)
         raise
     feeder.close()
     flush()
