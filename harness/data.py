@@ -73,7 +73,8 @@ class SyntheticCriteo:
             values.append(ids[keep])  # row-major: sample by sample, each sample's first ids
         return Batch(
             dense=torch.from_numpy(dense.astype(np.float32)),
-            sparse=SparseFeatures(lengths=torch.from_numpy(lengths), values=torch.from_numpy(np.concatenate(values))),
+            sparse=SparseFeatures(lengths=torch.from_numpy(lengths), values=torch.from_numpy(np.concatenate(values)),
+                                  feature_values=tuple(int(n) for n in lengths.sum(1))),
             labels=torch.from_numpy(labels),
         )
 

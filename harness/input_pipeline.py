@@ -2,11 +2,14 @@
 input distribution (plain, pipelined, or pipelined from a thread) and applies skip_splits_a2a.
 
 - plain: batch i's input dist runs, start to finish, at the start of iteration i;
-- pipelined: batch i+1's input dist is launched (bucketize, splits, async ids all-to-alls)
-  during iteration i, right after batch i's ids are waited for, so the all-to-alls overlap
-  batch i's compute (TorchRec's TrainPipelineSparseDist);
-- threaded: a thread loads batches and launches their input dist ahead, handing them over
-  through a bounded queue; the main thread only waits for the ids.
+- pipelined (TorchRec's TrainPipelineSparseDist): in iteration i, right after batch i's ids
+  are waited for, batch i+1 is bucketized and its splits all-to-all launched (nothing waits);
+  after batch i's embedding forward the splits are read (by then they have landed) and batch
+  i+1's ids all-to-alls launched, so they run under batch i's dense and backward work;
+- threaded: a thread loads batches and runs their input dist up to the launched ids exchange,
+  ahead, handing them over through a bounded queue; the main thread only waits for the ids.
+  Its collectives use a process group of their own (`ids_pg`), which on gloo keeps each group's
+  order on every rank; NCCL needs more (see harness/optimizations.py).
 
 Batches are loaded (generated, copied to the device) outside the timed iteration, in every mode.
 """
@@ -22,13 +25,13 @@ import torch
 from harness.data import Batch, SyntheticCriteo
 from harness.timeline import Timeline
 from model.features import SparseFeatures
-from model.sharded_embeddings import InputDistInFlight, ShardedEmbeddingCollection
+from model.sharded_embeddings import PendingInputDist, ShardedEmbeddingCollection
 
 
 @dataclass
-class Launched:
+class Started:
     batch: Batch
-    flight: InputDistInFlight
+    pending: PendingInputDist
     span: tuple
 
 
@@ -41,7 +44,7 @@ class InputFeeder:
         self.total, self.pipeline, self.threaded, self.skip = total, pipeline, threaded, skip_splits
         self.timeline = timeline
         self._loaded: dict[int, Batch] = {}
-        self._ahead: Launched | None = None
+        self._ahead: Started | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -51,7 +54,7 @@ class InputFeeder:
         return self.data.local_batch(it, self.rank, self.world).to(self.device, non_blocking=True)
 
     def prepare(self, it: int) -> None:
-        """Before iteration `it` begins: load what this iteration will launch."""
+        """Before iteration `it` begins: load what this iteration will start."""
         if self.threaded:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._produce, name="input-dist", daemon=True)
@@ -61,21 +64,21 @@ class InputFeeder:
             self._loaded[it] = self._load(it)
             return
         if it == 0:
-            self._ahead = self._launch(0, self._load(0))
+            self._ahead = self._start(0, self._load(0))
         if it + 1 < self.total:
             self._loaded[it + 1] = self._load(it + 1)
 
     # ---- inside the timed region ------------------------------------------------------
-    def _launch(self, it: int, batch: Batch) -> Launched:
+    def _start(self, it: int, batch: Batch) -> Started:
         span = self.timeline.open_span("input_dist", it)
         # Every rank knows which global batches have the fixed hotness: no collective needed to agree.
         known = self.skip and self.data.is_regular(it)
-        return Launched(batch, self.emb.start_input_dist(batch.sparse, splits_known=known), span)
+        return Started(batch, self.emb.start_input_dist(batch.sparse, splits_known=known), span)
 
-    def _finish(self, launched: Launched) -> tuple[Batch, list[SparseFeatures], int]:
-        ids = self.emb.finish_input_dist(launched.flight)
-        self.timeline.close_span(launched.span)
-        return launched.batch, ids, launched.flight.splits_exchanged
+    def _finish(self, started: Started) -> tuple[Batch, list[SparseFeatures], int]:
+        ids = started.pending.wait()
+        self.timeline.close_span(started.span)
+        return started.batch, ids, started.pending.splits_exchanged
 
     def next(self, it: int) -> tuple[Batch, list[SparseFeatures], int]:
         """Iteration `it`'s batch, its ids ready for lookup, and how many splits exchanges it took."""
@@ -85,11 +88,17 @@ class InputFeeder:
                 raise RuntimeError(f"input-dist thread failed at iteration {it}: {item!r}") from item
             return self._finish(item)
         if not self.pipeline:
-            return self._finish(self._launch(it, self._loaded.pop(it)))
-        current = self._ahead
-        out = self._finish(current)
-        self._ahead = self._launch(it + 1, self._loaded.pop(it + 1)) if it + 1 < self.total else None
+            return self._finish(self._start(it, self._loaded.pop(it)))
+        out = self._finish(self._ahead)
+        self._ahead = self._start(it + 1, self._loaded.pop(it + 1)) if it + 1 < self.total else None
         return out
+
+    def after_forward(self) -> None:
+        """Called after this iteration's embedding forward: the next batch's splits have had the
+        forward to land, so reading them now costs little, and its ids exchange launched now
+        overlaps the dense step and the backward (the pipelined loop only)."""
+        if self._ahead is not None:
+            self._ahead.pending.launch()
 
     # ---- the thread ---------------------------------------------------------------------
     def _put(self, item: object) -> bool:
@@ -105,7 +114,9 @@ class InputFeeder:
     def _produce(self) -> None:
         try:
             for it in range(self.total):
-                if not self._put(self._launch(it, self._load(it))):
+                started = self._start(it, self._load(it))
+                started.pending.launch()
+                if not self._put(started):
                     return
         except BaseException as exc:  # handed to the main thread, which fails the run with it
             self._put(exc)

@@ -91,18 +91,21 @@ class Timeline:
             self._stage_marks.append((self._iter, name, start, self.clock.mark()))
             nvtx.pop_range()
 
-    def open_span(self, stage: str, iteration: int) -> tuple[int, str, object]:
+    def open_span(self, stage: str, iteration: int) -> tuple[int, str, object, object]:
         """Start a span that ends elsewhere (a pipelined input dist ends in a later iteration,
-        possibly begun on another thread); close it with close_span. No NVTX: a range pushed
-        on one thread cannot be popped on another."""
+        possibly begun on another thread); close it with close_span. Its NVTX range is a
+        start/end range (nvtxRangeStartEx/End), which unlike push/pop may end on another thread."""
         if stage not in STAGES:
             raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
-        return (iteration, stage, self.clock.mark() if self.stages_on else None)
+        if not self.stages_on:
+            return (iteration, stage, None, None)
+        return (iteration, stage, self.clock.mark(), nvtx.start_range(message=stage))
 
-    def close_span(self, token: tuple[int, str, object]) -> None:
+    def close_span(self, token: tuple[int, str, object, object]) -> None:
         if self.stages_on:
-            iteration, stage, start = token
+            iteration, stage, start, nvtx_range = token
             self._stage_marks.append((iteration, stage, start, self.clock.mark()))
+            nvtx.end_range(nvtx_range)
 
     def drain(self) -> tuple[list[StageSpan], list[StageSpan]]:
         """(stage spans, iteration spans) since the last drain. On CUDA this waits for the marked work."""

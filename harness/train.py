@@ -19,6 +19,7 @@ from harness.pinned_d2h import HostCopies
 from harness.records import RankRecorder
 from harness.timeline import Timeline
 from model.dense import DenseArch
+from model.ids_all_to_all import HostTransfer
 from model.sharded_embeddings import ShardedEmbeddingCollection
 from model.sharding import Shard, TablePlan
 
@@ -32,9 +33,10 @@ class TrainResult:
     losses: list[float]
     """This rank's loss (mean over its local batch) at every iteration, warm-up included."""
     dense_state: dict[str, torch.Tensor]
-    """Final dense parameters (identical on every rank)."""
+    """Final dense parameters (identical on every rank); empty unless train(keep_weights=True)."""
     shards: list[tuple[int, Shard, torch.Tensor]]
-    """(table, shard, final weights) of every shard this rank holds."""
+    """(table, shard, final weights) of every shard this rank holds, copied to the host; empty
+    unless train(keep_weights=True) (on mlperf that copy would be tens of GiB a rank)."""
 
 
 def maybe_inject_fault(cfg: BenchConfig, rank: int, it: int, recorder: RankRecorder | None) -> None:
@@ -64,9 +66,11 @@ def train(
     plan: list[TablePlan],
     effective: dict[str, bool] | None = None,
     group: dist.ProcessGroup | None = None,
+    keep_weights: bool = False,
 ) -> TrainResult:
     """Train this rank. `effective`: the optimization flags that take effect (the manifest's
-    resolution); None means the requested ones, for callers that resolved nothing."""
+    resolution); None means the requested ones, for callers that resolved nothing.
+    keep_weights: return the final weights (tests compare them with a reference)."""
     on = effective if effective is not None else cfg.optimizations.requested()
     world = cfg.run.world_size
     local_batch = cfg.local_batch_size
@@ -75,25 +79,25 @@ def train(
     grads = FlatGradients(dense, world_size=world, group=group)
     dense_opt = torch.optim.Adagrad(dense.parameters(), lr=cfg.optimizer.learning_rate, eps=cfg.optimizer.eps)
     host = HostCopies(device=device, pinned=on["pinned_d2h"])
-    # The ids exchange gets a process group of its own (see GroupContext.ids_group).
-    ids_group = group
+    # The ids exchange gets a process group of its own (see ShardingContext.ids_pg).
+    ids_pg = group
     if world > 1 and dist.is_initialized():  # new_group would otherwise wait 30 min on a hung peer
-        ids_group = dist.new_group(list(range(world)), timeout=dt.timedelta(seconds=cfg.run.collective_timeout_s))
+        ids_pg = dist.new_group(list(range(world)), timeout=dt.timedelta(seconds=cfg.run.collective_timeout_s))
     embeddings = ShardedEmbeddingCollection(
         table_rows=cfg.model.table_rows,
         embedding_dim=cfg.model.embedding_dim,
         plan=plan,
         rank=rank,
         world_size=world,
-        group=group,
-        ids_group=ids_group,
+        pg=group,
+        ids_pg=ids_pg,
         device=device,
         optimizer=cfg.optimizer.embedding_optimizer,
         learning_rate=cfg.optimizer.learning_rate,
         eps=cfg.optimizer.eps,
         init_seed=cfg.data.seed,
         multi_hot=cfg.model.multi_hot,
-        to_host=lambda t: host.copy(t).tolist(),
+        transfer=HostTransfer(start=host.copy, non_blocking=host.active),
     )
     step = DenseStep(
         dense=dense, grads=grads, world_size=world, local_batch=local_batch, num_dense=cfg.model.num_dense,
@@ -128,6 +132,7 @@ def train(
             batch, ids, exchanged[it] = feeder.next(it)  # times itself: its input_dist span may start earlier
             with timeline.stage("emb_fwd"):
                 pooled, emb_fwd = embeddings.forward(ids, local_batch)
+            feeder.after_forward()  # the next batch's ids exchange, launched to overlap what follows
             with timeline.stage("dense_fwd_bwd"):
                 loss, pooled_grad = step.run(batch.dense, pooled, batch.labels)
             with timeline.stage("emb_bwd"):
@@ -150,6 +155,8 @@ def train(
         raise
     feeder.close()
     flush()
+    if not keep_weights:
+        return TrainResult(losses=losses, dense_state={}, shards=[])
     return TrainResult(
         losses=losses,
         dense_state={k: v.detach().cpu().clone() for k, v in dense.state_dict().items()},

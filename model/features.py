@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
 import torch
+
+
+@dataclass(frozen=True)
+class FeatureOrder:
+    """A reordering of features (it may drop or repeat some), held both ways: on the device for
+    fbgemm's kernel, and on the host so output sizes can be computed without reading the device."""
+
+    host: tuple[int, ...]
+    device: torch.Tensor
+
+    @classmethod
+    def of(cls, order: Sequence[int], device: torch.device) -> "FeatureOrder":
+        host = tuple(int(i) for i in order)
+        return cls(host=host, device=torch.tensor(host, dtype=torch.int32, device=device))
 
 
 @dataclass(frozen=True)
@@ -18,6 +33,10 @@ class SparseFeatures:
 
     lengths: torch.Tensor
     values: torch.Tensor
+    feature_values: tuple[int, ...] | None = None
+    """How many values each feature has, when the host knows it without reading the device (the
+    loader does; an exchange's receiver knows only totals). Permutes then size their output on
+    the host: fbgemm would otherwise read the size from the device, a host sync on a GPU."""
 
     @property
     def num_features(self) -> int:
@@ -35,13 +54,24 @@ class SparseFeatures:
         return SparseFeatures(
             lengths=self.lengths.to(device, non_blocking=non_blocking),
             values=self.values.to(device, non_blocking=non_blocking),
+            feature_values=self.feature_values,
         )
 
-    def permute(self, order: torch.Tensor, *, total_values: int | None = None) -> "SparseFeatures":
-        """Features reordered so that feature i of the result is feature order[i] of this one.
+    def permute(self, order: FeatureOrder, *, total_values: int | None = None) -> "SparseFeatures":
+        """Features reordered so that feature i of the result is feature order.host[i] of this one.
 
-        `order` (int32) may drop or repeat features; when it repeats one, fbgemm needs the
-        result's number of values, `total_values`.
+        The output's size comes from `feature_values` when known, else from `total_values`;
+        with neither, fbgemm reads it from the device (a host sync on a GPU; on a CPU a read).
         """
-        lengths, values, _ = torch.ops.fbgemm.permute_2D_sparse_data(order, self.lengths, self.values, None, total_values)
-        return SparseFeatures(lengths=lengths, values=values)
+        counts = None
+        if self.feature_values is not None:
+            counts = tuple(self.feature_values[i] for i in order.host)
+            total_values = sum(counts)
+        elif total_values is None and len(set(order.host)) != len(order.host):
+            # fbgemm cannot size a permute that repeats features by itself: read it (callers
+            # on the per-iteration path pass feature_values and never get here).
+            total_values = int(self.lengths.sum(1).index_select(0, order.device.long()).sum())
+        lengths, values, _ = torch.ops.fbgemm.permute_2D_sparse_data(
+            order.device, self.lengths, self.values, None, total_values
+        )
+        return SparseFeatures(lengths=lengths, values=values, feature_values=counts)

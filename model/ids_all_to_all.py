@@ -5,17 +5,58 @@ The sender has its local batch's ids grouped by destination rank: for destinatio
 their values. Phase 1 exchanges the sizes (the "splits") and reads them on the host; phase
 2 launches the lengths and values all-to-alls with those sizes. The receiver gets
 `recv_slots` slots from every source and reorders them slot-major over the global batch.
+
+Both phases are asynchronous and split into launch and wait, so a pipeline can launch the
+splits exchange of batch i+1 before batch i's forward, read them after it, and wait for the
+ids before batch i+1's forward (TorchRec's TrainPipelineSparseDist does the same).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from model.features import SparseFeatures
+from model.features import FeatureOrder, SparseFeatures
+
+Splits = list[list[int]]
+"""[lengths, values] per rank, on the host."""
+
+
+class HostRead(Protocol):
+    """A device-to-host copy that may still be in flight."""
+
+    def tolist(self) -> list: ...
+
+
+@dataclass(frozen=True)
+class HostTransfer:
+    """How small device tensors (the splits) reach the host.
+
+    start: begins a copy and returns what `.tolist()` reads it with.
+    non_blocking: `start` returns before the copy lands (pinned buffers on CUDA). Then the copy is
+    queued right behind the splits collective, where waiting on the collective only orders the
+    device stream; otherwise the copy is made when the splits are needed, after the host waited.
+    """
+
+    start: Callable[[torch.Tensor], HostRead]
+    non_blocking: bool = False
+
+
+PLAIN_TRANSFER = HostTransfer(start=lambda t: t.cpu())
+
+
+@dataclass
+class SplitsInFlight:
+    """The splits all-to-all launched: what this rank sends each rank, and where the answer lands."""
+
+    counts: torch.Tensor
+    received: torch.Tensor
+    work: Any
+    read: HostRead | None = None
 
 
 @dataclass
@@ -26,24 +67,23 @@ class IdsInFlight:
     values: torch.Tensor
     works: list
     batch_per_source: int
+    total_values: int
 
 
 class IdsAllToAll:
     def __init__(
         self, *, send_slots: Sequence[int], recv_slots: int, world_size: int, group, device: torch.device,
-        to_host: Callable[[torch.Tensor], list],
+        transfer: HostTransfer = PLAIN_TRANSFER,
     ) -> None:
-        """to_host reads a small device tensor into a (nested) list: where a D2H copy strategy plugs in."""
-        self.world_size, self.group, self.device, self.to_host = world_size, group, device, to_host
+        self.world_size, self.group, self.device, self.transfer = world_size, group, device, transfer
         self.recv_slots = recv_slots
         self.send_slots = torch.tensor(list(send_slots), dtype=torch.int64, device=device)
         self.dest_of_slot = torch.repeat_interleave(
             torch.arange(world_size, device=device), self.send_slots
         )
         # Received rows come (source, slot); the lookup wants (slot, source).
-        self.recv_order = (
-            torch.arange(world_size * recv_slots, dtype=torch.int32, device=device)
-            .view(world_size, recv_slots).t().reshape(-1)
+        self.recv_order = FeatureOrder.of(
+            torch.arange(world_size * recv_slots).view(world_size, recv_slots).t().reshape(-1).tolist(), device
         )
 
     def counts(self, grouped: SparseFeatures) -> torch.Tensor:
@@ -53,21 +93,33 @@ class IdsAllToAll:
         counts[:, 1].index_add_(0, self.dest_of_slot, grouped.lengths.sum(dim=1))
         return counts
 
-    def exchange_splits(self, counts: torch.Tensor) -> tuple[list[list[int]], list[list[int]]]:
-        """The splits all-to-all, then the host sync TorchRec pays for it.
-
-        Returns ([lengths, values] sent to each rank, [lengths, values] received from each),
-        read to the host in one device-to-host copy.
-        """
+    def start_splits(self, grouped: SparseFeatures) -> SplitsInFlight:
+        """Launch the splits all-to-all; nothing here waits for it."""
+        counts = self.counts(grouped)
         received = torch.empty_like(counts)
-        dist.all_to_all_single(received, counts, group=self.group)
-        sent, recv = self.to_host(torch.stack([counts, received]))
+        work = dist.all_to_all_single(received, counts, group=self.group, async_op=True)
+        flight = SplitsInFlight(counts=counts, received=received, work=work)
+        if self.transfer.non_blocking:
+            # On NCCL wait() only makes the current stream wait for the collective, so the copy
+            # queued after it starts the moment the splits land, and the host goes on.
+            work.wait()
+            flight.read = self.transfer.start(torch.stack([counts, received]))
+        return flight
+
+    def finish_splits(self, flight: SplitsInFlight) -> tuple[Splits, Splits]:
+        """([lengths, values] sent to each rank, [lengths, values] received from each), on the host:
+        the host sync TorchRec pays for the splits, in one device-to-host copy."""
+        if flight.read is None:
+            flight.work.wait()
+            flight.read = self.transfer.start(torch.stack([flight.counts, flight.received]))
+        sent, recv = flight.read.tolist()
         return sent, recv
 
-    def start(self, grouped: SparseFeatures, sent: list[list[int]], received: list[list[int]]) -> IdsInFlight:
+    def start(self, grouped: SparseFeatures, sent: Splits, received: Splits) -> IdsInFlight:
         """Launch the lengths and values all-to-alls (async), given both sides' sizes on the host."""
         recv_lengths = torch.empty(sum(s[0] for s in received), dtype=grouped.lengths.dtype, device=self.device)
-        recv_values = torch.empty(sum(s[1] for s in received), dtype=grouped.values.dtype, device=self.device)
+        total_values = sum(s[1] for s in received)
+        recv_values = torch.empty(total_values, dtype=grouped.values.dtype, device=self.device)
         works = [
             dist.all_to_all_single(
                 recv_lengths, grouped.lengths.reshape(-1),
@@ -83,15 +135,61 @@ class IdsAllToAll:
         batches = {s[0] // self.recv_slots for s in received} if self.recv_slots else {grouped.batch_size}
         if len(batches) != 1:
             raise ValueError(f"ranks sent different batch sizes {sorted(batches)}; this input dist needs one")
-        return IdsInFlight(recv_lengths, recv_values, works, batches.pop())
+        return IdsInFlight(recv_lengths, recv_values, works, batches.pop(), total_values)
 
     def finish(self, flight: IdsInFlight) -> SparseFeatures:
         """Wait, then lay the ids out slot-major over the global batch (sources in rank order)."""
         for work in flight.works:
             work.wait()
         lengths = flight.lengths.view(self.world_size * self.recv_slots, flight.batch_per_source)
-        received = SparseFeatures(lengths=lengths, values=flight.values).permute(self.recv_order)
+        received = SparseFeatures(lengths=lengths, values=flight.values).permute(
+            self.recv_order, total_values=flight.total_values
+        )
         return SparseFeatures(
             lengths=received.lengths.reshape(self.recv_slots, self.world_size * flight.batch_per_source),
             values=received.values,
         )
+
+
+class PendingIds:
+    """One group's input distribution of one batch, from the splits to the ids ready for lookup.
+
+    Made with the splits either in flight (`splits`) or known on the host (`known`). `launch()`
+    reads the splits and launches the ids exchange; `wait()` launches if needed and returns the
+    ids. Callers choose when each happens; the order of collectives per process group is the
+    same on every rank as long as every rank calls these in the same order.
+    """
+
+    def __init__(self, a2a: IdsAllToAll, grouped: SparseFeatures, *, splits: SplitsInFlight | None = None,
+                 known: tuple[Splits, Splits] | None = None) -> None:
+        if (splits is None) == (known is None):
+            raise ValueError("PendingIds needs either splits in flight or known splits")
+        self._a2a, self._grouped, self._splits, self._known = a2a, grouped, splits, known
+        self._ids: IdsInFlight | None = None
+        self.splits_exchanged = int(splits is not None)
+
+    def launch(self) -> None:
+        if self._ids is not None:
+            return
+        sent, received = self._known if self._known is not None else self._a2a.finish_splits(self._splits)
+        self._ids = self._a2a.start(self._grouped, sent, received)
+        self._grouped = self._splits = None  # the send buffers are the collectives' now
+
+    def wait(self) -> SparseFeatures:
+        self.launch()
+        return self._a2a.finish(self._ids)
+
+
+class Ready:
+    """Ids that need no exchange (data-parallel tables): already there, as TorchRec's NoWait."""
+
+    splits_exchanged = 0
+
+    def __init__(self, ids: SparseFeatures) -> None:
+        self._ids = ids
+
+    def launch(self) -> None:
+        pass
+
+    def wait(self) -> SparseFeatures:
+        return self._ids

@@ -23,7 +23,7 @@ def _rank_main(rank: int, world: int, cfg_dict: dict, plan: list[dict], out: str
     try:
         dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
         result = train(BenchConfig.from_dict(cfg_dict), rank=rank, device=dev, recorder=None,
-                       plan=[TablePlan.from_dict(d) for d in plan])
+                       plan=[TablePlan.from_dict(d) for d in plan], keep_weights=True)
         torch.save(result.__dict__, os.path.join(out, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()

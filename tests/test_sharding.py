@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.features import SparseFeatures
+from model.features import FeatureOrder, SparseFeatures
 from model.sharding import check_plan, column_wise, data_parallel, row_wise, table_wise
 
 
@@ -34,14 +34,20 @@ def test_check_plan_catches_gaps_and_bad_ranks():
 def test_permute_reorders_drops_and_repeats_whole_features():
     lengths = torch.tensor([[1, 2], [0, 1], [2, 0]])
     values = torch.tensor([10, 11, 12, 20, 30, 31])  # f0: [10], [11, 12]; f1: [], [20]; f2: [30, 31], []
-    f = SparseFeatures(lengths=lengths, values=values)
-    out = f.permute(torch.tensor([2, 0, 1], dtype=torch.int32))
-    assert out.lengths.tolist() == [[2, 0], [1, 2], [0, 1]]
-    assert out.values.tolist() == [30, 31, 10, 11, 12, 20]
-    assert out.offsets().tolist() == [0, 2, 2, 3, 5, 5, 6]
-    rep = f.permute(torch.tensor([1, 1], dtype=torch.int32), total_values=2)
-    assert rep.values.tolist() == [20, 20]
-    assert f.permute(torch.tensor([2], dtype=torch.int32)).values.tolist() == [30, 31]
+    cpu = torch.device("cpu")
+    for known in (None, (3, 1, 2)):  # sizes read from the device, or known on the host
+        f = SparseFeatures(lengths=lengths, values=values, feature_values=known)
+        out = f.permute(FeatureOrder.of([2, 0, 1], cpu))
+        assert out.lengths.tolist() == [[2, 0], [1, 2], [0, 1]]
+        assert out.values.tolist() == [30, 31, 10, 11, 12, 20]
+        assert out.offsets().tolist() == [0, 2, 2, 3, 5, 5, 6]
+        rep = f.permute(FeatureOrder.of([1, 1], cpu))
+        assert rep.values.tolist() == [20, 20]
+        assert f.permute(FeatureOrder.of([2], cpu)).values.tolist() == [30, 31]
+    # Host-known sizes follow the permute, so the next permute needs no device read either.
+    g = SparseFeatures(lengths=lengths, values=values, feature_values=(3, 1, 2)).permute(FeatureOrder.of([2, 0, 0], cpu))
+    assert g.feature_values == (2, 3, 3)
+    assert g.values.tolist() == [30, 31, 10, 11, 12, 10, 11, 12]
 
 
 def test_block_bucketize_routes_ids_to_row_blocks():

@@ -47,6 +47,30 @@ def test_stages_off_keeps_iterations_only():
     assert stages == [] and len(iters) == 1
 
 
+def test_input_dist_span_has_an_nvtx_range_that_may_end_on_another_thread(monkeypatch):
+    import threading
+
+    import harness.timeline as timeline_mod
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(timeline_mod.nvtx, "start_range",
+                        lambda message: calls.append(("start", message, threading.get_ident())) or ("range", 7))
+    monkeypatch.setattr(timeline_mod.nvtx, "end_range", lambda rid: calls.append(("end", rid, threading.get_ident())))
+    tl = Timeline(cuda=False, stages=True)
+    opener = threading.Thread(target=lambda: calls.append(("token", tl.open_span("input_dist", 3))))
+    opener.start()
+    opener.join()
+    token = calls.pop()[1]
+    tl.begin_iteration(3)
+    tl.close_span(token)
+    tl.end_iteration()
+    (start, end) = calls
+    assert start[:2] == ("start", "input_dist") and end[:2] == ("end", ("range", 7))
+    assert start[2] != end[2]  # begun on the input thread, ended on the main one
+    stages, _ = tl.drain()
+    assert [(s.iteration, s.stage) for s in stages] == [(3, "input_dist")]
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_events_resolve_to_host_time():

@@ -1,38 +1,42 @@
-"""One group of tables per way of distributing them, as TorchRec groups by sharding type.
+"""One sharding per way of distributing tables, as TorchRec groups tables by sharding type.
 
-Every group takes its features' ids (local batch), and gives back its features' pooled
-embeddings for the local batch, (B, n_features * dim) in its feature order. The sparse
-groups split that into input distribution (`bucketize` + an IdsAllToAll), `forward`
-(lookup + output distribution) and `backward` (gradient distribution + fused update).
+Every sharding takes its features' ids (local batch) and gives back its features' pooled
+embeddings for the local batch, (B, n_features * dim) in its feature order, through one
+protocol (`EmbeddingSharding`): `start_input_dist` (bucketize, launch the splits exchange or use
+known splits) returns a pending object whose `launch()` starts the ids exchange and whose
+`wait()` gives the ids; `forward` (lookup + output distribution); `backward` (gradient
+distribution + fused update); `shard_weights`. "Group" is kept for process groups (`pg`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
 from model.embeddings import build_dense_tbe, build_fused_tbe, init_shard_
-from model.features import SparseFeatures
-from model.ids_all_to_all import IdsAllToAll
+from model.features import FeatureOrder, SparseFeatures
+from model.ids_all_to_all import PLAIN_TRANSFER, HostTransfer, IdsAllToAll, PendingIds, Ready
 from model.sharding import Shard, row_block
 
 
 @dataclass(frozen=True, kw_only=True)
-class GroupContext:
-    """What every group needs to know about the job."""
+class ShardingContext:
+    """What every sharding needs to know about the job."""
 
     rank: int
     world_size: int
-    group: dist.ProcessGroup | None
-    ids_group: dist.ProcessGroup | None
-    """A group of its own for the ids exchange, so it may run on another thread (threaded input
-    dist) without interleaving with the other collectives: each group keeps its own order."""
+    pg: dist.ProcessGroup | None
+    """The process group of the pooled embeddings' exchanges (forward and backward)."""
+    ids_pg: dist.ProcessGroup | None
+    """A process group of its own for the ids exchange, so it may run on another thread (threaded
+    input dist) without interleaving with the other collectives: each group keeps its own order."""
     device: torch.device
-    to_host: Callable[[torch.Tensor], list]
-    """Reads the splits to the host (plain .tolist(), or through pinned buffers)."""
+    transfer: HostTransfer = PLAIN_TRANSFER
+    """How the splits reach the host (plain copies, or non-blocking through pinned buffers)."""
     dim: int
     optimizer: str
     learning_rate: float
@@ -41,20 +45,18 @@ class GroupContext:
 
 
 @dataclass
-class GroupForward:
+class ShardForward:
     """What backward needs from forward: the local lookup's output, with its graph."""
 
     pooled: torch.Tensor
     local_batch: int
 
 
-class PooledAllToAllGroup:
+class PooledAllToAllSharding:
     """Table-wise and column-wise shards: each shard's owner looks up the whole global batch
     for its (feature, column block) and sends every batch owner its rows back."""
 
-    distributes_ids = True
-
-    def __init__(self, ctx: GroupContext, *, features: Sequence[int], slots: Sequence[tuple[int, int, Shard]],
+    def __init__(self, ctx: ShardingContext, *, features: Sequence[int], slots: Sequence[tuple[int, int, Shard]],
                  table_rows: Sequence[int], multi_hot: Sequence[int]) -> None:
         """slots: (position of the feature in `features`, table index, shard) for every shard."""
         self.ctx, self.features = ctx, list(features)
@@ -62,11 +64,9 @@ class PooledAllToAllGroup:
         by_rank = [sorted((s for s in slots if s[2].rank == r), key=lambda s: (s[0], s[2].col_start)) for r in range(w)]
         self.local = by_rank[ctx.rank]
         self.widths = [sum(s[2].cols for s in r_slots) for r_slots in by_rank]
-        self.send_features = torch.tensor([s[0] for r_slots in by_rank for s in r_slots], dtype=torch.int32,
-                                          device=ctx.device)
-        self.repeats = len(self.send_features) != len(set(self.send_features.tolist()))
+        self.send_order = FeatureOrder.of([s[0] for r_slots in by_rank for s in r_slots], ctx.device)
         self.ids = IdsAllToAll(send_slots=[len(s) for s in by_rank], recv_slots=len(self.local),
-                               world_size=w, group=ctx.ids_group, device=ctx.device, to_host=ctx.to_host)
+                               world_size=w, group=ctx.ids_pg, device=ctx.device, transfer=ctx.transfer)
         # With fixed hotness every rank knows what any rank sends anyone: ids per sample per slot.
         self.hot_to = [sum(multi_hot[self.features[p]] for p, _, _ in r_slots) for r_slots in by_rank]
         self.slots_to = [len(r_slots) for r_slots in by_rank]
@@ -84,19 +84,21 @@ class PooledAllToAllGroup:
                             col_start=s.col_start, seed=ctx.init_seed)
 
     def static_splits(self, local_batch: int) -> tuple[list[list[int]], list[list[int]]]:
-        """What exchange_splits would return for a fixed-hotness batch, computed locally."""
+        """What the splits exchange would return for a fixed-hotness batch, computed locally."""
         sent = [[n * local_batch, h * local_batch] for n, h in zip(self.slots_to, self.hot_to)]
         me = self.ctx.rank
         return sent, [[self.slots_to[me] * local_batch, self.hot_to[me] * local_batch]] * self.ctx.world_size
 
-    def bucketize(self, ids: SparseFeatures) -> SparseFeatures:
-        """Ids regrouped by destination rank (a column-wise feature goes to each of its ranks)."""
-        total = None
-        if self.repeats:  # fbgemm needs the output size when features repeat
-            total = int(ids.lengths.sum(1).index_select(0, self.send_features.long()).sum())
-        return ids.permute(self.send_features, total_values=total)
+    def start_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> PendingIds:
+        """Ids regrouped by destination rank (a column-wise feature goes to each of its ranks),
+        with the splits exchange launched, or `splits_known`: every rank's batch has the fixed
+        hotness, so the splits are computed here and no exchange runs."""
+        grouped = ids.permute(self.send_order)
+        if splits_known:
+            return PendingIds(self.ids, grouped, known=self.static_splits(ids.batch_size))
+        return PendingIds(self.ids, grouped, splits=self.ids.start_splits(grouped))
 
-    def forward(self, local_ids: SparseFeatures, local_batch: int) -> tuple[torch.Tensor, GroupForward]:
+    def forward(self, local_ids: SparseFeatures, local_batch: int) -> tuple[torch.Tensor, ShardForward]:
         ctx = self.ctx
         if self.tbe is not None:
             pooled = self.tbe(local_ids.values, local_ids.offsets())
@@ -108,13 +110,13 @@ class PooledAllToAllGroup:
             received, pooled.detach().reshape(-1),
             output_split_sizes=[local_batch * wd for wd in self.widths],
             input_split_sizes=[local_batch * self.widths[ctx.rank]] * ctx.world_size,
-            group=ctx.group,
+            group=ctx.pg,
         )
         by_rank = [c.view(local_batch, -1) for c in received.split([local_batch * wd for wd in self.widths])]
         out = torch.cat(by_rank, dim=1).index_select(1, self.in_cols)
-        return out, GroupForward(pooled=pooled, local_batch=local_batch)
+        return out, ShardForward(pooled=pooled, local_batch=local_batch)
 
-    def backward(self, fwd: GroupForward, grad: torch.Tensor) -> None:
+    def backward(self, fwd: ShardForward, grad: torch.Tensor) -> None:
         ctx, b = self.ctx, fwd.local_batch
         grouped = grad.index_select(1, self.out_cols)
         send = torch.cat([c.reshape(-1) for c in grouped.split(self.widths, dim=1)])
@@ -123,7 +125,7 @@ class PooledAllToAllGroup:
             received, send,
             output_split_sizes=[b * self.widths[ctx.rank]] * ctx.world_size,
             input_split_sizes=[b * wd for wd in self.widths],
-            group=ctx.group,
+            group=ctx.pg,
         )
         if self.tbe is not None:
             fwd.pooled.backward(received.view(b * ctx.world_size, -1))
@@ -134,13 +136,11 @@ class PooledAllToAllGroup:
         return [(t, s, w) for (_, t, s), w in zip(self.local, self.tbe.split_embedding_weights())]
 
 
-class RowWiseGroup:
+class RowWiseSharding:
     """Row-wise tables: ids bucketized by row block to the block's rank; each rank pools the
     rows it holds for the whole global batch; partial sums are reduce-scattered to the owners."""
 
-    distributes_ids = True
-
-    def __init__(self, ctx: GroupContext, *, features: Sequence[int], table_rows: Sequence[int]) -> None:
+    def __init__(self, ctx: ShardingContext, *, features: Sequence[int], table_rows: Sequence[int]) -> None:
         self.ctx, self.features = ctx, list(features)
         w, r = ctx.world_size, ctx.rank
         rows = [table_rows[t] for t in self.features]
@@ -150,7 +150,7 @@ class RowWiseGroup:
         # the TBE's layout one table per feature; no id is ever routed to it.
         self.local = [Shard(r, min(n, r * b), min(n, (r + 1) * b), 0, ctx.dim) for n, b in zip(rows, self.blocks)]
         self.ids = IdsAllToAll(send_slots=[len(self.features)] * w, recv_slots=len(self.features),
-                               world_size=w, group=ctx.ids_group, device=ctx.device, to_host=ctx.to_host)
+                               world_size=w, group=ctx.ids_pg, device=ctx.device, transfer=ctx.transfer)
         self.tbe = build_fused_tbe(rows=[max(1, s.rows) for s in self.local], dims=[ctx.dim] * len(self.local),
                                    device=ctx.device, optimizer=ctx.optimizer,
                                    learning_rate=ctx.learning_rate, eps=ctx.eps)
@@ -159,39 +159,38 @@ class RowWiseGroup:
                 init_shard_(w_t, table=t, table_rows=table_rows[t], table_dim=ctx.dim, row_start=s.row_start,
                             col_start=0, seed=ctx.init_seed)
 
-    static_splits = None  # values per row block depend on the ids
-
-    def bucketize(self, ids: SparseFeatures) -> SparseFeatures:
-        """Ids by destination rank (its row block), rebased to the block's first row."""
+    def start_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> PendingIds:
+        """Ids by destination rank (its row block), rebased to the block's first row, with the
+        splits exchange launched: values per row block depend on the ids, so `splits_known`
+        cannot apply here."""
         lengths, values, *_ = torch.ops.fbgemm.block_bucketize_sparse_features(
             ids.lengths.reshape(-1), ids.values, False, False, self.block_sizes, self.ctx.world_size, None
         )
-        return SparseFeatures(lengths=lengths.view(-1, ids.batch_size), values=values)
+        grouped = SparseFeatures(lengths=lengths.view(-1, ids.batch_size), values=values)
+        return PendingIds(self.ids, grouped, splits=self.ids.start_splits(grouped))
 
-    def forward(self, local_ids: SparseFeatures, local_batch: int) -> tuple[torch.Tensor, GroupForward]:
+    def forward(self, local_ids: SparseFeatures, local_batch: int) -> tuple[torch.Tensor, ShardForward]:
         ctx = self.ctx
         pooled = self.tbe(local_ids.values, local_ids.offsets())  # partial sums, (global batch, F * dim)
         out = torch.empty(local_batch, pooled.shape[1], device=ctx.device)
-        dist.reduce_scatter_single(out, pooled.detach(), group=ctx.group)
-        return out, GroupForward(pooled=pooled, local_batch=local_batch)
+        dist.reduce_scatter_single(out, pooled.detach(), group=ctx.pg)
+        return out, ShardForward(pooled=pooled, local_batch=local_batch)
 
-    def backward(self, fwd: GroupForward, grad: torch.Tensor) -> None:
+    def backward(self, fwd: ShardForward, grad: torch.Tensor) -> None:
         """Every rank holding rows a sample used needs that sample's gradient: all-gather it."""
         full = torch.empty(self.ctx.world_size * fwd.local_batch, grad.shape[1], device=self.ctx.device)
-        dist.all_gather_single(full, grad.contiguous(), group=self.ctx.group)
+        dist.all_gather_single(full, grad.contiguous(), group=self.ctx.pg)
         fwd.pooled.backward(full)
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
         return [(t, s, w) for t, s, w in zip(self.features, self.local, self.tbe.split_embedding_weights()) if s.rows]
 
 
-class DataParallelGroup:
+class DataParallelSharding:
     """Replicated tables: local lookup, gradient all-reduced, dense Adagrad (the same math as
     fbgemm's EXACT_ADAGRAD: untouched rows get a zero gradient and do not move)."""
 
-    distributes_ids = False
-
-    def __init__(self, ctx: GroupContext, *, features: Sequence[int], table_rows: Sequence[int]) -> None:
+    def __init__(self, ctx: ShardingContext, *, features: Sequence[int], table_rows: Sequence[int]) -> None:
         self.ctx, self.features = ctx, list(features)
         rows = [table_rows[t] for t in self.features]
         self.tbe = build_dense_tbe(rows=rows, dims=[ctx.dim] * len(rows), device=ctx.device)
@@ -205,14 +204,18 @@ class DataParallelGroup:
         self.offsets = offsets
         self.opt = torch.optim.Adagrad([self.tbe.weights], lr=ctx.learning_rate, eps=ctx.eps)
 
-    def forward(self, local_ids: SparseFeatures, local_batch: int) -> tuple[torch.Tensor, GroupForward]:
-        pooled = self.tbe(local_ids.values, local_ids.offsets())
-        return pooled.detach(), GroupForward(pooled=pooled, local_batch=local_batch)
+    def start_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> Ready:
+        """Every rank holds the whole table: its own ids are all it needs."""
+        return Ready(ids)
 
-    def backward(self, fwd: GroupForward, grad: torch.Tensor) -> None:
+    def forward(self, local_ids: SparseFeatures, local_batch: int) -> tuple[torch.Tensor, ShardForward]:
+        pooled = self.tbe(local_ids.values, local_ids.offsets())
+        return pooled.detach(), ShardForward(pooled=pooled, local_batch=local_batch)
+
+    def backward(self, fwd: ShardForward, grad: torch.Tensor) -> None:
         fwd.pooled.backward(grad)
         if self.ctx.world_size > 1:
-            dist.all_reduce(self.tbe.weights.grad, group=self.ctx.group)
+            dist.all_reduce(self.tbe.weights.grad, group=self.ctx.pg)
         self.opt.step()
         self.tbe.weights.grad = None
 
@@ -222,3 +225,17 @@ class DataParallelGroup:
             view = self.tbe.weights.detach()[off : off + n * self.ctx.dim].view(n, self.ctx.dim)
             out.append((t, Shard(self.ctx.rank, 0, n, 0, self.ctx.dim), view))
         return out
+
+
+class EmbeddingSharding(Protocol):
+    """What the sharded collection asks of each sharding (see the module docstring)."""
+
+    features: list[int]
+
+    def start_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> PendingIds | Ready: ...
+
+    def forward(self, local_ids: SparseFeatures, local_batch: int) -> tuple[torch.Tensor, ShardForward]: ...
+
+    def backward(self, fwd: ShardForward, grad: torch.Tensor) -> None: ...
+
+    def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]: ...
