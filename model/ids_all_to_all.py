@@ -3,7 +3,7 @@
 The sender has its local batch's ids grouped by destination rank: for destination r,
 `send_slots[r]` slots (a feature, or a feature's bucket of rows) of `B` lengths each, then
 their values. Phase 1 exchanges the sizes (the "splits") and reads them on the host; phase
-2 launches the lengths and values all-to-alls with those sizes. The receiver gets
+2 launches the lengths-and-values all-to-all with those sizes. The receiver gets
 `recv_slots` slots from every source and reorders them slot-major over the global batch.
 
 Both phases are asynchronous and split into launch and wait, so a pipeline can launch the
@@ -61,13 +61,13 @@ class SplitsInFlight:
 
 @dataclass
 class IdsInFlight:
-    """Lengths/values all-to-alls launched but not yet waited on."""
+    """The ids all-to-all launched but not yet waited on."""
 
-    lengths: torch.Tensor
-    values: torch.Tensor
-    works: list
+    received: torch.Tensor
+    work: Any
+    received_splits: Splits
+    lengths_dtype: torch.dtype
     batch_per_source: int
-    total_values: int
 
 
 class IdsAllToAll:
@@ -116,35 +116,36 @@ class IdsAllToAll:
         return sent, recv
 
     def start(self, grouped: SparseFeatures, sent: Splits, received: Splits) -> IdsInFlight:
-        """Launch the lengths and values all-to-alls (async), given both sides' sizes on the host."""
-        recv_lengths = torch.empty(sum(s[0] for s in received), dtype=grouped.lengths.dtype, device=self.device)
-        total_values = sum(s[1] for s in received)
-        recv_values = torch.empty(total_values, dtype=grouped.values.dtype, device=self.device)
-        works = [
-            dist.all_to_all_single(
-                recv_lengths, grouped.lengths.reshape(-1),
-                output_split_sizes=[s[0] for s in received], input_split_sizes=[s[0] for s in sent],
-                group=self.group, async_op=True,
-            ),
-            dist.all_to_all_single(
-                recv_values, grouped.values,
-                output_split_sizes=[s[1] for s in received], input_split_sizes=[s[1] for s in sent],
-                group=self.group, async_op=True,
-            ),
-        ]
+        """Launch the ids exchange (async), given both sides' sizes on the host.
+
+        Lengths and values travel in one all-to-all (TorchRec sends one per tensor): each rank's
+        chunk is its lengths then its values, in the values' dtype. A collective costs a launch
+        and a rendezvous whatever its size, and an iteration of a small batch is mostly those.
+        """
         batches = {s[0] // self.recv_slots for s in received} if self.recv_slots else {grouped.batch_size}
         if len(batches) != 1:
             raise ValueError(f"ranks sent different batch sizes {sorted(batches)}; this input dist needs one")
-        return IdsInFlight(recv_lengths, recv_values, works, batches.pop(), total_values)
+        values = grouped.values
+        lengths = grouped.lengths.reshape(-1).to(values.dtype)
+        chunks = zip(lengths.split([s[0] for s in sent]), values.split([s[1] for s in sent]))
+        packed = torch.cat([t for pair in chunks for t in pair])
+        out = torch.empty(sum(s[0] + s[1] for s in received), dtype=values.dtype, device=self.device)
+        work = dist.all_to_all_single(
+            out, packed, output_split_sizes=[s[0] + s[1] for s in received],
+            input_split_sizes=[s[0] + s[1] for s in sent], group=self.group, async_op=True,
+        )
+        return IdsInFlight(out, work, received, grouped.lengths.dtype, batches.pop())
 
     def finish(self, flight: IdsInFlight) -> SparseFeatures:
         """Wait, then lay the ids out slot-major over the global batch (sources in rank order)."""
-        for work in flight.works:
-            work.wait()
-        lengths = flight.lengths.view(self.world_size * self.recv_slots, flight.batch_per_source)
-        received = SparseFeatures(lengths=lengths, values=flight.values).permute(
-            self.recv_order, total_values=flight.total_values
+        flight.work.wait()
+        parts = flight.received.split([n for s in flight.received_splits for n in s])
+        lengths = torch.cat(parts[0::2]).to(flight.lengths_dtype)
+        values = torch.cat(parts[1::2])
+        by_source = SparseFeatures(
+            lengths=lengths.view(self.world_size * self.recv_slots, flight.batch_per_source), values=values
         )
+        received = by_source.permute(self.recv_order, total_values=values.numel())
         return SparseFeatures(
             lengths=received.lengths.reshape(self.recv_slots, self.world_size * flight.batch_per_source),
             values=received.values,
