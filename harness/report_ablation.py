@@ -17,7 +17,7 @@ import pandas as pd
 
 from harness.report_load import ReportError, Run, is_plain_name, load_run, read_json, start_key
 from harness.report_tables import job_iterations, timed_stages
-from harness.stages import STAGES
+from harness.names import STAGES
 
 N_BOOT = 2000
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 # The five stages of one iteration, in execution order (design.md, "The five stages").
-from harness.stages import STAGES
+from harness.names import STAGES
 
 STAGE_COLUMNS = ("run_id", "rank", "node", "iteration", "stage",
                  "start_ns", "end_ns", "duration_ms", "warmup")

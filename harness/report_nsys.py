@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from harness.report_load import STAGE_COLUMNS, ReportError, Run
-from harness.stages import STAGES
+from harness.names import STAGES
 
 RANGE_TYPES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange
 _RANK_NAME = re.compile(r"^\s*rank[\s_:=-]*(\d+)\s*$", re.IGNORECASE)

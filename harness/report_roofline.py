@@ -52,7 +52,7 @@ import pandas as pd
 
 from harness.report_load import ReportError, Run
 from harness.report_tables import timed_stages
-from harness.stages import STAGES
+from harness.names import STAGES
 
 # FLOPs per embedding element updated by the fused optimizer (see the module docstring).
 EMB_OPT_FLOPS = {"exact_adagrad": 6, "exact_rowwise_adagrad": 4, "exact_sgd": 2}

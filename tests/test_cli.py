@@ -10,7 +10,7 @@ import pytest
 import harness.cli
 from harness.cli import main
 from harness.report import load_run
-from harness.stages import STAGES
+from harness.names import STAGES
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.stages import STAGES
+from harness.names import STAGES
 
 FLAGS2 = ["cuda_graphs", "skip_splits_a2a"]
 

@@ -6,7 +6,7 @@ import pytest
 
 from harness.report import ReportError, report_main
 from harness.report_nsys import read_nsys
-from harness.stages import STAGES
+from harness.names import STAGES
 
 MS = 1_000_000  # ns
 HW = 1 << 48  # nsys puts a hardware/VM id above the pid: it must be masked off

@@ -10,7 +10,7 @@ from harness.report_tables import (
     _covered, _union, completeness, input_dist_overlap, input_dist_spans, iteration_table, job_iterations,
     stage_pivot, stage_stats, straggler_table,
 )
-from harness.stages import STAGES
+from harness.names import STAGES
 from tests.test_report_builders import sequential, span, write_run
 
 BASE = [1.0, 2.0, 8.0, 3.0, 1.0]  # ms per stage, STAGES order
