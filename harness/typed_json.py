@@ -49,6 +49,10 @@ def from_jsonable(tp: Any, data: Any, where: str = "$") -> Any:
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"{where}: {tp.__name__} has no field(s) {', '.join(unknown)}")
+        missing = [f.name for f in dataclasses.fields(tp) if f.name not in data
+                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise ValueError(f"{where}: {tp.__name__} lacks field(s) {', '.join(missing)}")
         return tp(**{k: from_jsonable(hints[k], v, f"{where}.{k}") for k, v in data.items()})
     if origin is tuple:
         if not isinstance(data, list):
