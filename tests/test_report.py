@@ -5,7 +5,6 @@ independently (numpy on the raw lists, or by hand), and warm-up rows carry huge
 values so that counting them would visibly change every statistic.
 """
 
-import json
 from pathlib import Path
 
 import numpy as np

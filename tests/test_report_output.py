@@ -1,6 +1,5 @@
 """report_main end to end: the files of a run report, self-contained HTML, incomplete runs, errors."""
 
-import json
 import re
 
 import numpy as np
