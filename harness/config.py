@@ -26,6 +26,7 @@ def option(default: Any = dataclasses.MISSING, **meta: Any) -> Any:
     """A field with command-line metadata (option name, choices, metavar); `option=None`: not an option."""
     return field(default=default, metadata=meta)
 
+
 def _positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -130,6 +130,14 @@ def parser_for(tp: Any, metavar: str | None) -> Any:
     return parse
 
 
+def _metavar(tp: Any) -> str:
+    """What --help shows for a value: N for an int, X for a float, N,N,... for a tuple of ints."""
+    tp = _strip_none(tp)
+    if typing.get_origin(tp) is tuple:
+        return ",".join(_metavar(a) for a in typing.get_args(tp)[:1]) + ",..."
+    return {int: "N", float: "X"}.get(tp, "TEXT")
+
+
 def _help(opt: ConfigOption) -> str:
     return f"{opt.help} [default: the preset's]".replace("%", "%%")  # argparse formats help with %
 
@@ -148,8 +156,8 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
                 kw["type"] = parser_for(opt.type, f.metadata.get(METAVAR))
                 if CHOICES in f.metadata:
                     kw["choices"] = f.metadata[CHOICES]
-                if METAVAR in f.metadata:
-                    kw["metavar"] = f.metadata[METAVAR]
+                if CHOICES not in f.metadata:
+                    kw["metavar"] = f.metadata.get(METAVAR) or _metavar(opt.type)
             group.add_argument(opt.flag, **kw)
     parser.add_argument("--opts", choices=["none", "all"], default=None,
                         help="set every optimization flag off or on first; --X/--no-X then change single ones "
