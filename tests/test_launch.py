@@ -12,6 +12,7 @@ import pytest
 
 from harness.cli import main
 from harness.launch import choose_launch, free_port, node_commands
+from harness.manifest import RunManifest
 from harness.presets import tiny
 
 ROOT = Path(__file__).resolve().parent.parent
