@@ -56,15 +56,15 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def concerns() -> dict[str, type]:
-    """BenchConfig's concerns: field name -> dataclass."""
-    hints = typing.get_type_hints(BenchConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(BenchConfig) if dataclasses.is_dataclass(hints[f.name])}
+def concerns(root: type = BenchConfig) -> dict[str, type]:
+    """The config's concerns: field name -> dataclass."""
+    hints = typing.get_type_hints(root)
+    return {f.name: hints[f.name] for f in dataclasses.fields(root) if dataclasses.is_dataclass(hints[f.name])}
 
 
-def config_options() -> Iterator[tuple[ConfigOption, dataclasses.Field]]:
+def config_options(root: type = BenchConfig) -> Iterator[tuple[ConfigOption, dataclasses.Field]]:
     """Every generated option with its field; fields whose metadata says option=None are left out."""
-    for concern, cls in concerns().items():
+    for concern, cls in concerns(root).items():
         hints, docs = typing.get_type_hints(cls), field_docs(cls)
         for f in dataclasses.fields(cls):
             name = f.metadata.get(OPTION, f.name.replace("_", "-"))
@@ -142,11 +142,14 @@ def _help(opt: ConfigOption) -> str:
     return f"{opt.help} [default: the preset's]".replace("%", "%%")  # argparse formats help with %
 
 
-def add_config_options(parser: argparse.ArgumentParser) -> None:
-    """One option per config field, grouped by concern; every default is None (= the preset's)."""
-    for concern in concerns():
-        group = parser.add_argument_group(f"{concern} (config.{concerns()[concern].__name__})")
-        for opt, f in config_options():
+def add_config_options(parser: argparse.ArgumentParser, *, root: type = BenchConfig) -> None:
+    """One option per config field, grouped by concern; every default is None (= the preset's).
+
+    `root`: the config class whose concerns become options (BenchConfig; tests pass their own).
+    """
+    for concern, cls in concerns(root).items():
+        group = parser.add_argument_group(f"{concern} (config.{cls.__name__})")
+        for opt, f in config_options(root):
             if opt.concern != concern:
                 continue
             kw: dict[str, Any] = dict(dest=opt.dest, default=None, help=_help(opt))

@@ -212,7 +212,7 @@ def records(run: Run) -> pd.DataFrame:
     """One run as the flat frame: a row per stage record, its iteration's figures beside it.
 
     Columns: run_id, preset, world_size, nodes, device, status, pipeline, one boolean column per
-    optimization flag (effective value; NA when the manifest does not say), then rank, node,
+    optimization flag (effective value; NA for records without a manifest), then rank, node,
     iteration, warmup, stage, start_ns, end_ns, duration_ms, and from the iteration record
     iter_start_ns, iter_end_ns, iter_ms, samples, loss. An iteration without stage records
     (a run made with --no-timeline) is one row with stage NA; a stage record without an
@@ -251,10 +251,7 @@ def records(run: Run) -> pd.DataFrame:
 
 
 def load_runs(paths: Iterable[str | Path] | str | Path) -> pd.DataFrame:
-    """Stage records of many run folders in one frame (see `records` for the columns).
-
-    Runs whose manifests name different flags get NA where a run does not name one.
-    """
+    """Stage records of many run folders in one frame (see `records` for the columns)."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     frames = [records(load_run(Path(p))) for p in paths]

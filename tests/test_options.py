@@ -4,16 +4,19 @@ left out is the preset's. The ablation derives its configs from the user's with 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 import pytest
 
 from harness.ablation import run_ablation
 from harness.cli import build_parser, main
-from harness.config import BenchConfig, DataConfig, ModelConfig, OptimizationsConfig, OptimizerConfig, RunConfig, ShardingConfig
-from harness.names import OPTIMIZATION_FLAGS
+from harness.config import (
+    BenchConfig, DataConfig, ModelConfig, OptimizationsConfig, OptimizerConfig, RunConfig, ShardingConfig, option,
+)
+from harness.names import DENSE_PRECISIONS, OPTIMIZATION_FLAGS
 from harness.optimizations import resolve
-from harness.options import config_from_args
+from harness.options import add_config_options, config_from_args
 from harness.planning import topology
 from harness.presets import mlperf, small, tiny
 
@@ -121,3 +124,35 @@ def test_ablation_refuses_a_config_that_fails_its_checks(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "ablation config +skip_splits_a2a: skip_splits_a2a needs fixed hotness" in err and err.count("\n") == 1
     assert not (tmp_path / "ablations").exists()
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True)
+class _Precision:
+    """A concern another change adds: it must become options with no edit to the generator."""
+
+    dense: str = option("fp32", option="dense-precision", choices=DENSE_PRECISIONS)
+    """Arithmetic of the dense arch: fp32, or bf16 mixed precision."""
+    loss_scale: float | None = None
+    """Static loss scale; None: none."""
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True)
+class _Root:
+    """A config with one more concern than BenchConfig."""
+
+    run: RunConfig
+    """Launch and measurement."""
+    precision: _Precision = dataclasses.field(default_factory=_Precision)
+    """Numerics."""
+
+
+def test_a_new_documented_field_becomes_an_option_with_no_edit():
+    parser = argparse.ArgumentParser()
+    add_config_options(parser, root=_Root)
+    actions = {a.dest: a for a in parser._actions}
+    assert actions["precision.dense"].option_strings == ["--dense-precision"]
+    assert actions["precision.dense"].choices == DENSE_PRECISIONS
+    assert actions["precision.loss_scale"].help.startswith("Static loss scale; None: none.")
+    ns = parser.parse_args(["--dense-precision", "bf16", "--loss-scale", "128", "--iters", "2"])
+    assert (getattr(ns, "precision.dense"), getattr(ns, "precision.loss_scale"), getattr(ns, "run.iters")) == ("bf16", 128.0, 2)
+    assert getattr(ns, "run.nodes") is None  # not given: the preset's
