@@ -1,23 +1,28 @@
 # DLRM-DCNv2 benchmark harness. `make help` lists targets and knobs.
 # Every target that runs Python first makes .venv and installs the pinned requirements.
 
-PRESET        ?= small
-NODES         ?= 1
-GPUS_PER_NODE ?= 2
-ITERS         ?= 20
-WARMUP        ?= 3
+# Bench knobs have no defaults here: a knob left unset is not passed, so the preset's value (or
+# the harness's) applies and each default lives once, in harness/config.py or harness/cli.py.
+PRESET        ?=
+NODES         ?=
+GPUS_PER_NODE ?=
+ITERS         ?=
+WARMUP        ?=
+SHARDING      ?=
+REPEATS       ?=
 OPTS          ?=
 RUN           ?= latest
 DRY_RUN       ?= 0
-SHARDING      ?= auto
 RUN_ID        ?=
-REPEATS       ?= 3
 ABLATION      ?=
 NSYS          ?=
 
-VALID_PRESETS  := mlperf small tiny
-VALID_SHARDING := auto table_wise column_wise row_wise data_parallel
 PYTHON        ?= $(shell command -v python3.11 || command -v python3)
+# Valid names come from harness/names.py, which imports neither torch nor anything else outside
+# the standard library, so the system python reads them before .venv exists.
+NAMES         = $(shell $(PYTHON) -c "import harness.names as n; print(' '.join(n.$(1)))")
+VALID_PRESETS  := $(call NAMES,PRESET_NAMES)
+VALID_SHARDING := $(call NAMES,SHARDING_KINDS)
 VENV          := .venv
 PY            := $(VENV)/bin/python
 # A working NVIDIA driver picks the CUDA torch/fbgemm pair; anything else the CPU pair.
@@ -28,26 +33,28 @@ STAMP         := $(VENV)/.installed-$(basename $(TORCH_REQS))
 .PHONY: help bench ablation report test perf check-bench-knobs venv clean-venv
 
 help:
-	@echo "make bench  [PRESET=small|tiny|mlperf] [NODES=1] [GPUS_PER_NODE=2] [ITERS=20] [WARMUP=3]"
-	@echo "            [SHARDING=auto|table_wise|column_wise|row_wise|data_parallel] [DRY_RUN=0|1] [RUN_ID=...] [OPTS=\"...\"]"
+	@echo "make bench  [PRESET=$(subst $() ,|,$(VALID_PRESETS))] [NODES=n] [GPUS_PER_NODE=n] [ITERS=n] [WARMUP=n]"
+	@echo "            [SHARDING=$(subst $() ,|,$(VALID_SHARDING))] [DRY_RUN=0|1] [RUN_ID=...] [OPTS=\"...\"]"
+	@echo "            a knob left unset takes the preset's value (PRESET: small); see $(PY) -m harness bench --help"
 	@echo "            inside Slurm: srun, one torchrun a node; with MASTER_ADDR + NODE_RANK (+ RUN_ID): torchrun"
 	@echo "            for this host (run it on every host); otherwise NODES x GPUS_PER_NODE local processes"
-	@echo "make ablation [PRESET=...] [NODES=...] [GPUS_PER_NODE=...] [SHARDING=...] [REPEATS=3]"
+	@echo "make ablation [PRESET=...] [NODES=...] [GPUS_PER_NODE=...] [SHARDING=...] [REPEATS=n (3)]"
 	@echo "make report [RUN=latest|<run_id>] | [ABLATION=latest|<id>] | [NSYS=<file.sqlite>]"
 	@echo "make test"
-	@echo "make perf   [PRESET=tiny|small]   (timeline on vs off: the instrumentation's cost)"
+	@echo "make perf   [PRESET=tiny|small (tiny)]   (timeline on vs off: the instrumentation's cost)"
 	@echo "OPTS passes extra flags to 'python -m harness bench' (see: $(PY) -m harness bench --help)"
 
-# Knobs are checked before anything is installed or started.
+# Knobs the user set are checked before anything is installed or started.
 check-bench-knobs:
-	@case " $(VALID_PRESETS) " in *" $(PRESET) "*) ;; \
+	@test -n "$(VALID_PRESETS)" || { echo "make: cannot read harness/names.py with $(PYTHON)" >&2; exit 2; }
+	@test -z "$(PRESET)" || case " $(VALID_PRESETS) " in *" $(PRESET) "*) ;; \
 	  *) echo "make: PRESET=$(PRESET) is not valid; valid values: $(VALID_PRESETS)" >&2; exit 2;; esac
-	@for kv in NODES=$(NODES) GPUS_PER_NODE=$(GPUS_PER_NODE) ITERS=$(ITERS) REPEATS=$(REPEATS); do \
+	@for kv in $(foreach k,NODES GPUS_PER_NODE ITERS REPEATS,$(if $($(k)),$(k)=$($(k)))); do \
 	  echo "$${kv#*=}" | grep -Eq '^[1-9][0-9]*$$' || \
 	  { echo "make: $$kv is not valid; valid values: a positive integer (1, 2, 3, ...)" >&2; exit 2; }; done
-	@echo "$(WARMUP)" | grep -Eq '^[0-9]+$$' || \
+	@test -z "$(WARMUP)" || echo "$(WARMUP)" | grep -Eq '^[0-9]+$$' || \
 	  { echo "make: WARMUP=$(WARMUP) is not valid; valid values: an integer >= 0" >&2; exit 2; }
-	@case " $(VALID_SHARDING) " in *" $(SHARDING) "*) ;; \
+	@test -z "$(SHARDING)" || case " $(VALID_SHARDING) " in *" $(SHARDING) "*) ;; \
 	  *) echo "make: SHARDING=$(SHARDING) is not valid; valid values: $(VALID_SHARDING)" >&2; exit 2;; esac
 	@case "$(DRY_RUN)" in 0|1) ;; \
 	  *) echo "make: DRY_RUN=$(DRY_RUN) is not valid; valid values: 0 1" >&2; exit 2;; esac
@@ -60,15 +67,18 @@ $(STAMP): requirements.txt $(TORCH_REQS)
 
 venv: $(STAMP)
 
+# Only the knobs the user set become options (make knob -> harness option).
+KNOB_ARGS = $(if $(PRESET),--preset $(PRESET)) $(if $(NODES),--nodes $(NODES)) \
+  $(if $(GPUS_PER_NODE),--gpus-per-node $(GPUS_PER_NODE)) $(if $(ITERS),--iters $(ITERS)) \
+  $(if $(WARMUP),--warmup $(WARMUP)) $(if $(SHARDING),--sharding $(SHARDING))
+
 bench: check-bench-knobs $(STAMP)
-	$(PY) -m harness bench --preset $(PRESET) --nodes $(NODES) --gpus-per-node $(GPUS_PER_NODE) \
-	  --iters $(ITERS) --warmup $(WARMUP) --sharding $(SHARDING) \
+	$(PY) -m harness bench $(KNOB_ARGS) \
 	  $(if $(filter 1,$(DRY_RUN)),--dry-run) $(if $(RUN_ID),--run-id $(RUN_ID)) $(OPTS)
 
 # Baseline, each flag alone, all, all-but-one; REPEATS runs each (inactive-only configs once).
 ablation: check-bench-knobs $(STAMP)
-	$(PY) -m harness ablation --preset $(PRESET) --nodes $(NODES) --gpus-per-node $(GPUS_PER_NODE) \
-	  --iters $(ITERS) --warmup $(WARMUP) --sharding $(SHARDING) --repeats $(REPEATS) $(OPTS)
+	$(PY) -m harness ablation $(KNOB_ARGS) $(if $(REPEATS),--repeats $(REPEATS)) $(OPTS)
 
 report: $(STAMP)
 	$(PY) -m harness report $(if $(ABLATION),--ablation $(ABLATION),$(if $(NSYS),--nsys $(NSYS),--run $(RUN)))
@@ -78,7 +88,7 @@ test: $(STAMP)
 
 # The instrumentation's own cost: timeline on vs off, interleaved runs (PRESET=tiny|small).
 perf: $(STAMP)
-	$(PY) -m harness.perf --preset $(if $(filter command line,$(origin PRESET)),$(PRESET),tiny) --gpus-per-node $(GPUS_PER_NODE)
+	$(PY) -m harness.perf --preset $(or $(PRESET),tiny) $(if $(GPUS_PER_NODE),--gpus-per-node $(GPUS_PER_NODE))
 
 clean-venv:
 	rm -rf $(VENV)

@@ -10,10 +10,22 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from model.embeddings import EMBEDDING_OPTIMIZERS
-from model.sharding import SHARDING_TYPES
+from harness.names import (
+    DEVICES, EMBEDDING_OPTIMIZERS, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
+)
 
-HARDWARE_PROFILES = ("cpu", "h100")
+# The command line is generated from these dataclasses (harness/options.py): a field's option
+# is --<field-name> unless OPTION names it (today's option names), its help is the field's
+# docstring, and CHOICES lists its valid values for --help and argparse's check.
+OPTION = "option"
+CHOICES = "choices"
+METAVAR = "metavar"
+
+
+def option(default: Any = dataclasses.MISSING, **meta: Any) -> Any:
+    """A field with command-line metadata (option name, choices, metavar); `option=None`: not an option."""
+    return field(default=default, metadata=meta)
+
 
 def _positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -82,7 +94,7 @@ class OptimizerConfig:
     """Learning rate of both the dense Adagrad and the fused embedding optimizer."""
     eps: float = 1e-8
     """Adagrad epsilon (dense and embeddings)."""
-    embedding_optimizer: str = "exact_adagrad"
+    embedding_optimizer: str = option("exact_adagrad", choices=EMBEDDING_OPTIMIZERS)
     """fbgemm's fused optimizer: exact_adagrad (per element), exact_rowwise_adagrad or exact_sgd."""
 
     def __post_init__(self) -> None:
@@ -98,7 +110,7 @@ class OptimizerConfig:
 class DataConfig:
     """The synthetic Criteo-shaped batches (harness/data.py)."""
 
-    global_batch_size: int
+    global_batch_size: int = option(option="global-batch")
     """Samples per iteration over all ranks; must divide evenly by the world size."""
     seed: int = 0
     """Seeds the data stream and the weights; the same seed gives the same losses at any world size."""
@@ -119,14 +131,14 @@ class DataConfig:
 class ShardingConfig:
     """How embedding tables are spread over ranks (model/sharding.py, model/planner.py)."""
 
-    kind: str = "auto"
+    kind: str = option("auto", option="sharding", choices=SHARDING_KINDS)
     """auto (the planner picks per table), or one of table_wise, column_wise, row_wise,
     data_parallel forced on every table."""
-    per_table: tuple[tuple[int, str], ...] = ()
+    per_table: tuple[tuple[int, str], ...] = option((), option="shard", metavar="T=KIND[,T=KIND...]")
     """(table, kind) pairs forced on single tables; they win over `kind`."""
     column_shards: int = 2
     """Column blocks of a column_wise table (capped at the world size); must divide the dim."""
-    hardware: str = "cpu"
+    hardware: str = option("cpu", choices=HARDWARE_PROFILES)
     """Bandwidth and memory profile the planner assumes: cpu or h100 (harness/planning.py)."""
     memory_gib: float | None = None
     """Per-rank memory budget for shards and optimizer state; None: the profile's default."""
@@ -138,9 +150,8 @@ class ShardingConfig:
     """Per-rank bandwidth between nodes (GB/s); None: the profile's."""
 
     def __post_init__(self) -> None:
-        kinds = ("auto", *SHARDING_TYPES)
-        if self.kind not in kinds:
-            raise ValueError(f"sharding.kind {self.kind!r} is not one of {list(kinds)}")
+        if self.kind not in SHARDING_KINDS:
+            raise ValueError(f"sharding.kind {self.kind!r} is not one of {list(SHARDING_KINDS)}")
         for t, k in self.per_table:
             if k not in SHARDING_TYPES:
                 raise ValueError(f"sharding.per_table: table {t} kind {k!r} is not one of {list(SHARDING_TYPES)}")
@@ -151,10 +162,6 @@ class ShardingConfig:
             v = getattr(self, name)
             if v is not None and not v > 0:
                 raise ValueError(f"sharding.{name} must be > 0, got {v}")
-
-
-OPTIMIZATION_FLAGS = ("cuda_graphs", "threaded_input_dist", "pinned_d2h", "avoid_record_streams", "skip_splits_a2a")
-"""The published optimizations (design.md), each one flag; the ablation switches these."""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -190,35 +197,35 @@ class OptimizationsConfig:
 class RunConfig:
     """What to run and where, and how to measure it."""
 
-    preset: str
+    preset: str = option(option=None)
     """Name of the preset the config came from (recorded; the fields are what counts)."""
     iters: int = 20
     """Timed iterations, after the warm-up ones."""
-    warmup_iters: int = 3
+    warmup_iters: int = option(3, option="warmup")
     """Iterations run first, recorded with warmup=True and left out of summaries."""
     nodes: int = 1
     """Nodes of the job; here on one machine they are simulated, ranks grouped by node in the records."""
     gpus_per_node: int = 2
     """Ranks per node (one per GPU on CUDA; processes on a CPU machine)."""
-    device: str = "auto"
+    device: str = option("auto", choices=DEVICES)
     """auto (CUDA if present, else CPU), cpu or cuda."""
     timeline: bool = True
     """Per-stage NVTX ranges and timers; off keeps only per-iteration times (to measure their cost)."""
     flush_every: int = 10
     """Iterations between writes of the records to the run folder (writes happen between iterations)."""
-    collective_timeout_s: float = 300.0
+    collective_timeout_s: float = option(300.0, option="collective-timeout")
     """How long a collective may wait before the job is declared failed."""
-    fail_at: tuple[int, int] | None = None
+    fail_at: tuple[int, int] | None = option(None, metavar="RANK:ITER")
     """Fault injection for tests: (rank, iteration) at which that rank raises. None: no fault."""
-    stall_at: tuple[int, int] | None = None
+    stall_at: tuple[int, int] | None = option(None, metavar="RANK:ITER")
     """Fault injection: (rank, iteration) at which that rank hangs; the others' collective timeout ends the job."""
 
     def __post_init__(self) -> None:
         for name in ("iters", "nodes", "gpus_per_node", "flush_every"):
             _positive_int(f"run.{name}", getattr(self, name))
         _non_negative_int("run.warmup_iters", self.warmup_iters)
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"run.device {self.device!r} is not one of ['auto', 'cpu', 'cuda']")
+        if self.device not in DEVICES:
+            raise ValueError(f"run.device {self.device!r} is not one of {list(DEVICES)}")
         if not self.collective_timeout_s > 0:
             raise ValueError("run.collective_timeout_s must be > 0")
 
@@ -267,23 +274,6 @@ class BenchConfig:
     @property
     def local_batch_size(self) -> int:
         return self.data.global_batch_size // self.run.world_size
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "BenchConfig":
-        def tuples(x: dict[str, Any]) -> dict[str, Any]:
-            return {k: tuple(v) if isinstance(v, list) else v for k, v in x.items()}
-
-        return cls(
-            model=ModelConfig(**tuples(d["model"])),
-            optimizer=OptimizerConfig(**d["optimizer"]),
-            data=DataConfig(**d["data"]),
-            sharding=ShardingConfig(**{**d["sharding"], "per_table": tuple(tuple(x) for x in d["sharding"]["per_table"])}),
-            optimizations=OptimizationsConfig(**d.get("optimizations", {})),
-            run=RunConfig(**tuples(d["run"])),
-        )
 
     def replace(self, **changes: Any) -> "BenchConfig":
         """A copy with whole concerns replaced, checked again (for ablations and tests)."""

@@ -8,12 +8,13 @@ one reading site and nothing is dropped silently.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from harness.config import OPTIMIZATION_FLAGS, OptimizationsConfig
+from harness.config import OptimizationsConfig
+from harness.manifest import ResolvedFlags
+from harness.names import OPTIMIZATION_FLAGS
 
 
-def resolve(opts: OptimizationsConfig, *, cuda: bool, plan_kinds: Sequence[str]) -> dict[str, Any]:
+def resolve(opts: OptimizationsConfig, *, cuda: bool, plan_kinds: Sequence[str]) -> ResolvedFlags:
     requested = opts.requested()
     reasons: dict[str, str] = {}
     notes: dict[str, str] = {}
@@ -32,21 +33,21 @@ def resolve(opts: OptimizationsConfig, *, cuda: bool, plan_kinds: Sequence[str])
         elif "row_wise" in plan_kinds:
             notes["skip_splits_a2a"] = "row-wise tables still exchange their splits (they depend on the ids)"
     effective = {f: requested[f] and f not in reasons for f in OPTIMIZATION_FLAGS}
-    return {"pipeline": opts.pipeline, "requested": requested, "effective": effective,
-            "inactive_reasons": reasons, "notes": notes}
+    return ResolvedFlags(pipeline=opts.pipeline, requested=requested, effective=effective,
+                         inactive_reasons=reasons, notes=notes)
 
 
-def describe(res: dict[str, Any]) -> str:
+def describe(res: ResolvedFlags) -> str:
     """One line per requested flag: on, or requested-but-inactive with the reason."""
-    lines = [f"loop: {'pipelined' if res['pipeline'] else 'plain'}"]
+    lines = [f"loop: {'pipelined' if res.pipeline else 'plain'}"]
     for f in OPTIMIZATION_FLAGS:
-        if not res["requested"][f]:
+        if not res.requested[f]:
             continue
-        if res["effective"][f]:
-            note = res["notes"].get(f)
+        if res.effective[f]:
+            note = res.notes.get(f)
             lines.append(f"{f}: on" + (f" ({note})" if note else ""))
         else:
-            lines.append(f"{f}: requested but INACTIVE: {res['inactive_reasons'][f]}")
+            lines.append(f"{f}: requested but INACTIVE: {res.inactive_reasons[f]}")
     if len(lines) == 1:
         lines.append("optimization flags: none requested")
     return "\n".join(lines)

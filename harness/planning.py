@@ -7,12 +7,12 @@ and every rank reads it from there, so all ranks agree and the run records what 
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from harness.config import BenchConfig
-from model.embeddings import STATE_PER_ELEMENT
+from harness.manifest import PlanEstimate, RankEstimate
+from model.names import STATE_PER_ELEMENT
 from model.planner import Topology, TableSpec, plan_tables
-from model.sharding import TablePlan
+from model.sharding import SHARDING_TYPES, TablePlan
 
 GB = 1e9
 
@@ -45,8 +45,8 @@ def topology(cfg: BenchConfig, *, ranks_per_host: int) -> Topology:
     )
 
 
-def make_plan(cfg: BenchConfig, *, ranks_per_host: int) -> tuple[list[TablePlan], dict[str, Any]]:
-    """The plan and a manifest-ready description of it (per-rank memory and estimated cost).
+def make_plan(cfg: BenchConfig, *, ranks_per_host: int) -> tuple[tuple[TablePlan, ...], PlanEstimate]:
+    """The plan and what the planner assumed and estimated (per-rank memory and cost).
 
     Raises model.planner.PlanError (a ValueError) when no plan fits.
     """
@@ -60,46 +60,36 @@ def make_plan(cfg: BenchConfig, *, ranks_per_host: int) -> tuple[list[TablePlan]
         state_per_row=STATE_PER_ELEMENT[cfg.optimizer.embedding_optimizer],
         forced=forced, column_shards=cfg.sharding.column_shards,
     )
-    ranks = [
-        {"rank": r, "node": r // cfg.run.gpus_per_node, "memory_gib": ld.memory_bytes / 2**30,
-         "est_ms": ld.cost_s * 1e3, "shards": ld.shards}
-        for r, ld in enumerate(loads)
-    ]
-    costs = [r["est_ms"] for r in ranks]
-    desc = {
-        "hardware": cfg.sharding.hardware,
-        "topology": {"memory_gib": topo.memory_bytes / 2**30, "memory_gbps": topo.memory_bw / GB,
-                     "intra_node_gbps": topo.intra_node_bw / GB, "inter_node_gbps": topo.inter_node_bw / GB,
-                     "link": "inter-node" if topo.world_size > topo.ranks_per_node else "intra-node"},
-        "kinds": {k: sum(tp.kind == k for tp in plan) for k in ("table_wise", "column_wise", "row_wise", "data_parallel")},
-        "est_ms_max": max(costs), "est_ms_min": min(costs),
-        "memory_gib_max": max(r["memory_gib"] for r in ranks),
-        "ranks": ranks,
-        "tables": [tp.to_dict() for tp in plan],
-    }
-    return plan, desc
+    estimate = PlanEstimate(
+        hardware=cfg.sharding.hardware,
+        memory_gib=topo.memory_bytes / 2**30, memory_gbps=topo.memory_bw / GB,
+        intra_node_gbps=topo.intra_node_bw / GB, inter_node_gbps=topo.inter_node_bw / GB,
+        link="inter-node" if topo.world_size > topo.ranks_per_node else "intra-node",
+        ranks=tuple(
+            RankEstimate(rank=r, node=r // cfg.run.gpus_per_node, memory_gib=ld.memory_bytes / 2**30,
+                         est_ms=ld.cost_s * 1e3, shards=tuple(ld.shards))
+            for r, ld in enumerate(loads)
+        ),
+    )
+    return tuple(plan), estimate
 
 
-def format_plan(desc: dict[str, Any], *, max_rows: int | None = None) -> str:
+def format_plan(plan: tuple[TablePlan, ...], est: PlanEstimate, *, max_rows: int | None = None) -> str:
     """The plan as a table: rank, node, shards, memory GiB, estimated cost."""
-    t = desc["topology"]
-    kinds = ", ".join(f"{n} {k}" for k, n in desc["kinds"].items() if n)
+    counts = {k: sum(tp.kind == k for tp in plan) for k in SHARDING_TYPES}
+    kinds = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
     lines = [
-        f"sharding plan ({desc['hardware']} profile: {t['memory_gib']:.1f} GiB a rank, memory {t['memory_gbps']:.0f} GB/s, "
-        f"{t['link']} link {t['inter_node_gbps' if t['link'] == 'inter-node' else 'intra_node_gbps']:.2f} GB/s): {kinds}",
+        f"sharding plan ({est.hardware} profile: {est.memory_gib:.1f} GiB a rank, memory {est.memory_gbps:.0f} GB/s, "
+        f"{est.link} link {est.link_gbps:.2f} GB/s): {kinds}",
         f"{'rank':>5} {'node':>5} {'memory_gib':>10} {'est_ms':>8}  shards",
     ]
-    rows = desc["ranks"] if max_rows is None else desc["ranks"][:max_rows]
+    rows = est.ranks if max_rows is None else est.ranks[:max_rows]
     for r in rows:
-        lines.append(f"{r['rank']:>5} {r['node']:>5} {r['memory_gib']:>10.3f} {r['est_ms']:>8.3f}  {' '.join(r['shards']) or '-'}")
-    if len(rows) < len(desc["ranks"]):
-        lines.append(f"  ... {len(desc['ranks']) - len(rows)} more ranks (all in the manifest)")
+        lines.append(f"{r.rank:>5} {r.node:>5} {r.memory_gib:>10.3f} {r.est_ms:>8.3f}  {' '.join(r.shards) or '-'}")
+    if len(rows) < len(est.ranks):
+        lines.append(f"  ... {len(est.ranks) - len(rows)} more ranks (all in the manifest)")
     lines.append(
-        f"estimated cost a rank: max {desc['est_ms_max']:.3f} ms, min {desc['est_ms_min']:.3f} ms "
-        f"(spread {desc['est_ms_max'] / max(desc['est_ms_min'], 1e-12):.2f}x); memory max {desc['memory_gib_max']:.3f} GiB"
+        f"estimated cost a rank: max {est.est_ms_max:.3f} ms, min {est.est_ms_min:.3f} ms "
+        f"(spread {est.est_ms_max / max(est.est_ms_min, 1e-12):.2f}x); memory max {est.memory_gib_max:.3f} GiB"
     )
     return "\n".join(lines)
-
-
-def plan_from_manifest(manifest: dict[str, Any]) -> list[TablePlan]:
-    return [TablePlan.from_dict(d) for d in manifest["sharding_plan"]["tables"]]

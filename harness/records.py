@@ -8,8 +8,8 @@ runs/<run_id>/rankNNNNN/error.txt  the exception, when that rank failed
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
-import json
 import os
 import platform
 import secrets
@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from harness.manifest import GitState, RankInfo, RunManifest, RunStatus, Versions
 from harness.timeline import StageSpan
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -39,27 +40,22 @@ def new_run_id(preset: str, nodes: int, gpus_per_node: int) -> str:
     return f"{stamp}-{preset}-{nodes}x{gpus_per_node}-{secrets.token_hex(2)}"
 
 
-def versions() -> dict[str, Any]:
+def versions() -> Versions:
     import fbgemm_gpu
     import numpy
     import pandas
 
-    v: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "fbgemm_gpu": getattr(fbgemm_gpu, "__version__", "unknown"),
-        "numpy": numpy.__version__,
-        "pandas": pandas.__version__,
-        "cuda": torch.version.cuda,
-        "nccl": None,
-    }
-    if torch.cuda.is_available():
-        v["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        v["gpu"] = torch.cuda.get_device_name(0)
-    return v
+    cuda = torch.cuda.is_available()
+    return Versions(
+        python=platform.python_version(), torch=torch.__version__,
+        fbgemm_gpu=getattr(fbgemm_gpu, "__version__", "unknown"), numpy=numpy.__version__,
+        pandas=pandas.__version__, cuda=torch.version.cuda,
+        nccl=".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        gpu=torch.cuda.get_device_name(0) if cuda else None,
+    )
 
 
-def git_state() -> dict[str, Any]:
+def git_state() -> GitState:
     def git(*args: str) -> str | None:
         try:
             out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
@@ -69,57 +65,46 @@ def git_state() -> dict[str, Any]:
 
     commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": commit, "dirty": None if status is None else bool(status)}
+    return GitState(commit=commit, dirty=None if status is None else bool(status))
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """Atomic (write then rename) so a reader never sees half a manifest."""
+def launcher_facts() -> dict[str, Any]:
+    """The RunManifest fields the launching process knows about itself (start time, host, versions, git)."""
+    return dict(start_time=now_iso(), launcher_host=socket.gethostname(), argv=tuple(sys.argv),
+                versions=versions(), git=git_state())
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Atomic (write then rename) so a reader never sees half a file."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 
-def create_run(runs_root: Path, run_id: str, manifest: dict[str, Any]) -> Path:
-    """Make the run's folder (never reused) and write its manifest with status 'running'."""
-    run_dir = Path(runs_root) / run_id
+def create_run(runs_root: Path, manifest: RunManifest) -> Path:
+    """Make the run's folder (never reused) and write its manifest, which must still be running."""
+    if manifest.status.state != "running":
+        raise ValueError(f"a new run's status is running, not {manifest.status.state!r}")
+    run_dir = Path(runs_root) / manifest.run_id
     run_dir.mkdir(parents=True, exist_ok=False)
-    base = {
-        "run_id": run_id,
-        "status": "running",
-        "error": None,
-        "start_time": now_iso(),
-        "end_time": None,
-        "launcher_host": socket.gethostname(),
-        "argv": sys.argv,
-        "versions": versions(),
-        "git": git_state(),
-    }
-    _write_json(run_dir / "manifest.json", {**base, **manifest})
+    _write_text(run_dir / "manifest.json", manifest.to_json())
     return run_dir
 
 
-def read_manifest(run_dir: Path) -> dict[str, Any]:
-    return json.loads((Path(run_dir) / "manifest.json").read_text())
+def read_manifest(run_dir: Path) -> RunManifest:
+    return RunManifest.from_json((Path(run_dir) / "manifest.json").read_text())
 
 
-def update_manifest(run_dir: Path, **fields: Any) -> None:
-    path = Path(run_dir) / "manifest.json"
-    _write_json(path, {**json.loads(path.read_text()), **fields})
-
-
-def finish_run(run_dir: Path, *, error: str | None) -> None:
+def finish_run(run_dir: Path, *, error: str | None) -> RunManifest:
     """Status moves to completed or failed; the ranks' own notes (rank.json) are gathered in."""
-    ranks = []
-    for info in sorted(Path(run_dir).glob("rank*/rank.json")):
-        ranks.append(json.loads(info.read_text()))
-    update_manifest(
-        run_dir,
-        status="failed" if error else "completed",
-        error=error,
-        end_time=now_iso(),
-        ranks=ranks,
-        hosts=sorted({r["host"] for r in ranks}),
+    ranks = tuple(RankInfo.from_json(p.read_text()) for p in sorted(Path(run_dir).glob("rank*/rank.json")))
+    done = dataclasses.replace(
+        read_manifest(run_dir),
+        status=RunStatus(state="failed" if error else "completed", error=error),
+        end_time=now_iso(), ranks=ranks, hosts=tuple(sorted({r.host for r in ranks})),
     )
+    _write_text(Path(run_dir) / "manifest.json", done.to_json())
+    return done
 
 
 def rank_errors(run_dir: Path) -> list[str]:
@@ -192,8 +177,8 @@ class RankRecorder:
         it.to_parquet(self.dir / f"iterations-{self.part:05d}.parquet", index=False)
         self.part += 1
 
-    def write_info(self, info: dict[str, Any]) -> None:
-        _write_json(self.dir / "rank.json", {**self.keys, **info})
+    def write_info(self, info: RankInfo) -> None:
+        _write_text(self.dir / "rank.json", info.to_json())
 
     def write_fault(self, note: str) -> None:
         (self.dir / "fault.txt").write_text(note + "\n")

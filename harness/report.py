@@ -19,6 +19,7 @@ Notebook API (all pandas, every table takes the frame of `load_runs`, a `Run` or
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -64,7 +65,7 @@ def stage_summary(run: Run) -> pd.DataFrame:
 def _world_size(run: Run) -> int:
     """Ranks an iteration needs to count: world_size, or fewer when some ranks wrote no records at
     all (the header names them); otherwise one silent rank would leave nothing to report."""
-    ws = run.manifest.get("world_size")
+    ws = run.world_size
     seen = int(run.iterations["rank"].nunique())
     if not (isinstance(ws, int) and ws > 0):
         return seen
@@ -81,7 +82,7 @@ def iteration_summary(run: Run) -> dict:
     timed = its[~its["warmup"]]
     warmup_iterations = int(its.loc[its["warmup"], "iteration"].nunique()) if not its.empty else 0
     if its.empty:
-        raise ReportError(f"run {run.run_id} (status {run.manifest.get('status', '?')}) has no non-warm-up "
+        raise ReportError(f"run {run.run_id} (status {run.status}) has no non-warm-up "
                           "iterations recorded: no iteration records at all yet (still running, or stopped "
                           "before its first flush)")
     if timed.empty:
@@ -135,23 +136,23 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
 def _header_lines(run: Run, its: dict) -> list[str]:
     m = run.manifest
     lines = [
-        f"run {run.run_id}  status {m.get('status', '?')}  preset {m.get('preset', '?')}  "
-        f"device {m.get('device', '?')}",
-        f"world size {m.get('world_size', '?')} ({m.get('nodes', '?')} node(s) x "
-        f"{m.get('gpus_per_node', '?')} per node)",
+        f"run {run.run_id}  status {run.status}  preset {m.config.run.preset if m else '?'}  "
+        f"device {m.device if m else 'nsys trace'}",
+        f"world size {run.world_size or '?'} ({m.nodes if m else '?'} node(s) x "
+        f"{m.config.run.gpus_per_node if m else '?'} per node)",
         f"iterations: {its['iterations']} counted, {its['warmup_iterations']} warm-up excluded"
         + (f", {its['partial_iterations']} not recorded by every rank excluded"
            if its["partial_iterations"] else ""),
     ]
-    if m.get("source"):
-        lines.insert(1, f"source: {m['source']}")
-    status = m.get("status")
+    if run.source:
+        lines.insert(1, f"source: {run.source}")
+    status = run.status
     if status != "completed":
         # Incomplete runs are still reported (records before the stop are valid), but
         # the numbers must not be mistaken for a finished run's.
         word = "FAILED" if status == "failed" else f"INCOMPLETE (status {status})"
         # The error may be a whole traceback; its last line names the exception.
-        error = (str(m.get("error") or "").strip().splitlines() or ["no error recorded"])[-1]
+        error = (str((m.status.error if m else None) or "").strip().splitlines() or ["no error recorded"])[-1]
         lines.append(f"!! run {word}: {error}; numbers cover only the records written")
     # Ranks or stages with no records: the tables would silently lack them, so say which.
     lines += [f"!! {note}" for note in completeness(run)]
@@ -181,7 +182,7 @@ def _pipeline_line(run: Run) -> str:
 
 def _stages_off(run: Run) -> bool:
     """The run was made without per-stage timing on purpose (it measures the timeline's cost)."""
-    return run.stages.empty and run.manifest.get("config", {}).get("run", {}).get("timeline") is False
+    return run.stages.empty and run.manifest is not None and not run.manifest.config.run.timeline
 
 
 def rank_table(run: Run) -> pd.DataFrame:
@@ -192,12 +193,12 @@ def rank_table(run: Run) -> pd.DataFrame:
     torch.mm rate the same rank measured at start. The stage also holds the gradient
     all-reduce, so the fraction is a lower bound on the GEMMs' own efficiency.
     """
-    ranks = pd.DataFrame(run.manifest.get("ranks") or [])
+    ranks = pd.DataFrame([dataclasses.asdict(r) for r in run.manifest.ranks] if run.manifest else [])
     if ranks.empty:
         return ranks
     cols = [c for c in ("rank", "node", "host", "threads", "gemm_gflops", "copy_gbps", "peak_rss_gib") if c in ranks]
     ranks = ranks[cols].sort_values("rank").reset_index(drop=True)
-    flops = run.manifest.get("dense_flops_per_sample")
+    flops = run.manifest.dense_flops_per_sample
     dense = run.stages[(run.stages["stage"] == "dense_fwd_bwd") & ~run.stages["warmup"]]
     if flops and not dense.empty and "gemm_gflops" in ranks:
         p50 = dense.groupby("rank")["duration_ms"].median()
@@ -219,7 +220,7 @@ def format_summary(run: Run) -> str:
     else:
         stage_text = _text_table(list(SUMMARY_COLUMNS), _cells(stage_summary(run)))
     parts = [*_header_lines(run, its), "", stage_text]
-    if run.manifest.get("pipeline") and not run.stages.empty:
+    if run.manifest and run.manifest.optimizations.pipeline and not run.stages.empty:
         parts.append(_pipeline_line(run))
     parts += ["", _iteration_line(its)]
     ranks = rank_table(run)

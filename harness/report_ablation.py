@@ -17,7 +17,7 @@ import pandas as pd
 
 from harness.report_load import ReportError, Run, is_plain_name, load_run, read_json, start_key
 from harness.report_tables import job_iterations, timed_stages
-from harness.stages import STAGES
+from harness.names import STAGES
 
 N_BOOT = 2000
 
@@ -49,7 +49,7 @@ def resolve_ablation(runs_root: Path, ablation: str) -> Path:
     if root.is_dir():
         for d in root.iterdir():
             try:
-                found.append((start_key(read_json(d / "ablation.json")), d.name))
+                found.append((start_key(read_json(d / "ablation.json").get("start_time")), d.name))
             except ReportError:
                 continue
     known = [name for _, name in sorted(found)]
@@ -118,8 +118,8 @@ def _config_times(ab: Ablation, cfg: dict) -> tuple[list[np.ndarray], list[str]]
             notes.append(f"run {run_id} unreadable: {ab.missing[run_id]}")
             continue
         run = ab.runs[run_id]
-        if run.manifest.get("status") != "completed":
-            notes.append(f"run {run_id} {run.manifest.get('status', '?')}")
+        if run.status != "completed":
+            notes.append(f"run {run_id} {run.status}")
         its = job_iterations(run)
         times = its.loc[its["complete"], "iter_ms"].to_numpy()
         if len(times):

@@ -24,16 +24,14 @@ def _drop_run_id(df: pd.DataFrame) -> pd.DataFrame:
     return df.drop(columns=[c for c in ("run_id",) if c in df.columns])
 
 
-def optimizations_table(manifest: dict) -> pd.DataFrame | None:
-    """requested / effective / inactive reason / note per flag, from manifest["optimizations"]; None if absent."""
-    opts = manifest.get("optimizations")
-    if not isinstance(opts, dict):
+def optimizations_table(run: Run) -> pd.DataFrame | None:
+    """requested / effective / inactive reason / note per flag, from the manifest; None without one (a trace)."""
+    if run.manifest is None:
         return None
-    req, eff = opts.get("requested") or {}, opts.get("effective") or {}
-    why, notes = opts.get("inactive_reasons") or {}, opts.get("notes") or {}
-    names = [f for f in FLAGS if f in req or f in eff] + sorted((set(req) | set(eff)) - set(FLAGS))
-    return pd.DataFrame([{"flag": f, "requested": req.get(f), "effective": eff.get(f),
-                          "inactive_reason": why.get(f, ""), "note": notes.get(f, "")} for f in names])
+    opts = run.manifest.optimizations
+    return pd.DataFrame([{"flag": f, "requested": opts.requested[f], "effective": opts.effective[f],
+                          "inactive_reason": opts.inactive_reasons.get(f, ""), "note": opts.notes.get(f, "")}
+                         for f in FLAGS])
 
 
 def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
@@ -92,7 +90,7 @@ def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
         overlap = tables.input_dist_overlap(df)
         csvs["input_dist_overlap"] = overlap
         doc.h2("Input distribution hidden by the pipeline")
-        pipe = run.manifest.get("pipeline")
+        pipe = run.manifest.optimizations.pipeline if run.manifest else None
         doc.p(f"pipeline: {'on' if pipe else 'off' if pipe is False else 'not recorded'}. hidden = time of each "
               "input_dist span that overlaps the same rank's other stages (from start/end times).")
         doc.table(_drop_run_id(overlap))
@@ -105,7 +103,7 @@ def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
     else:
         doc.h2("Stages")
         doc.p("No stage records (a run made with --no-timeline, or none flushed): iteration times only.")
-    opt = optimizations_table(run.manifest)
+    opt = optimizations_table(run)
     if opt is not None:
         doc.h2("Optimizations")
         doc.table(opt)

@@ -7,23 +7,24 @@ run folders at once (the notebook entry point).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 
-# The five stages of one iteration, in execution order (design.md, "The five stages").
-from harness.stages import STAGES
+from harness.manifest import RankInfo, RunManifest
+# The stage and flag names, in order (design.md); torch-free, as is the manifest.
+from harness.names import OPTIMIZATION_FLAGS as FLAGS
+from harness.names import STAGES
 
 STAGE_COLUMNS = ("run_id", "rank", "node", "iteration", "stage",
                  "start_ns", "end_ns", "duration_ms", "warmup")
 ITERATION_COLUMNS = ("run_id", "rank", "node", "iteration", "start_ns", "end_ns",
                      "iter_ms", "loss", "samples", "warmup")
-# The optimizations of design.md; a manifest may name more, which are kept too.
-FLAGS = ("cuda_graphs", "threaded_input_dist", "pinned_d2h", "avoid_record_streams", "skip_splits_a2a")
 # Columns of the flat frame besides the flags, in order.
 RUN_COLUMNS = ("run_id", "preset", "world_size", "nodes", "device", "status", "pipeline")
 RECORD_COLUMNS = ("rank", "node", "iteration", "warmup", "stage", "start_ns", "end_ns", "duration_ms",
@@ -36,18 +37,30 @@ class ReportError(Exception):
 
 @dataclass(kw_only=True)
 class Run:
-    """Everything read from one run folder."""
+    """Everything read from one run folder (or rebuilt from an nsys trace)."""
 
-    manifest: dict
-    """manifest.json as written by the run; `run_id` is filled from the folder name if absent."""
+    run_id: str
+    """The run's id (its folder name), or the trace's name."""
+    manifest: RunManifest | None
+    """The run's manifest; None for records rebuilt from an nsys trace, which has none."""
     stages: pd.DataFrame
     """All stage records of all ranks and parts, warm-up rows included."""
     iterations: pd.DataFrame
     """All per-iteration records of all ranks and parts, warm-up rows included."""
+    source: str | None = None
+    """Where the records came from when not from a run folder (e.g. `nsys export <file>`)."""
+    pids: dict[int, int] = field(default_factory=dict)
+    """Rank -> process id, for records rebuilt from a trace (a run folder's are in manifest.ranks)."""
 
     @property
-    def run_id(self) -> str:
-        return str(self.manifest["run_id"])
+    def status(self) -> str:
+        """running, completed or failed; a trace holds whatever was recorded, so it counts as completed."""
+        return self.manifest.status.state if self.manifest else "completed"
+
+    @property
+    def world_size(self) -> int | None:
+        """Ranks of the run; a trace's are the ranks it saw."""
+        return self.manifest.world_size if self.manifest else (len(self.pids) or None)
 
 
 # --- finding and reading runs -------------------------------------------------
@@ -65,16 +78,22 @@ def read_json(path: Path, what: str = "") -> dict:
     return data
 
 
-def _read_manifest(run_dir: Path) -> dict:
-    return read_json(run_dir / "manifest.json", f": {run_dir} is not a run folder "
-                     "(or its run died before writing the manifest)")
+def _read_manifest(run_dir: Path) -> RunManifest:
+    path = run_dir / "manifest.json"
+    if not path.is_file():
+        raise ReportError(f"{path} is missing: {run_dir} is not a run folder "
+                          "(or its run died before writing the manifest)")
+    try:
+        return RunManifest.from_json(path.read_text())
+    except (OSError, ValueError, TypeError) as exc:
+        raise ReportError(f"cannot read {path}: {str(exc).splitlines()[0]}") from exc
 
 
-def start_key(manifest: dict) -> datetime:
+def start_key(start_time: str | None) -> datetime:
     # Parse rather than compare strings: runs started on hosts with different UTC
     # offsets must still order by real time. Naive times are taken as UTC.
     try:
-        t = datetime.fromisoformat(str(manifest.get("start_time")))
+        t = datetime.fromisoformat(str(start_time))
     except ValueError:
         return datetime.min.replace(tzinfo=timezone.utc)
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
@@ -89,7 +108,7 @@ def _runs_by_start(runs_root: Path) -> list[str]:
         if not d.is_dir():
             continue
         try:
-            keyed.append((start_key(_read_manifest(d)), d.name))
+            keyed.append((start_key(_read_manifest(d).start_time), d.name))
         except ReportError:
             continue  # half-created or foreign folder (ablations/): it cannot be ranked by start time
     return [name for _, name in sorted(keyed)]
@@ -151,47 +170,41 @@ def load_run(run_dir: Path) -> Run:
     """
     run_dir = Path(run_dir)
     manifest = _read_manifest(run_dir)
-    manifest.setdefault("run_id", run_dir.name)
-    if not manifest.get("ranks"):
+    if not manifest.ranks:
         notes = []
         for p in sorted(run_dir.glob("rank*/rank.json")):
             try:
-                notes.append(read_json(p))
-            except ReportError:
+                notes.append(RankInfo.from_json(p.read_text()))
+            except (OSError, ValueError, TypeError):
                 continue  # torn note of a dying rank: peaks become n/a, nothing else depends on it
-        if notes:
-            manifest["ranks"] = notes
+        manifest = dataclasses.replace(manifest, ranks=tuple(notes))
     stages = _read_parts(run_dir, "stages-*.parquet", STAGE_COLUMNS)
-    check_stage_names(str(manifest["run_id"]), stages)
+    check_stage_names(manifest.run_id, stages)
     iterations = _read_parts(run_dir, "iterations-*.parquet", ITERATION_COLUMNS)
-    return Run(manifest=manifest, stages=stages, iterations=iterations)
+    return Run(run_id=manifest.run_id, manifest=manifest, stages=stages, iterations=iterations)
 
 
 # --- the flat frame -----------------------------------------------------------
 
-def effective_flags(manifest: dict) -> dict[str, object]:
-    """Flag -> effective bool; pd.NA for every flag when the manifest predates optimizations."""
-    opts = manifest.get("optimizations")
-    if not isinstance(opts, dict):
+def effective_flags(run: Run) -> dict[str, object]:
+    """Flag -> effective bool; pd.NA for every flag when the run has no manifest (an nsys trace)."""
+    if run.manifest is None:
         return {f: pd.NA for f in FLAGS}
-    effective = opts.get("effective") or {}
-    requested = opts.get("requested") or {}
-    names = list(FLAGS) + sorted((set(effective) | set(requested)) - set(FLAGS))
-    return {f: bool(effective[f]) if f in effective else pd.NA for f in names}
+    return dict(run.manifest.optimizations.effective)
 
 
-def run_info(manifest: dict) -> dict[str, object]:
+def run_info(run: Run) -> dict[str, object]:
     """The per-run columns of the flat frame."""
-    pipeline = manifest.get("pipeline")
+    m = run.manifest
     return {
-        "run_id": str(manifest.get("run_id")),
-        "preset": manifest.get("preset"),
-        "world_size": manifest.get("world_size"),
-        "nodes": manifest.get("nodes"),
-        "device": manifest.get("device"),
-        "status": manifest.get("status"),
-        "pipeline": bool(pipeline) if isinstance(pipeline, bool) else pd.NA,
-        **effective_flags(manifest),
+        "run_id": run.run_id,
+        "preset": m.config.run.preset if m else None,
+        "world_size": run.world_size,
+        "nodes": m.nodes if m else None,
+        "device": m.device if m else "nsys trace",
+        "status": run.status,
+        "pipeline": m.optimizations.pipeline if m else pd.NA,
+        **effective_flags(run),
     }
 
 
@@ -199,7 +212,7 @@ def records(run: Run) -> pd.DataFrame:
     """One run as the flat frame: a row per stage record, its iteration's figures beside it.
 
     Columns: run_id, preset, world_size, nodes, device, status, pipeline, one boolean column per
-    optimization flag (effective value; NA when the manifest does not say), then rank, node,
+    optimization flag (effective value; NA for records without a manifest), then rank, node,
     iteration, warmup, stage, start_ns, end_ns, duration_ms, and from the iteration record
     iter_start_ns, iter_end_ns, iter_ms, samples, loss. An iteration without stage records
     (a run made with --no-timeline) is one row with stage NA; a stage record without an
@@ -224,8 +237,8 @@ def records(run: Run) -> pd.DataFrame:
     df = df.drop(columns=["iter_node", "iter_warmup"])
     df["stage"] = df["stage"].astype(object)  # stays text even when every row lacks a stage
     df["node"] = df["node"].astype("int64")
-    info = run_info(run.manifest)
-    flags = set(effective_flags(run.manifest))
+    info = run_info(run)
+    flags = set(effective_flags(run))
     for name, value in reversed(info.items()):
         col = pd.Series([value] * len(df), index=df.index)
         if name == "pipeline" or name in flags:
@@ -238,10 +251,7 @@ def records(run: Run) -> pd.DataFrame:
 
 
 def load_runs(paths: Iterable[str | Path] | str | Path) -> pd.DataFrame:
-    """Stage records of many run folders in one frame (see `records` for the columns).
-
-    Runs whose manifests name different flags get NA where a run does not name one.
-    """
+    """Stage records of many run folders in one frame (see `records` for the columns)."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     frames = [records(load_run(Path(p))) for p in paths]

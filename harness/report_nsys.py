@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from harness.report_load import STAGE_COLUMNS, ReportError, Run
-from harness.stages import STAGES
+from harness.names import STAGES
 
 RANGE_TYPES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange
 _RANK_NAME = re.compile(r"^\s*rank[\s_:=-]*(\d+)\s*$", re.IGNORECASE)
@@ -97,7 +97,5 @@ def read_nsys(path: Path) -> Run:
     its = st.groupby(["rank", "iteration"], as_index=False).agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
     its = its.assign(run_id=run_id, node=0, iter_ms=(its["end_ns"] - its["start_ns"]) / 1e6, loss=np.nan,
                      samples=np.nan, warmup=False)
-    manifest = {"run_id": run_id, "status": "completed", "source": f"nsys export {path}", "preset": None,
-                "world_size": len(rank_of), "nodes": None, "gpus_per_node": None, "device": "nsys trace",
-                "pids": {str(r): int(p) for p, r in rank_of.items()}}
-    return Run(manifest=manifest, stages=st, iterations=its)
+    return Run(run_id=run_id, manifest=None, stages=st, iterations=its, source=f"nsys export {path}",
+               pids={int(r): int(p) for p, r in rank_of.items()})

@@ -1,6 +1,6 @@
 """Roofline columns: analytic FLOPs and bytes of each stage, against the machine's measured peaks.
 
-The work of a stage is counted from the run's config alone (manifest `config`, `sharding_plan`,
+The work of a stage is counted from the run's config alone (manifest `config`, `plan`,
 `dense_flops_per_sample`), per rank and per iteration. Notation:
 
     W  world size     B  local batch (global batch / W)     G = B * W     D  embedding_dim
@@ -21,8 +21,7 @@ Dense stages (every rank):
 | dense_fwd_bwd | dense_flops_per_sample * B | 4 * (2P weights read forward and backward + P gradients written + 2P all-reduce read/write) + 4 * 3*B*A activations written, read back, their gradients written |
 | dense_update | 6P (Adagrad: g*g, +=, sqrt, +eps, /, lr*) | 4 * 6P: param, grad, state read; param, state written; grads zeroed |
 
-Embedding stages: the sum over the shards of the plan (manifest sharding_plan.tables; the
-older table_owner list means table-wise; no plan: 1/W of every table-wise table). A shard on
+Embedding stages: the sum over the shards of the plan (the manifest's plan). A shard on
 rank q holds c columns and a fraction f of the rows (f = 1 but row-wise, where ids are assumed
 spread evenly over row blocks: f = shard rows / R_t). n = G*H_t*f ids it looks up.
 
@@ -47,12 +46,16 @@ than memory, so low bandwidth fractions there often mean "waiting on the network
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 
+from harness.config import ModelConfig
 from harness.report_load import ReportError, Run
 from harness.report_tables import timed_stages
-from harness.stages import STAGES
+from harness.names import STAGES
+from model.sharding import TablePlan
 
 # FLOPs per embedding element updated by the fused optimizer (see the module docstring).
 EMB_OPT_FLOPS = {"exact_adagrad": 6, "exact_rowwise_adagrad": 4, "exact_sgd": 2}
@@ -60,71 +63,52 @@ EMB_OPT_FLOPS = {"exact_adagrad": 6, "exact_rowwise_adagrad": 4, "exact_sgd": 2}
 EMB_STATE_BYTES = {"exact_adagrad": ("element", 8), "exact_rowwise_adagrad": ("row", 8), "exact_sgd": ("row", 0)}
 
 
-def dense_shape(model: dict) -> tuple[int, int, int]:
+def dense_shape(model: ModelConfig) -> tuple[int, int, int]:
     """(P parameters, A activations a sample, dense FLOPs a sample forward + backward)."""
-    F, D = len(model["table_rows"]), int(model["embedding_dim"])
+    F, D = model.num_sparse, model.embedding_dim
     width = (F + 1) * D
     params = macs = 0
-    w_in = int(model["num_dense"])
-    for w in model["bottom_mlp"]:
+    w_in = model.num_dense
+    for w in model.bottom_mlp:
         params += w_in * w + w
         macs += w_in * w
         w_in = w
-    L, R = int(model["cross_layers"]), int(model["cross_rank"])
+    L, R = model.cross_layers, model.cross_rank
     params += L * (width * R + R * width + width)
     macs += L * 2 * width * R
     w_in = width
-    for w in model["top_mlp"]:
+    for w in model.top_mlp:
         params += w_in * w + w
         macs += w_in * w
         w_in = w
-    acts = int(model["num_dense"]) + sum(model["bottom_mlp"]) + width + L * (R + 2 * width) + sum(model["top_mlp"])
+    acts = model.num_dense + sum(model.bottom_mlp) + width + L * (R + 2 * width) + sum(model.top_mlp)
     return params, acts, 3 * 2 * macs
 
 
-def _shards(manifest: dict, rows: list[int], D: int, W: int) -> list[tuple[str, list[tuple[int, float, int]]]]:
-    """Per table: (kind, [(rank, row fraction, columns), ...]) from whichever plan form the manifest has."""
-    plan = manifest.get("sharding_plan") or {}
-    tables = plan.get("tables")
-    if isinstance(tables, list) and len(tables) == len(rows):
-        out = []
-        for tp, R in zip(tables, rows):
-            shards = [(int(sh["rank"]), (sh["row_end"] - sh["row_start"]) / R if tp["kind"] == "row_wise" else 1.0,
-                       int(sh["col_end"] - sh["col_start"])) for sh in tp["shards"]]
-            out.append((tp["kind"], shards))
-        return out
-    owners = plan.get("table_owner")
-    if isinstance(owners, list) and len(owners) == len(rows):
-        return [("table_wise", [(int(o), 1.0, D)]) for o in owners]
-    # No plan: every rank does 1/W of each table's table-wise work (columns split evenly).
-    return [("table_wise", [(r, 1.0, D / W) for r in range(W)]) for _ in rows]
+def _shards(plan: tuple[TablePlan, ...], rows: list[int]) -> list[tuple[str, list[tuple[int, float, int]]]]:
+    """Per table: (kind, [(rank, row fraction, columns), ...])."""
+    return [(tp.kind, [(sh.rank, sh.rows / R if tp.kind == "row_wise" else 1.0, sh.cols) for sh in tp.shards])
+            for tp, R in zip(plan, rows)]
 
 
 def stage_work(run: Run) -> pd.DataFrame:
     """FLOPs and bytes of each stage on each rank in one iteration (formulas: module docstring).
 
-    Raises ReportError when the manifest lacks what the formulas need.
+    Raises ReportError for records without a manifest (an nsys trace): the formulas need its config.
     """
     m = run.manifest
-    cfg = m.get("config") or {}
-    model = cfg.get("model") or {}
-    need = ("table_rows", "multi_hot", "num_dense", "embedding_dim", "bottom_mlp", "cross_layers",
-            "cross_rank", "top_mlp")
-    lack = [k for k in need if k not in model]
-    world = m.get("world_size")
-    gbatch = m.get("global_batch_size") or (cfg.get("data") or {}).get("global_batch_size")
-    if lack or not world or not gbatch:
-        what = f"config.model lacks {', '.join(lack)}" if lack else "world_size or global_batch_size missing"
-        raise ReportError(f"run {run.run_id}: roofline n/a: manifest {what}")
-    W, G = int(world), int(gbatch)
+    if m is None:
+        raise ReportError(f"run {run.run_id}: roofline n/a: no manifest (records from {run.source or 'elsewhere'})")
+    model = m.config.model
+    W, G = m.world_size, m.config.data.global_batch_size
     B = G // W
-    D = int(model["embedding_dim"])
-    hot, rows = [int(h) for h in model["multi_hot"]], [int(r) for r in model["table_rows"]]
-    P, A, flops_sample = dense_shape(model)
-    flops_sample = m.get("dense_flops_per_sample") or flops_sample
-    opt = (cfg.get("optimizer") or {}).get("embedding_optimizer", "exact_adagrad")
-    k_opt = EMB_OPT_FLOPS.get(opt, EMB_OPT_FLOPS["exact_adagrad"])
-    state_per, state_bytes = EMB_STATE_BYTES.get(opt, EMB_STATE_BYTES["exact_adagrad"])
+    D = model.embedding_dim
+    hot, rows = list(model.multi_hot), list(model.table_rows)
+    P, A, _ = dense_shape(model)
+    flops_sample = m.dense_flops_per_sample
+    opt = m.config.optimizer.embedding_optimizer
+    k_opt = EMB_OPT_FLOPS[opt]
+    state_per, state_bytes = EMB_STATE_BYTES[opt]
     ring = lambda x: 2 * (W - 1) / W * x
     work = {r: {s: [0.0, 0.0] for s in STAGES} for r in range(W)}  # rank -> stage -> [flops, bytes]
 
@@ -136,7 +120,7 @@ def stage_work(run: Run) -> pd.DataFrame:
         for r in range(W):
             add(r, stage, 0.0, nbytes)
 
-    for (kind, shards), H, R in zip(_shards(m, rows, D, W), hot, rows):
+    for (kind, shards), H, R in zip(_shards(m.plan, rows), hot, rows):
         for q, f, c in shards:
             n = G * H * f
             if kind == "data_parallel":
@@ -162,7 +146,7 @@ def stage_work(run: Run) -> pd.DataFrame:
 
 
 def _peaks(run: Run) -> pd.DataFrame:
-    ranks = pd.DataFrame(run.manifest.get("ranks") or [])
+    ranks = pd.DataFrame([dataclasses.asdict(r) for r in run.manifest.ranks] if run.manifest else [])
     out = pd.DataFrame({"rank": ranks["rank"].astype("int64") if "rank" in ranks else pd.Series(dtype="int64")})
     for c in ("gemm_gflops", "copy_gbps"):
         out[c] = pd.to_numeric(ranks[c], errors="coerce") if c in ranks else np.nan

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import nvtx
 import torch
 
-from harness.stages import STAGES
+from harness.names import STAGES
 
 
 @dataclass

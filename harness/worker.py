@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import resource
@@ -11,9 +12,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from harness.config import BenchConfig
 from harness.device import resolve_device
-from harness.planning import plan_from_manifest
+from harness.manifest import RankInfo
 from harness.peaks import measure_copy_gbps, measure_gemm_gflops
 from harness.records import RankRecorder, read_manifest
 from harness.train import train
@@ -39,31 +39,32 @@ def run_rank(run_dir: str) -> dict:
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
     manifest = read_manifest(Path(run_dir))
-    cfg = BenchConfig.from_dict(manifest["config"])
+    cfg = manifest.config
     if int(os.environ["WORLD_SIZE"]) != cfg.run.world_size:
         raise RuntimeError(f"launched with WORLD_SIZE={os.environ['WORLD_SIZE']}, config wants {cfg.run.world_size}")
     node = rank // cfg.run.gpus_per_node
     recorder = RankRecorder(
-        Path(run_dir), run_id=manifest["run_id"], rank=rank, node=node,
+        Path(run_dir), run_id=manifest.run_id, rank=rank, node=node,
         warmup_iters=cfg.run.warmup_iters, local_batch=cfg.local_batch_size,
     )
     try:
         torch.set_num_threads(threads_per_rank(local_world))
         device, backend = resolve_device(cfg.run.device, local_rank)
-        effective = manifest["optimizations"]["effective"]
+        effective = manifest.optimizations.effective
         maybe_avoid_record_streams(effective["avoid_record_streams"])
         dist.init_process_group(backend, timeout=dt.timedelta(seconds=cfg.run.collective_timeout_s))
-        info = {
-            "host": socket.gethostname(), "pid": os.getpid(), "device": str(device), "backend": backend,
-            "threads": torch.get_num_threads(),
-            "gemm_gflops": measure_gemm_gflops(device), "copy_gbps": measure_copy_gbps(device),
-        }
+        info = RankInfo(
+            run_id=manifest.run_id, rank=rank, node=node, host=socket.gethostname(), pid=os.getpid(),
+            device=str(device), backend=backend, threads=torch.get_num_threads(),
+            gemm_gflops=measure_gemm_gflops(device), copy_gbps=measure_copy_gbps(device),
+        )
         recorder.write_info(info)
-        result = train(cfg, rank=rank, device=device, recorder=recorder, plan=plan_from_manifest(manifest),
+        result = train(cfg, rank=rank, device=device, recorder=recorder, plan=list(manifest.plan),
                        effective=effective)
-        info["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-        if device.type == "cuda":
-            info["peak_gpu_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        info = dataclasses.replace(
+            info, peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            peak_gpu_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+        )
         recorder.write_info(info)
         return {"rank": rank, "final_loss": result.losses[-1] if result.losses else None}
     except BaseException as exc:

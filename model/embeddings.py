@@ -14,19 +14,14 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     SplitTableBatchedEmbeddingBagsCodegen,
 )
 
+from model.names import EMBEDDING_OPTIMIZERS as EMBEDDING_OPTIMIZER_NAMES
+
 # fbgemm's CPU dense TBE registers its backward the old way and torch warns on every backward;
 # its gradients equal nn.EmbeddingBag's exactly (tests/test_embeddings.py checks them).
 warnings.filterwarnings("ignore", message="fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel")
 
-# The fused optimizers fbgemm's CPU and CUDA kernels both support (Adam is CUDA-only).
-EMBEDDING_OPTIMIZERS = {
-    "exact_adagrad": EmbOptimType.EXACT_ADAGRAD,
-    "exact_rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-    "exact_sgd": EmbOptimType.EXACT_SGD,
-}
-
-# Optimizer state a weight element carries, in floats per element (for memory planning).
-STATE_PER_ELEMENT = {"exact_adagrad": 1.0, "exact_rowwise_adagrad": 0.0, "exact_sgd": 0.0}
+# fbgemm's enum for each optimizer name (the names live torch-free in model/names.py).
+EMBEDDING_OPTIMIZERS = {name: getattr(EmbOptimType, name.upper()) for name in EMBEDDING_OPTIMIZER_NAMES}
 
 INIT_CHUNK_ROWS = 65536
 """Init draws come in chunks of this many full rows, each from its own seed: any shard's

@@ -13,10 +13,9 @@ times a column range on one rank), so placement, memory and cost are computed on
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
-SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
+from model.names import SHARDING_TYPES
 
 
 @dataclass(frozen=True)
@@ -40,13 +39,6 @@ class Shard:
 class TablePlan:
     kind: str
     shards: tuple[Shard, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "shards": [asdict(s) for s in self.shards]}
-
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> "TablePlan":
-        return TablePlan(kind=d["kind"], shards=tuple(Shard(**s) for s in d["shards"]))
 
 
 def table_wise(rows: int, dim: int, rank: int) -> TablePlan:

@@ -10,10 +10,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _rank_main(rank: int, world: int, cfg_dict: dict, plan: list[dict], out: str, device: str) -> None:
-    from harness.config import BenchConfig
+def _rank_main(rank: int, world: int, cfg, plan: list, out: str, device: str) -> None:
     from harness.train import train
-    from model.sharding import TablePlan
 
     torch.set_num_threads(1)
     if device == "cuda":
@@ -22,8 +20,7 @@ def _rank_main(rank: int, world: int, cfg_dict: dict, plan: list[dict], out: str
     dist.init_process_group(backend, init_method=f"file://{out}/store", rank=rank, world_size=world)
     try:
         dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
-        result = train(BenchConfig.from_dict(cfg_dict), rank=rank, device=dev, recorder=None,
-                       plan=[TablePlan.from_dict(d) for d in plan], keep_weights=True)
+        result = train(cfg, rank=rank, device=dev, recorder=None, plan=plan, keep_weights=True)
         torch.save(result.__dict__, os.path.join(out, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -32,6 +29,6 @@ def _rank_main(rank: int, world: int, cfg_dict: dict, plan: list[dict], out: str
 def run_ranks(cfg, plan, tmp_path: Path, device: str = "cpu") -> list[dict]:
     """One TrainResult dict per rank, in rank order (gloo on CPU, NCCL with one GPU a rank on CUDA)."""
     world = cfg.run.world_size
-    plan_dicts = [tp.to_dict() for tp in plan]
-    mp.spawn(_rank_main, args=(world, cfg.to_dict(), plan_dicts, str(tmp_path), device), nprocs=world, join=True)
+    # The frozen config and plan dataclasses pickle as they are.
+    mp.spawn(_rank_main, args=(world, cfg, list(plan), str(tmp_path), device), nprocs=world, join=True)
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]  # our own files

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 
 import pandas as pd
 import pytest
@@ -10,7 +9,9 @@ import pytest
 import harness.cli
 from harness.cli import main
 from harness.report import load_run
-from harness.stages import STAGES
+from harness.manifest import RunManifest, RunStatus
+from harness.names import STAGES
+from tests.test_report_builders import manifest_for
 
 
 @pytest.fixture
@@ -71,7 +72,7 @@ def test_report_of_unknown_run_lists_existing(tmp_path, capsys):
     runs = tmp_path / "runs"
     (runs / "20260101-000000-tiny-1x2-aaaa").mkdir(parents=True)
     (runs / "20260101-000000-tiny-1x2-aaaa" / "manifest.json").write_text(
-        json.dumps({"run_id": "20260101-000000-tiny-1x2-aaaa", "start_time": "2026-01-01T00:00:00+00:00"})
+        manifest_for("20260101-000000-tiny-1x2-aaaa", world_size=2, start_time="2026-01-01T00:00:00+00:00").to_json()
     )
     code = exit_code(["report", "--run", "nope", "--runs-root", str(runs), "--reports-root", str(tmp_path / "rep")])
     err = capsys.readouterr().err
@@ -96,13 +97,14 @@ def test_bench_tiny_two_simulated_nodes_end_to_end(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     run_dir = only_run(runs)
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["status"] == "completed" and manifest["error"] is None
-    assert manifest["world_size"] == 2 and manifest["nodes"] == 2
-    assert manifest["config"]["data"]["global_batch_size"] == 96
-    assert {"torch", "fbgemm_gpu", "python"} <= set(manifest["versions"])
-    assert "commit" in manifest["git"] and manifest["hosts"]
-    assert [r["rank"] for r in manifest["ranks"]] == [0, 1] and all(r["peak_rss_gib"] > 0 for r in manifest["ranks"])
+    manifest = RunManifest.from_json((run_dir / "manifest.json").read_text())
+    assert manifest.status == RunStatus(state="completed", error=None) and manifest.end_time
+    assert manifest.world_size == 2 and manifest.nodes == 2
+    assert manifest.config.data.global_batch_size == 96
+    assert manifest.versions.torch and manifest.versions.fbgemm_gpu and manifest.versions.python
+    assert manifest.git.commit and manifest.hosts
+    assert [r.rank for r in manifest.ranks] == [0, 1] and all(r.peak_rss_gib > 0 for r in manifest.ranks)
+    assert len(manifest.plan) == 26 and manifest.optimizations.pipeline
 
     stages = read_parts(run_dir, "stages")
     iters = read_parts(run_dir, "iterations")
@@ -169,9 +171,9 @@ def test_injected_fault_fails_run_and_keeps_records(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 1
     run_dir = only_run(runs)
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["status"] == "failed"
-    assert "rank 1: harness.train.InjectedFault: injected fault on rank 1 at iteration 3" in manifest["error"]
+    manifest = RunManifest.from_json((run_dir / "manifest.json").read_text())
+    assert manifest.status.state == "failed"
+    assert "rank 1: harness.train.InjectedFault: injected fault on rank 1 at iteration 3" in manifest.status.error
     assert "failed" in err and str(run_dir) in err
     iters = read_parts(run_dir, "iterations")
     for rank in (0, 1):  # iterations before the fault were flushed and stay readable

@@ -3,7 +3,6 @@ hand-off, the splits fallback, and the ablation's bookkeeping."""
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import threading
@@ -28,17 +27,17 @@ from tests.test_sharded_training import MIXED
 def test_cuda_only_flags_are_inactive_on_cpu_with_reasons():
     res = resolve(OptimizationsConfig(**{f: True for f in OPTIMIZATION_FLAGS}), cuda=False,
                   plan_kinds=["table_wise", "row_wise"])
-    assert res["effective"] == {"cuda_graphs": False, "threaded_input_dist": True, "pinned_d2h": False,
-                                "avoid_record_streams": False, "skip_splits_a2a": True}
-    assert "CUDA only" in res["inactive_reasons"]["cuda_graphs"]
-    assert "NCCL only" in res["inactive_reasons"]["avoid_record_streams"]
-    assert "row-wise" in res["notes"]["skip_splits_a2a"]
+    assert res.effective == {"cuda_graphs": False, "threaded_input_dist": True, "pinned_d2h": False,
+                             "avoid_record_streams": False, "skip_splits_a2a": True}
+    assert "CUDA only" in res.inactive_reasons["cuda_graphs"]
+    assert "NCCL only" in res.inactive_reasons["avoid_record_streams"]
+    assert "row-wise" in res.notes["skip_splits_a2a"]
     text = describe(res)
     assert text.count("INACTIVE") == 3 and "threaded_input_dist: on" in text
     only_rw = resolve(OptimizationsConfig(skip_splits_a2a=True), cuda=False, plan_kinds=["row_wise"])
-    assert not only_rw["effective"]["skip_splits_a2a"] and "skip_splits_a2a" in only_rw["inactive_reasons"]
+    assert not only_rw.effective["skip_splits_a2a"] and "skip_splits_a2a" in only_rw.inactive_reasons
     on_gpu = resolve(OptimizationsConfig(**{f: True for f in OPTIMIZATION_FLAGS}), cuda=True, plan_kinds=["table_wise"])
-    assert all(on_gpu["effective"].values()) and not on_gpu["inactive_reasons"]
+    assert all(on_gpu.effective.values()) and not on_gpu.inactive_reasons
 
 
 def test_dependent_flags_are_checked_when_built():
@@ -119,17 +118,14 @@ def test_ablation_runs_each_config_and_repeats_only_active_ones(tmp_path, capsys
     assert "+skip_splits_a2a" in names and "all-cuda_graphs" in names
     calls = []
 
-    def fake_bench(ns):
-        calls.append((ns.run_id, {f: getattr(ns, f) for f in OPTIMIZATION_FLAGS}))
+    def fake_bench(cfg, run_id):
+        calls.append((run_id, cfg.optimizations.requested()))
         return 0
 
-    def fake_check(ns):
-        return resolve(OptimizationsConfig(**{f: getattr(ns, f) for f in OPTIMIZATION_FLAGS}), cuda=False,
-                       plan_kinds=["table_wise"])
+    def fake_check(cfg):
+        return resolve(cfg.optimizations, cuda=False, plan_kinds=["table_wise"])
 
-    args = argparse.Namespace(preset="tiny", nodes=1, gpus_per_node=2, repeats=3, pipeline=True,
-                              runs_root=tmp_path, opts="none", run_id=None, **{f: None for f in OPTIMIZATION_FLAGS})
-    assert run_ablation(args, bench=fake_bench, check=fake_check) == 0
+    assert run_ablation(tiny(), repeats=3, runs_root=tmp_path, bench=fake_bench, check=fake_check) == 0
     (folder,) = (tmp_path / "ablations").iterdir()
     manifest = json.loads((folder / "ablation.json").read_text())
     by_name = {c["name"]: c for c in manifest["configs"]}

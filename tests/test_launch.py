@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import pytest
 
 from harness.cli import main
 from harness.launch import choose_launch, free_port, node_commands
+from harness.manifest import RunManifest
 from harness.presets import tiny
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,8 +64,8 @@ def test_two_hosts_by_rendezvous_on_loopback(tmp_path):
     ]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    manifest = json.loads((runs / "twohosts" / "manifest.json").read_text())
-    assert manifest["status"] == "completed" and manifest["launcher"] == "torchrun"
+    manifest = RunManifest.from_json((runs / "twohosts" / "manifest.json").read_text())
+    assert manifest.status.state == "completed" and manifest.launcher == "torchrun"
     its = pd.concat(pd.read_parquet(p) for p in (runs / "twohosts").glob("rank*/iterations-*.parquet"))
     assert sorted(set(zip(its["rank"], its["node"]))) == [(0, 0), (1, 1)]
 
@@ -77,9 +77,9 @@ def test_hung_rank_fails_the_job_within_the_timeout(tmp_path, capsys):
     elapsed = time.monotonic() - start
     assert code == 1
     (run_dir,) = (tmp_path / "runs").iterdir()
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["status"] == "failed"
-    assert manifest["error"].startswith("rank 1: injected stall on rank 1 at iteration 2")
+    manifest = RunManifest.from_json((run_dir / "manifest.json").read_text())
+    assert manifest.status.state == "failed"
+    assert manifest.status.error.startswith("rank 1: injected stall on rank 1 at iteration 2")
     assert elapsed < 120, f"took {elapsed:.0f} s to notice a 5 s timeout"
     its = pd.concat(pd.read_parquet(p) for p in run_dir.glob("rank*/iterations-*.parquet"))
     assert set(its.loc[its["rank"] == 0, "iteration"]) >= {0, 1}

@@ -33,3 +33,22 @@ def test_valid_knobs_pass():
     out = subprocess.run(["make", "-s", "check-bench-knobs", "PRESET=tiny", "NODES=16", "GPUS_PER_NODE=1"],
                          cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_valid_values_come_from_the_names_module():
+    from harness.names import PRESET_NAMES, SHARDING_KINDS
+
+    out = subprocess.run(["make", "-s", "--no-print-directory", "check-bench-knobs", "SHARDING=diagonal"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode != 0 and f"valid values: {' '.join(SHARDING_KINDS)}" in out.stderr
+    assert f"PRESET={'|'.join(PRESET_NAMES)}" in subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True,
+                                                               text=True).stdout
+
+
+def test_only_the_knobs_set_are_passed():
+    out = subprocess.run(["make", "-n", "--no-print-directory", "bench", "PRESET=tiny", "ITERS=4"],
+                         cwd=ROOT, capture_output=True, text=True)
+    (line,) = [x for x in out.stdout.splitlines() if "-m harness bench" in x]
+    assert "--preset tiny" in line and "--iters 4" in line
+    for unset in ("--nodes", "--gpus-per-node", "--warmup", "--sharding"):
+        assert unset not in line  # left to the preset, not repeated in the Makefile

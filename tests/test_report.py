@@ -5,7 +5,6 @@ independently (numpy on the raw lists, or by hand), and warm-up rows carry huge
 values so that counting them would visibly change every statistic.
 """
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +15,11 @@ from harness.report import (
     STAGES, ReportError, format_summary, iteration_summary, load_run, report_main,
     resolve_run, stage_summary, write_report,
 )
+from tests.test_report_builders import manifest_for
 
 WARMUP = {0, 1}  # iterations 0 and 1 are warm-up in every hand-built run
 WARMUP_MS = 1000.0
+
 SAMPLES = 4  # local samples a rank an iteration
 # iter_ms by rank, iterations 0..4; the first two are warm-up.
 ITER_MS = {0: [500.0, 400.0, 10.0, 12.0, 14.0],
@@ -58,10 +59,8 @@ def make_run(root: Path, run_id: str, *, start_time="2024-05-01T10:00:00+00:00",
     d = root / run_id
     for r in (0, 1):
         (d / f"rank{r:05d}").mkdir(parents=True)
-    manifest = dict(run_id=run_id, status=status, error=error, start_time=start_time,
-                    end_time=None, world_size=2, nodes=1, gpus_per_node=2, device="cpu",
-                    preset="tiny", global_batch_size=2 * SAMPLES, config={"model": {}})
-    (d / "manifest.json").write_text(json.dumps(manifest))
+    manifest = manifest_for(run_id, world_size=2, status=status, error=error, start_time=start_time, samples=SAMPLES)
+    (d / "manifest.json").write_text(manifest.to_json())
     r0 = d / "rank00000"
     stage_rows(run_id, 0, range(0, 3)).to_parquet(r0 / "stages-00000.parquet")
     stage_rows(run_id, 0, range(3, 5)).to_parquet(r0 / "stages-00001.parquet")
@@ -195,7 +194,7 @@ def test_running_run_is_flagged_incomplete(tmp_path):
 def test_only_warmup_is_an_error(tmp_path):
     d = tmp_path / "w"
     (d / "rank00000").mkdir(parents=True)
-    (d / "manifest.json").write_text(json.dumps(dict(run_id="w", status="running", world_size=1)))
+    (d / "manifest.json").write_text(manifest_for("w", world_size=1, status="running").to_json())
     stage_rows("w", 0, [0, 1]).to_parquet(d / "rank00000" / "stages-00000.parquet")
     iteration_rows("w", 0, [0, 1]).to_parquet(d / "rank00000" / "iterations-00000.parquet")
     run = load_run(d)
@@ -203,7 +202,7 @@ def test_only_warmup_is_an_error(tmp_path):
         format_summary(run)
     empty = tmp_path / "e"
     empty.mkdir()
-    (empty / "manifest.json").write_text(json.dumps(dict(run_id="e", status="running", world_size=1)))
+    (empty / "manifest.json").write_text(manifest_for("e", world_size=1, status="running").to_json())
     with pytest.raises(ReportError, match="no non-warm-up"):
         format_summary(load_run(empty))
 

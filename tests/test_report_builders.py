@@ -5,12 +5,17 @@ Times are given in ms (exact in ns) so expectations can be written by hand.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pandas as pd
 
-from harness.stages import STAGES
+from harness.config import DataConfig, ModelConfig, OptimizerConfig, RunConfig
+from harness.manifest import GitState, PlanEstimate, RankEstimate, ResolvedFlags, RunManifest, RunStatus, Versions
+from harness.names import OPTIMIZATION_FLAGS, STAGES
+from harness.presets import tiny
+from model.sharding import table_wise
 
 FLAGS2 = ["cuda_graphs", "skip_splits_a2a"]
 
@@ -37,7 +42,8 @@ def sequential(rank, iterations, durations, *, node=0, warmup_iters=0, t0=0.0, g
 def write_run(root: Path, run_id: str, spans: list[dict], iters: dict, *, world_size: int, nodes: int = 1,
               status: str = "completed", samples: int = 4, manifest: dict | None = None,
               warmup_iters: int = 0) -> Path:
-    """A run folder: manifest.json and per-rank parquet parts. iters: {(rank, it): (start_ms, end_ms)}."""
+    """A run folder: manifest.json and per-rank parquet parts. iters: {(rank, it): (start_ms, end_ms)};
+    manifest: keyword arguments of manifest_for."""
     d = Path(root) / run_id
     ranks = sorted({s["rank"] for s in spans} | {r for r, _ in iters})
     node_of = {s["rank"]: s["node"] for s in spans}
@@ -57,14 +63,58 @@ def write_run(root: Path, run_id: str, spans: list[dict], iters: dict, *, world_
             st.to_parquet(d / f"rank{r:05d}" / "stages-00000.parquet")
         if not it.empty:
             it.to_parquet(d / f"rank{r:05d}" / "iterations-00000.parquet")
-    m = dict(run_id=run_id, status=status, error=None if status == "completed" else "RuntimeError: boom",
-             start_time="2024-05-01T10:00:00+00:00", end_time=None, preset="tiny", world_size=world_size,
-             nodes=nodes, gpus_per_node=world_size // nodes, device="cpu", global_batch_size=samples * world_size,
-             config={"model": {}, "run": {"timeline": True, "warmup_iters": warmup_iters}})
-    m.update(manifest or {})
     d.mkdir(parents=True, exist_ok=True)
-    (d / "manifest.json").write_text(json.dumps(m))
+    m = manifest_for(run_id, world_size=world_size, nodes=nodes, status=status, samples=samples,
+                     warmup_iters=warmup_iters, **(manifest or {}))
+    (d / "manifest.json").write_text(m.to_json())
     return d
+
+
+def flags_for(requested: dict | None = None, reasons: dict | None = None, *, pipeline: bool = False,
+              notes: dict | None = None) -> ResolvedFlags:
+    """Resolved flags: the named ones requested, effective unless they have a reason."""
+    req = {f: bool((requested or {}).get(f)) for f in OPTIMIZATION_FLAGS}
+    return ResolvedFlags(pipeline=pipeline, requested=req,
+                         effective={f: v and f not in (reasons or {}) for f, v in req.items()},
+                         inactive_reasons=dict(reasons or {}), notes=dict(notes or {}))
+
+
+def manifest_for(run_id: str, *, world_size: int, nodes: int = 1, status: str = "completed", samples: int = 4,
+                 warmup_iters: int = 0, start_time: str = "2024-05-01T10:00:00+00:00", error: str | None = None,
+                 model: ModelConfig | None = None, embedding_optimizer: str = "exact_adagrad",
+                 timeline: bool = True, flags: ResolvedFlags | None = None, plan: tuple | None = None,
+                 ranks: tuple = (), dense_flops_per_sample: float = 1000.0) -> RunManifest:
+    """A complete manifest of a `tiny` run (or of `model`), table-wise tables round robin over the ranks."""
+    cfg = tiny()
+    model = model or cfg.model
+    cfg = cfg.replace(
+        model=model, optimizer=OptimizerConfig(embedding_optimizer=embedding_optimizer),
+        data=DataConfig(global_batch_size=samples * world_size),
+        run=RunConfig(preset="tiny", nodes=nodes, gpus_per_node=world_size // nodes, warmup_iters=warmup_iters,
+                      timeline=timeline),
+    )
+    if plan is None:
+        plan = tuple(table_wise(r, model.embedding_dim, t % world_size) for t, r in enumerate(model.table_rows))
+    if error is None and status == "failed":
+        error = "RuntimeError: boom"
+    return RunManifest(
+        run_id=run_id, config=cfg, status=RunStatus(state=status, error=error), start_time=start_time,
+        launcher="local-simulation", launcher_host="test", argv=(), node_commands=(), device="cpu",
+        optimizations=flags or flags_for(), plan=plan,
+        plan_estimate=PlanEstimate(hardware="cpu", memory_gib=1.0, memory_gbps=1.0, intra_node_gbps=1.0,
+                                   inter_node_gbps=1.0, link="intra-node",
+                                   ranks=tuple(RankEstimate(rank=r, node=0, memory_gib=0.0, est_ms=0.0, shards=())
+                                               for r in range(world_size))),
+        dense_flops_per_sample=dense_flops_per_sample,
+        versions=Versions(python="3", torch="t", fbgemm_gpu="f", numpy="n", pandas="p"),
+        git=GitState(commit=None, dirty=None), ranks=ranks,
+    )
+
+
+def rewrite_manifest(run_dir: Path, **changes) -> None:
+    """Replace fields of a written run's manifest (as a test wants it)."""
+    path = Path(run_dir) / "manifest.json"
+    path.write_text(dataclasses.replace(RunManifest.from_json(path.read_text()), **changes).to_json())
 
 
 def iter_run(root: Path, run_id: str, iter_ms: dict[int, list[float]], *, warmup: list[float] = (),
@@ -79,11 +129,7 @@ def iter_run(root: Path, run_id: str, iter_ms: dict[int, list[float]], *, warmup
                 spans.append(span(rank, i, name, t + s * ms / 5, t + (s + 1) * ms / 5, warmup=i < len(warmup)))
             iters[(rank, i)] = (t, t + ms)
             t += ms
-    extra = {}
-    if flags is not None:
-        extra["optimizations"] = {"requested": flags, "effective": {f: v and f not in (reasons or {})
-                                                                    for f, v in flags.items()},
-                                  "inactive_reasons": reasons or {}}
+    extra = {} if flags is None else {"flags": flags_for(flags, reasons)}
     return write_run(root, run_id, spans, iters, world_size=len(iter_ms), warmup_iters=len(warmup), manifest=extra)
 
 

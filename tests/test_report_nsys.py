@@ -6,7 +6,7 @@ import pytest
 
 from harness.report import ReportError, report_main
 from harness.report_nsys import read_nsys
-from harness.stages import STAGES
+from harness.names import STAGES
 
 MS = 1_000_000  # ns
 HW = 1 << 48  # nsys puts a hardware/VM id above the pid: it must be masked off
@@ -67,8 +67,8 @@ def trace(tmp_path, *, rank_names=False, domains=False, name="trace"):
 def test_ranges_become_stage_records(tmp_path):
     run = read_nsys(trace(tmp_path))
     st = run.stages
-    assert run.run_id == "trace" and run.manifest["world_size"] == 2
-    assert run.manifest["pids"] == {"0": 4242, "1": 1717}
+    assert run.run_id == "trace" and run.world_size == 2 and run.manifest is None
+    assert run.pids == {0: 4242, 1: 1717}
     assert set(st["stage"]) == set(STAGES)
     r0 = st[st["rank"] == 0].sort_values("start_ns")
     assert len(r0) == 15 and list(r0["iteration"]) == [i for i in range(3) for _ in STAGES]
@@ -87,10 +87,10 @@ def test_ranges_become_stage_records(tmp_path):
 
 def test_rank_names_win_over_first_appearance(tmp_path):
     run = read_nsys(trace(tmp_path, rank_names=True))
-    assert run.manifest["pids"] == {"1": 4242, "0": 1717}
+    assert run.pids == {1: 4242, 0: 1717}
     r1 = run.stages[run.stages["rank"] == 1]
     assert r1["duration_ms"].min() == 1.0  # pid 4242's 1 ms input_dist is now rank 1's
-    assert read_nsys(trace(tmp_path, domains=True, name="dom")).manifest["pids"] == {"3": 4242, "2": 1717}
+    assert read_nsys(trace(tmp_path, domains=True, name="dom")).pids == {3: 4242, 2: 1717}
 
 
 def test_report_main_nsys(tmp_path, capsys):

@@ -1,6 +1,5 @@
 """report_main end to end: the files of a run report, self-contained HTML, incomplete runs, errors."""
 
-import json
 import re
 
 import numpy as np
@@ -10,7 +9,7 @@ import pytest
 from harness.report import report_main
 from harness.report_html import Doc, fmt
 from harness.report_load import FLAGS
-from tests.test_report_builders import sequential, write_run
+from tests.test_report_builders import flags_for, rewrite_manifest, sequential, write_run
 from tests.test_report_tables import dur, four_ranks
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -20,12 +19,9 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def two_node_report(tmp_path_factory):
     root = tmp_path_factory.mktemp("r")
     d = four_ranks(root / "runs")
-    m = json.loads((d / "manifest.json").read_text())
-    flags = {f: True for f in FLAGS}
-    m["optimizations"] = {"pipeline": False, "requested": flags, "effective": {**flags, "cuda_graphs": False},
-                          "inactive_reasons": {"cuda_graphs": "CUDA only: this run is on cpu"},
-                          "notes": {"skip_splits_a2a": "row-wise tables still exchange their splits"}}
-    (d / "manifest.json").write_text(json.dumps(m))
+    rewrite_manifest(d, optimizations=flags_for(
+        {f: True for f in FLAGS}, {"cuda_graphs": "CUDA only: this run is on cpu"},
+        notes={"skip_splits_a2a": "row-wise tables still exchange their splits"}))
     assert report_main(run="latest", runs_root=root / "runs", reports_root=root / "rep") == 0
     return root / "rep" / "two-nodes"
 
@@ -51,7 +47,7 @@ def test_run_report_markdown_and_html(two_node_report):
                     "## Stages per node (mean ms)", "## Stragglers", "## Input distribution hidden by the pipeline",
                     "## Roofline", "## Optimizations", "## Plots"):
         assert heading in md
-    assert "roofline n/a: manifest config.model lacks table_rows" in md
+    assert "roofline n/a" not in md
     assert "| cuda_graphs | yes | no | CUDA only: this run is on cpu |  |" in md
     assert "| skip_splits_a2a | yes | yes |  | row-wise tables still exchange their splits |" in md
     assert "![Per-rank timeline" in md and "(timeline.png)" in md
@@ -80,7 +76,7 @@ def test_failed_partial_run_is_flagged(tmp_path, capsys):
 def test_run_without_stage_timing(tmp_path):
     _, its = sequential(0, range(5), lambda r, i, s: 2.0, warmup_iters=2)
     write_run(tmp_path / "runs", "notl", [], its, world_size=1, warmup_iters=2,
-              manifest={"config": {"run": {"timeline": False}}})
+              manifest={"timeline": False})
     assert report_main(run="notl", runs_root=tmp_path / "runs", reports_root=tmp_path / "rep") == 0
     out = tmp_path / "rep" / "notl"
     assert "No stage records" in (out / "report.md").read_text()

@@ -102,7 +102,7 @@ def test_mixed_plan_matches_unsharded_reference(world, tmp_path):
 def test_table_wise_on_three_ranks_is_uneven():
     cfg = tiny(nodes=1, gpus_per_node=3).replace(sharding=ShardingConfig(kind="table_wise"))
     plan, desc = make_plan(cfg, ranks_per_host=3)
-    counts = sorted(len(r["shards"]) for r in desc["ranks"])
+    counts = sorted(len(r.shards) for r in desc.ranks)
     assert sum(counts) == 26 and counts[0] != counts[-1]
 
 

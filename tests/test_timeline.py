@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from harness.stages import STAGES
+from harness.names import STAGES
 from harness.timeline import Timeline
 
 

@@ -1,0 +1,40 @@
+"""Every name a user, a report or the Makefile chooses from, importable without torch or fbgemm.
+
+The Makefile reads the valid knob values from here with the system python3 before .venv
+exists; the report side reads the flag and stage names without importing the config's
+heavy neighbours. model/ owns the names of its own concepts (model/names.py).
+"""
+
+from model.names import EMBEDDING_OPTIMIZERS, SHARDING_TYPES
+
+STAGES = ("input_dist", "emb_fwd", "dense_fwd_bwd", "emb_bwd", "dense_update")
+"""The five stages of one iteration (design.md), in execution order. Records, reports and tests use exactly these."""
+
+OPTIMIZATION_FLAGS = ("cuda_graphs", "threaded_input_dist", "pinned_d2h", "avoid_record_streams", "skip_splits_a2a")
+"""The published optimizations (design.md), each one flag; the ablation switches these."""
+
+SHARDING_KINDS = ("auto", *SHARDING_TYPES)
+"""`--sharding` / SHARDING=: the planner picks per table (auto), or one type forced on every table."""
+
+HARDWARE_PROFILES = ("cpu", "h100")
+"""Bandwidth and memory profiles the planner knows (harness/planning.py)."""
+
+DEVICES = ("auto", "cpu", "cuda")
+"""What ranks run on: auto takes CUDA when present."""
+
+PRESET_NAMES = ("mlperf", "small", "tiny")
+"""The presets (harness/presets.py defines one function for each)."""
+
+ENGINES = ("harness", "torchrec")
+"""Who trains: this project's sharded embeddings and loop, or stock TorchRec on the same config."""
+
+DENSE_PRECISIONS = ("fp32", "bf16")
+"""The dense arch's arithmetic: float32, or bf16 mixed precision (changes the numbers by design)."""
+
+RUN_STATES = ("running", "completed", "failed")
+"""A run's status moves running -> completed | failed (design.md, "Run records")."""
+
+__all__ = [
+    "DENSE_PRECISIONS", "DEVICES", "EMBEDDING_OPTIMIZERS", "ENGINES", "HARDWARE_PROFILES", "OPTIMIZATION_FLAGS",
+    "PRESET_NAMES", "RUN_STATES", "SHARDING_KINDS", "SHARDING_TYPES", "STAGES",
+]

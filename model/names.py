@@ -1,0 +1,13 @@
+"""Names model/ owns, importable without torch or fbgemm (the report side and the Makefile read them).
+
+model/embeddings.py maps the optimizer names to fbgemm's enum; model/sharding.py builds the kinds.
+"""
+
+SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
+"""How one embedding table is spread over ranks (model/sharding.py)."""
+
+EMBEDDING_OPTIMIZERS = ("exact_adagrad", "exact_rowwise_adagrad", "exact_sgd")
+"""The fused optimizers fbgemm's CPU and CUDA kernels both support (Adam is CUDA-only)."""
+
+STATE_PER_ELEMENT = {"exact_adagrad": 1.0, "exact_rowwise_adagrad": 0.0, "exact_sgd": 0.0}
+"""Optimizer state a weight element carries, in floats per element (for memory planning)."""
