@@ -12,8 +12,8 @@ import torch.distributed as dist
 
 from harness.config import BenchConfig
 from harness.data import SyntheticCriteo
-from harness.cuda_graph_step import DenseStep
-from harness.data_parallel import FlatGradients
+from harness.dense_step import DenseStep
+from harness.dense_gradients import FlatGradients
 from harness.input_pipeline import InputFeeder
 from harness.pinned_d2h import HostCopies
 from harness.records import RankRecorder

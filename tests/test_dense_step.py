@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.cuda_graph_step import DenseStep, graph_input_shapes
-from harness.data_parallel import FlatGradients
+from harness.dense_step import DenseStep, graph_input_shapes
+from harness.dense_gradients import FlatGradients
 
 B, ND, PW = 6, 5, 12
 

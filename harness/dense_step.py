@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.data_parallel import FlatGradients
+from harness.dense_gradients import FlatGradients
 
 # Enough for the lazy one-time work (cuBLAS handles and workspaces, autograd's per-stream
 # state, the NCCL communicator) to happen outside the capture, where it is not allowed.
