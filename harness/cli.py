@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 from harness import records, report
-from harness.config import OPTIMIZATION_FLAGS, BenchConfig, DataConfig, OptimizationsConfig, ShardingConfig
+from harness.config import (
+    DENSE_PRECISIONS, OPTIMIZATION_FLAGS, BenchConfig, DataConfig, OptimizationsConfig, PrecisionConfig, ShardingConfig,
+)
 from harness.device import describe_device
 from harness.presets import PRESETS
 from harness.launch import LaunchFailed, choose_launch, node_commands
@@ -97,6 +99,9 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
                      help="start from no flags or all flags; --X/--no-X then change single ones")
     for flag in OPTIMIZATION_FLAGS:
         opt.add_argument(f"--{flag.replace('_', '-')}", dest=flag, action=argparse.BooleanOptionalAction, default=None)
+    bench.add_argument("--dense-precision", choices=list(DENSE_PRECISIONS), default="fp32",
+                       help="bf16: dense forward under autocast, fp32 weights and optimizer state; changes the "
+                            "numbers by design (recorded in the manifest), so it is no optimization flag")
     bench.add_argument("--ragged-every", type=int, default=0,
                        help="every k-th batch has variable hotness (exercises skip_splits_a2a's fallback)")
     shard = bench.add_argument_group("sharding")
@@ -136,14 +141,15 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     base = args.opts == "all"
     flags = {f: getattr(args, f) if getattr(args, f) is not None else base for f in OPTIMIZATION_FLAGS}
     return cfg.replace(data=data, sharding=sharding,
-                       optimizations=OptimizationsConfig(pipeline=args.pipeline, **flags))
+                       optimizations=OptimizationsConfig(pipeline=args.pipeline, **flags),
+                       precision=PrecisionConfig(dense=args.dense_precision))
 
 
 def plan_and_flags(cfg: BenchConfig, *, ranks_per_host: int) -> tuple[dict, dict]:
     """The sharding plan's description and the resolved optimization flags (raises ValueError)."""
     plan, plan_desc = make_plan(cfg, ranks_per_host=ranks_per_host)
     flags = resolve(cfg.optimizations, cuda=describe_device(cfg.run.device).startswith("cuda"),
-                    plan_kinds=[tp.kind for tp in plan])
+                    plan_kinds=[tp.kind for tp in plan], precision=cfg.precision)
     return plan_desc, flags
 
 

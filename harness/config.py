@@ -186,6 +186,24 @@ class OptimizationsConfig:
         return {f: getattr(self, f) for f in OPTIMIZATION_FLAGS}
 
 
+DENSE_PRECISIONS = ("fp32", "bf16")
+"""Precisions the dense arch can run in (harness/dense_step.py maps each to an autocast dtype)."""
+
+
+@dataclass(kw_only=True, frozen=True)
+class PrecisionConfig:
+    """Numeric precision. Not an optimization flag: anything but fp32 changes the numbers by
+    design, and the manifest says so (harness/optimizations.resolve)."""
+
+    dense: str = "fp32"
+    """fp32, or bf16: the dense arch's forward under torch.autocast(bfloat16), with fp32 weights,
+    gradients, optimizer state and loss (mixed precision as GPU MLPerf submissions run it)."""
+
+    def __post_init__(self) -> None:
+        if self.dense not in DENSE_PRECISIONS:
+            raise ValueError(f"precision.dense {self.dense!r} is not one of {list(DENSE_PRECISIONS)}")
+
+
 @dataclass(kw_only=True, frozen=True)
 class RunConfig:
     """What to run and where, and how to measure it."""
@@ -241,6 +259,8 @@ class BenchConfig:
     """Embedding sharding."""
     optimizations: OptimizationsConfig = field(default_factory=OptimizationsConfig)
     """Loop shape and optimization flags."""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """Numeric precision of the dense arch."""
     run: RunConfig
     """Launch and measurement."""
 
@@ -282,6 +302,7 @@ class BenchConfig:
             data=DataConfig(**d["data"]),
             sharding=ShardingConfig(**{**d["sharding"], "per_table": tuple(tuple(x) for x in d["sharding"]["per_table"])}),
             optimizations=OptimizationsConfig(**d.get("optimizations", {})),
+            precision=PrecisionConfig(**d.get("precision", {})),
             run=RunConfig(**tuples(d["run"])),
         )
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from harness.config import OPTIMIZATION_FLAGS, OptimizationsConfig
+from harness.config import OPTIMIZATION_FLAGS, OptimizationsConfig, PrecisionConfig
 
 
-def resolve(opts: OptimizationsConfig, *, cuda: bool, plan_kinds: Sequence[str]) -> dict[str, Any]:
+def resolve(
+    opts: OptimizationsConfig, *, cuda: bool, plan_kinds: Sequence[str], precision: PrecisionConfig = PrecisionConfig()
+) -> dict[str, Any]:
     requested = opts.requested()
     reasons: dict[str, str] = {}
     notes: dict[str, str] = {}
@@ -33,7 +35,19 @@ def resolve(opts: OptimizationsConfig, *, cuda: bool, plan_kinds: Sequence[str])
             notes["skip_splits_a2a"] = "row-wise tables still exchange their splits (they depend on the ids)"
     effective = {f: requested[f] and f not in reasons for f in OPTIMIZATION_FLAGS}
     return {"pipeline": opts.pipeline, "requested": requested, "effective": effective,
-            "inactive_reasons": reasons, "notes": notes}
+            "inactive_reasons": reasons, "notes": notes, "precision": _precision_entry(precision)}
+
+
+def _precision_entry(precision: PrecisionConfig) -> dict[str, Any]:
+    """Precision sits next to the flags because a reader comparing runs needs both, but unlike a
+    flag it is allowed to change the numbers, and says whether it does."""
+    changed = precision.dense != "fp32"
+    return {
+        "dense": precision.dense,
+        "numerics_changed": changed,
+        "note": (f"dense forward under {precision.dense} autocast (fp32 weights, optimizer state and loss): losses "
+                 "and weights differ from fp32 runs by design") if changed else "fp32 throughout",
+    }
 
 
 def describe(res: dict[str, Any]) -> str:
@@ -49,4 +63,7 @@ def describe(res: dict[str, Any]) -> str:
             lines.append(f"{f}: requested but INACTIVE: {res['inactive_reasons'][f]}")
     if len(lines) == 1:
         lines.append("optimization flags: none requested")
+    prec = res["precision"]
+    lines.append(f"dense precision: {prec['dense']}"
+                 + (f": NUMERICS CHANGED, {prec['note']}" if prec["numerics_changed"] else ""))
     return "\n".join(lines)

@@ -1,4 +1,8 @@
-"""The dense step: eager against the train loop's inline code (bitwise), graphed against eager (CUDA)."""
+"""The dense step: eager against a float64 reference (plain autograd), bf16 autocast really in
+bf16, bad inputs refused, graphed against eager (CUDA).
+
+The 2-rank bucketed all-reduce is in tests/test_dense_gradients.py.
+"""
 
 from __future__ import annotations
 
@@ -6,44 +10,20 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from harness.dense_step import DenseStep, graph_input_shapes
 from harness.dense_gradients import FlatGradients
-
-B, ND, PW = 6, 5, 12
-
-
-class SmallDense(nn.Module):
-    """Same interface as DenseArch: (dense_x, pooled) in, logits (B,) out."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.bottom = nn.Linear(ND, 4)
-        self.top = nn.Sequential(nn.Linear(4 + PW, 8), nn.ReLU(), nn.Linear(8, 1))
-
-    def forward(self, dense_x: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        return self.top(torch.cat([torch.relu(self.bottom(dense_x)), pooled], 1)).squeeze(1)
+from harness.dense_step import DenseStep, graph_input_shapes
+from harness.presets import tiny
+from harness.train import build_dense
+from tests.dense_fixtures import B, ND, PW, assert_close_to_float64, make_inputs, make_model, reference_step
 
 
-def make_inputs(seed: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    dense_x = torch.randn(B, ND, generator=g)
-    pooled = torch.randn(B, PW, generator=g)
-    labels = (torch.rand(B, generator=g) < 0.5).float()
-    return dense_x.to(device), pooled.to(device), labels.to(device)
-
-
-def make_model(device: str = "cpu") -> nn.Module:
-    torch.manual_seed(0)
-    return SmallDense().to(device)
-
-
-def build(model: nn.Module, *, graphed: bool, device: str = "cpu") -> tuple[DenseStep, FlatGradients]:
+def build(model, *, graphed: bool = False, device: str = "cpu", precision: str = "fp32",
+          local_batch: int = B, num_dense: int = ND, pooled_width: int = PW) -> tuple[DenseStep, FlatGradients]:
     grads = FlatGradients(model, world_size=1, group=None)
-    step = DenseStep(dense=model, grads=grads, world_size=1, local_batch=B, num_dense=ND, pooled_width=PW,
-                     device=torch.device(device), graphed=graphed)
+    step = DenseStep(dense=model, grads=grads, world_size=1, local_batch=local_batch, num_dense=num_dense,
+                     pooled_width=pooled_width, device=torch.device(device), graphed=graphed, precision=precision)
     return step, grads
 
 
@@ -53,69 +33,75 @@ def test_graph_input_shapes():
         graph_input_shapes(0, 13, 16)
 
 
-def test_graphed_needs_cuda():
+def test_graphed_needs_cuda_and_precision_must_be_known():
     with pytest.raises(ValueError, match="CUDA"):
         build(make_model(), graphed=True, device="cpu")
+    with pytest.raises(ValueError, match="precision 'fp16'"):
+        build(make_model(), precision="fp16")
 
 
-def test_eager_is_bitwise_the_inline_step_with_updates_between():
-    """Several iterations, each followed by the optimizer step and zeroing, as in the train loop."""
-    ref_model, step_model = make_model(), make_model()
-    ref_grads = FlatGradients(ref_model, world_size=1, group=None)
-    step, grads = build(step_model, graphed=False)
-    ref_opt = torch.optim.Adagrad(ref_model.parameters(), lr=0.1)
-    opt = torch.optim.Adagrad(step_model.parameters(), lr=0.1)
-
+def test_eager_step_matches_float64_reference_with_updates_between():
+    """Several iterations, each followed by the optimizer step and zeroing, as in the train loop;
+    each step's loss and gradients against float64 autograd on that step's weights."""
+    model = make_model()
+    step, grads = build(model)
+    opt = torch.optim.Adagrad(model.parameters(), lr=0.1, fused=True)
     for it in range(4):
-        dense_x, pooled_src, labels = make_inputs(it)
-
-        # The train loop's inline code, the independent reference.
-        ref_pooled = pooled_src.clone().requires_grad_(True)
-        ref_loss = F.binary_cross_entropy_with_logits(ref_model(dense_x, ref_pooled), labels)
-        (ref_loss / 1).backward()
-        ref_grads.all_reduce()
-
-        pooled = pooled_src.clone().requires_grad_(True)
-        loss, pooled_grad = step.run(dense_x, pooled, labels)
+        dense_x, pooled, labels = make_inputs(it)
+        ref = reference_step(model, [(dense_x, pooled, labels)])
+        loss, pooled_grad = step.run(dense_x, pooled.clone().requires_grad_(True), labels)
 
         assert loss.dim() == 0 and not loss.requires_grad
-        assert pooled_grad.shape == (B, PW)
-        assert torch.equal(loss, ref_loss.detach())
-        assert torch.equal(pooled_grad, ref_pooled.grad)
-        assert torch.equal(grads.buffer, ref_grads.buffer)
-        assert grads.buffer.abs().sum() > 0
+        assert_close_to_float64(loss, ref["losses"][0])
+        assert_close_to_float64(pooled_grad, ref["pooled_grads"][0])
+        assert_close_to_float64(grads.buffer, ref["grads"])
         # The params' .grad are still views of the flat buffer (what the optimizer reads).
-        first = next(step_model.parameters())
-        assert first.grad.data_ptr() == grads.buffer.data_ptr()
-
-        ref_opt.step()
-        ref_grads.zero()
+        assert next(model.parameters()).grad.data_ptr() == grads.buffer.data_ptr()
         opt.step()
         grads.zero()
-
-    for a, b in zip(ref_model.parameters(), step_model.parameters()):
-        assert torch.equal(a, b)
+    assert not torch.equal(next(model.parameters()), next(make_model().parameters())), "no update happened"
 
 
-def test_world_size_scales_the_gradients_not_the_loss():
-    """The step divides by world_size before backward; grads built for one rank skip the collective."""
-    m1, m2 = make_model(), make_model()
-    g1 = FlatGradients(m1, world_size=1, group=None)
-    g2 = FlatGradients(m2, world_size=1, group=None)
-    s1 = DenseStep(dense=m1, grads=g1, world_size=1, local_batch=B, num_dense=ND, pooled_width=PW,
-                   device=torch.device("cpu"), graphed=False)
-    s2 = DenseStep(dense=m2, grads=g2, world_size=2, local_batch=B, num_dense=ND, pooled_width=PW,
-                   device=torch.device("cpu"), graphed=False)
-    dense_x, pooled, labels = make_inputs(3)
-    l1, pg1 = s1.run(dense_x, pooled.clone().requires_grad_(True), labels)
-    l2, pg2 = s2.run(dense_x, pooled.clone().requires_grad_(True), labels)
-    assert torch.equal(l1, l2)
-    torch.testing.assert_close(pg2 * 2, pg1, rtol=0, atol=0)
-    torch.testing.assert_close(g2.buffer * 2, g1.buffer, rtol=0, atol=0)
+class _MatmulDtypes(TorchDispatchMode):
+    """Records the dtypes of the tensors every matrix multiply receives, forward and backward."""
+
+    OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, set[torch.dtype]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.OPS:
+            self.seen.append((str(func), {a.dtype for a in args if isinstance(a, torch.Tensor)}))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_dense_matmuls_run_in_the_requested_precision(precision):
+    """The real dense arch (tiny): with bf16 every forward and backward matmul gets bf16 tensors,
+    while weights, their gradients, the pooled gradient and the loss stay fp32."""
+    cfg = tiny()
+    dense = build_dense(cfg, torch.device("cpu"))
+    width = cfg.model.num_sparse * cfg.model.embedding_dim
+    step, grads = build(dense, precision=precision, local_batch=8, num_dense=cfg.model.num_dense, pooled_width=width)
+    g = torch.Generator().manual_seed(0)
+    dense_x, pooled = torch.randn(8, cfg.model.num_dense, generator=g), torch.randn(8, width, generator=g)
+    labels = (torch.rand(8, generator=g) < 0.5).float()
+    with _MatmulDtypes() as mode:
+        loss, pooled_grad = step.run(dense_x, pooled.requires_grad_(True), labels)
+    want = torch.bfloat16 if precision == "bf16" else torch.float32
+    # forward: one per linear layer; backward: at least one per linear (weight grads)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in dense.modules())
+    assert len(mode.seen) >= 2 * linears
+    assert all(dtypes == {want} for _, dtypes in mode.seen), mode.seen
+    assert loss.dtype == pooled_grad.dtype == grads.buffer.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in dense.parameters())
+    assert grads.buffer.abs().sum() > 0
 
 
 def test_wrong_shapes_and_non_leaf_pooled_are_refused():
-    step, _ = build(make_model(), graphed=False)
+    step, _ = build(make_model())
     dense_x, pooled, labels = make_inputs(0)
     with pytest.raises(ValueError, match="dense_x has shape"):
         step.run(dense_x[:-1], pooled.requires_grad_(True), labels)
@@ -125,28 +111,30 @@ def test_wrong_shapes_and_non_leaf_pooled_are_refused():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_graphed_matches_eager_over_several_steps():
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_graphed_matches_eager_over_several_steps(precision):
     # Replays and eager kernels may differ in the last bits (e.g. cuBLAS picking other algorithms
-    # on another stream), hence allclose rather than equal.
+    # on another stream), hence allclose rather than equal; bf16 rounds more.
+    tol = {"rtol": 1e-2, "atol": 1e-3} if precision == "bf16" else {}
     eager_model = make_model("cuda")
     graphed_model = copy.deepcopy(eager_model)
-    eager, eager_grads = build(eager_model, graphed=False, device="cuda")
-    graphed, graphed_grads = build(graphed_model, graphed=True, device="cuda")
+    eager, eager_grads = build(eager_model, device="cuda", precision=precision)
+    graphed, graphed_grads = build(graphed_model, graphed=True, device="cuda", precision=precision)
     assert torch.count_nonzero(graphed_grads.buffer) == 0, "warm-up gradients leaked into the buffer"
-    eager_opt = torch.optim.Adagrad(eager_model.parameters(), lr=0.1)
-    graphed_opt = torch.optim.Adagrad(graphed_model.parameters(), lr=0.1)
+    eager_opt = torch.optim.Adagrad(eager_model.parameters(), lr=0.1, fused=True)
+    graphed_opt = torch.optim.Adagrad(graphed_model.parameters(), lr=0.1, fused=True)
 
     for it in range(4):
-        dense_x, pooled, labels = make_inputs(it, "cuda")
+        dense_x, pooled, labels = make_inputs(it, device="cuda")
         e_loss, e_pg = eager.run(dense_x, pooled.clone().requires_grad_(True), labels)
         g_loss, g_pg = graphed.run(dense_x, pooled.clone().requires_grad_(True), labels)
-        torch.testing.assert_close(g_loss, e_loss)
-        torch.testing.assert_close(g_pg, e_pg)
-        torch.testing.assert_close(graphed_grads.buffer, eager_grads.buffer)
+        torch.testing.assert_close(g_loss, e_loss, **tol)
+        torch.testing.assert_close(g_pg, e_pg, **tol)
+        torch.testing.assert_close(graphed_grads.buffer, eager_grads.buffer, **tol)
         eager_opt.step()
         eager_grads.zero()
         graphed_opt.step()
         graphed_grads.zero()
 
     for a, b in zip(eager_model.parameters(), graphed_model.parameters()):
-        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(a, b, **tol)
