@@ -24,10 +24,12 @@ from torch import nn
 
 DEFAULT_BUCKET_MIB = 4.0
 """Bucket cap. DDP's 25 MiB cuts the small/mlperf dense part's 61 MiB of gradients into only 3
-buckets: the bytes of a bucket wait until backward reaches its earliest layer. Measured on the small preset's dense step (local
-batch 256, 2 gloo ranks, 1 thread each, 2 shared CPU cores): 1, 4 and 8 MiB buckets took
-0.75-0.91 of one bucket's time (median), 25 MiB 0.88-1.0; 1-8 MiB were within the noise of
-each other, 4 MiB is the middle of them."""
+buckets: the bytes of a bucket wait until backward reaches its earliest layer. Measured on the
+small preset's dense step (local batch 256, 2 gloo ranks, 1 thread each, 2 shared CPU cores,
+interleaved): on a quiet machine one bucket took 345 ms, the compute alone 280 ms, 1/4/8 MiB
+buckets 339/333/328 ms and 25 MiB 336 ms (gloo sums on the cores the compute is using, so
+little can hide there); under load 1-8 MiB took 0.75-0.92 of one bucket's time, 25 MiB
+0.88-1.0. 1-8 MiB were within the noise of each other; 4 MiB is the middle of them."""
 
 
 def bucket_ranges(sizes: list[int], cap: int) -> list[tuple[int, int]]:
