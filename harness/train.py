@@ -74,7 +74,7 @@ def train(
     dense = build_dense(cfg, device)
     grads = FlatGradients(dense, world_size=world, group=group)
     # fused: one pass over each tensor (the for-loop Adagrad makes several over 64 MB on small);
-    # it differs from that loop in the last bit only, and every run uses it, flags or not.
+    # it differs from that loop in the last bits only (measured), and every run uses it, flags or not.
     dense_opt = torch.optim.Adagrad(dense.parameters(), lr=cfg.optimizer.learning_rate, eps=cfg.optimizer.eps, fused=True)
     host = HostCopies(device=device, pinned=on["pinned_d2h"])
     # The ids exchange gets a process group of its own (see GroupContext.ids_group).
