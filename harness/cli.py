@@ -69,7 +69,8 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
 def plan_and_flags(cfg: BenchConfig, *, ranks_per_host: int) -> tuple[tuple[TablePlan, ...], PlanEstimate, ResolvedFlags]:
     """The sharding plan, its estimate and the resolved optimization flags (raises ValueError)."""
     plan, estimate = make_plan(cfg, ranks_per_host=ranks_per_host)
-    flags = resolve(cfg.optimizations, cuda=uses_cuda(cfg.run.device), plan_kinds=[tp.kind for tp in plan])
+    flags = resolve(cfg.optimizations, cuda=uses_cuda(cfg.run.device), plan_kinds=[tp.kind for tp in plan],
+                    precision=cfg.precision)
     return plan, estimate, flags
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.names import (
-    DEVICES, EMBEDDING_OPTIMIZERS, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
+    DENSE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
 )
 
 # The command line is generated from these dataclasses (harness/options.py): a field's option
@@ -193,6 +193,23 @@ class OptimizationsConfig:
         return {f: getattr(self, f) for f in OPTIMIZATION_FLAGS}
 
 
+"""Precisions the dense arch can run in (harness/dense_step.py maps each to an autocast dtype)."""
+
+
+@dataclass(kw_only=True, frozen=True)
+class PrecisionConfig:
+    """Numeric precision. Not an optimization flag: anything but fp32 changes the numbers by
+    design, and the manifest says so (harness/optimizations.resolve)."""
+
+    dense: str = option("fp32", option="dense-precision", choices=DENSE_PRECISIONS)
+    """fp32, or bf16: the dense arch's forward under torch.autocast(bfloat16), with fp32 weights,
+    gradients, optimizer state and loss (mixed precision as GPU MLPerf submissions run it)."""
+
+    def __post_init__(self) -> None:
+        if self.dense not in DENSE_PRECISIONS:
+            raise ValueError(f"precision.dense {self.dense!r} is not one of {list(DENSE_PRECISIONS)}")
+
+
 @dataclass(kw_only=True, frozen=True)
 class RunConfig:
     """What to run and where, and how to measure it."""
@@ -248,6 +265,8 @@ class BenchConfig:
     """Embedding sharding."""
     optimizations: OptimizationsConfig = field(default_factory=OptimizationsConfig)
     """Loop shape and optimization flags."""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """Numeric precision of the dense arch."""
     run: RunConfig
     """Launch and measurement."""
 

@@ -8,12 +8,25 @@ Importing this module imports neither torch nor fbgemm, so reports run without t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from harness import typed_json
 from harness.config import BenchConfig
 from harness.names import ENGINES, OPTIMIZATION_FLAGS, RUN_STATES, SHARDING_TYPES
 from model.sharding import TablePlan
+
+
+@dataclass(kw_only=True, frozen=True)
+class PrecisionEntry:
+    """The run's numeric precision, beside the flags because a reader comparing runs needs both;
+    unlike a flag it may change the numbers, and says whether it does."""
+
+    dense: str = "fp32"
+    """The dense arch's precision (config precision.dense)."""
+    numerics_changed: bool = False
+    """True when losses and weights differ from an fp32 run by design."""
+    note: str = "fp32 throughout"
+    """What the precision does, for reports."""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -30,6 +43,8 @@ class ResolvedFlags:
     """Flag -> why it was requested but cannot take effect here (only such flags)."""
     notes: dict[str, str]
     """Flag -> a caveat on an effective flag (e.g. row-wise tables still exchange their splits)."""
+    precision: PrecisionEntry = field(default_factory=PrecisionEntry)
+    """The numeric precision, recorded with the flags (not itself a flag)."""
 
     def __post_init__(self) -> None:
         for name in ("requested", "effective"):

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.config import OptimizationsConfig
-from harness.manifest import ResolvedFlags
+from harness.config import OptimizationsConfig, PrecisionConfig
+from harness.manifest import PrecisionEntry, ResolvedFlags
 from harness.names import OPTIMIZATION_FLAGS
 
 
-def resolve(opts: OptimizationsConfig, *, cuda: bool, plan_kinds: Sequence[str]) -> ResolvedFlags:
+def resolve(
+    opts: OptimizationsConfig, *, cuda: bool, plan_kinds: Sequence[str], precision: PrecisionConfig = PrecisionConfig()
+) -> ResolvedFlags:
     requested = opts.requested()
     reasons: dict[str, str] = {}
     notes: dict[str, str] = {}
@@ -34,7 +36,17 @@ def resolve(opts: OptimizationsConfig, *, cuda: bool, plan_kinds: Sequence[str])
             notes["skip_splits_a2a"] = "row-wise tables still exchange their splits (they depend on the ids)"
     effective = {f: requested[f] and f not in reasons for f in OPTIMIZATION_FLAGS}
     return ResolvedFlags(pipeline=opts.pipeline, requested=requested, effective=effective,
-                         inactive_reasons=reasons, notes=notes)
+                         inactive_reasons=reasons, notes=notes, precision=_precision_entry(precision))
+
+
+def _precision_entry(precision: PrecisionConfig) -> PrecisionEntry:
+    if precision.dense == "fp32":
+        return PrecisionEntry()
+    return PrecisionEntry(
+        dense=precision.dense, numerics_changed=True,
+        note=(f"dense forward under {precision.dense} autocast (fp32 weights, optimizer state and loss): losses "
+              "and weights differ from fp32 runs by design"),
+    )
 
 
 def describe(res: ResolvedFlags) -> str:
@@ -50,4 +62,6 @@ def describe(res: ResolvedFlags) -> str:
             lines.append(f"{f}: requested but INACTIVE: {res.inactive_reasons[f]}")
     if len(lines) == 1:
         lines.append("optimization flags: none requested")
+    prec = res.precision
+    lines.append(f"dense precision: {prec.dense}" + (f": NUMERICS CHANGED, {prec.note}" if prec.numerics_changed else ""))
     return "\n".join(lines)

@@ -1,16 +1,31 @@
-"""The dense step of an iteration (forward, backward, gradient all-reduce), eager or as one CUDA graph.
+"""The dense step of every iteration (forward, backward, gradient all-reduce), eager or as one CUDA graph.
 
-`cuda_graphs` optimization: the dense step is many small kernels plus one collective, so on a
-GPU its cost is mostly launch overhead. Captured once and replayed, it is one launch.
+The gradient all-reduce runs in buckets launched during backward (harness/dense_gradients.py).
+`cuda_graphs` optimization: the dense step is many small kernels plus the collectives, so on a
+GPU its cost is mostly launch overhead. Captured once and replayed, it is one launch. The
+bucketed collectives are captured too: each is launched async from a backward hook and waited
+for before the capture ends, so the graph holds them with their dependencies on the compute,
+as it does for DDP's bucketed all-reduces in a whole-network capture.
+
+`precision` "bf16": the dense forward runs under torch.autocast(bfloat16) (matmuls in bf16,
+weights, gradients and optimizer state stay fp32, the loss is taken in fp32), as GPU MLPerf
+submissions do. It changes the numbers by design.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.data_parallel import FlatGradients
+from harness.names import DENSE_PRECISIONS
+from harness.dense_gradients import FlatGradients
+
+AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
+"""Autocast dtype of each dense precision (None: no autocast)."""
+assert set(AUTOCAST_DTYPES) == set(DENSE_PRECISIONS)  # a precision added to the config needs a dtype here
 
 # Enough for the lazy one-time work (cuBLAS handles and workspaces, autograd's per-stream
 # state, the NCCL communicator) to happen outside the capture, where it is not allowed.
@@ -33,16 +48,18 @@ class DenseStep:
     """`run(dense_x, pooled, labels) -> (loss, pooled_grad)`, leaving the all-reduced dense
     gradients in `grads.buffer`, exactly as the eager step
 
-        loss = binary_cross_entropy_with_logits(dense(dense_x, pooled), labels)
-        (loss / world_size).backward()
-        grads.all_reduce()
+        with autocast(precision):  # none for fp32
+            logits = dense(dense_x, pooled)
+        loss = binary_cross_entropy_with_logits(logits.float(), labels)
+        (loss / world_size).backward()   # hooks launch gradient buckets' all-reduces meanwhile
+        grads.finish()
 
     does. Gradients accumulate into the buffer (autograd adds into an existing .grad in place),
     so the caller must `grads.zero()` between calls, as the train loop already does after the
     optimizer step.
 
     graphed=True captures that step in a CUDA graph at construction. With world_size > 1 the
-    construction runs collectives (warm-up all-reduces and the captured one), so every rank must
+    construction runs collectives (warm-up all-reduces and the captured ones), so every rank must
     construct its DenseStep at the same point, with the same arguments.
     """
 
@@ -57,10 +74,14 @@ class DenseStep:
         pooled_width: int,
         device: torch.device,
         graphed: bool,
+        precision: str,
     ) -> None:
         if graphed and device.type != "cuda":
             raise ValueError(f"graphed=True needs a CUDA device (CUDA graphs), got device {device}")
+        if precision not in AUTOCAST_DTYPES:
+            raise ValueError(f"precision {precision!r} is not one of {list(AUTOCAST_DTYPES)}")
         self.dense, self.grads, self.world_size = dense, grads, world_size
+        self._autocast_dtype = AUTOCAST_DTYPES[precision]
         self.device, self.graphed = device, graphed
         self.shapes = graph_input_shapes(local_batch, num_dense, pooled_width)
         if graphed:
@@ -91,12 +112,23 @@ class DenseStep:
                 raise ValueError(f"{name} has shape {tuple(t.shape)}, the dense step was built for {self.shapes[name]}")
 
     def _forward_backward(self, dense_x: torch.Tensor, pooled: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        loss = F.binary_cross_entropy_with_logits(self.dense(dense_x, pooled), labels)
+        with self._maybe_autocast():
+            logits = self.dense(dense_x, pooled)
+        # The loss in fp32 whatever the precision: in bf16 each sample's loss and its gradient
+        # (sigmoid - label) would keep only 8 bits.
+        loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
         # Each rank's mean over its share, divided by the world size and summed by the
         # all-reduce, is the gradient of the mean over the global batch.
         (loss / self.world_size).backward()
-        self.grads.all_reduce()
+        self.grads.finish()
         return loss.detach()
+
+    def _maybe_autocast(self) -> contextlib.AbstractContextManager:
+        if self._autocast_dtype is None:
+            return contextlib.nullcontext()
+        # No weight-cast cache: each weight is cast once a forward anyway, and a cache kept
+        # across a CUDA graph capture would hold tensors outside the graph's memory pool.
+        return torch.autocast(self.device.type, dtype=self._autocast_dtype, cache_enabled=False)
 
     # ---- CUDA only below: reached only when graphed=True, which the constructor limits to CUDA.
 

@@ -1,0 +1,140 @@
+"""The dense step: eager against a float64 reference (plain autograd), bf16 autocast really in
+bf16, bad inputs refused, graphed against eager (CUDA).
+
+The 2-rank bucketed all-reduce is in tests/test_dense_gradients.py.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from harness.dense_gradients import FlatGradients
+from harness.dense_step import DenseStep, graph_input_shapes
+from harness.presets import tiny
+from harness.train import build_dense
+from tests.dense_fixtures import B, ND, PW, assert_close_to_float64, make_inputs, make_model, reference_step
+
+
+def build(model, *, graphed: bool = False, device: str = "cpu", precision: str = "fp32",
+          local_batch: int = B, num_dense: int = ND, pooled_width: int = PW) -> tuple[DenseStep, FlatGradients]:
+    grads = FlatGradients(model, world_size=1, group=None)
+    step = DenseStep(dense=model, grads=grads, world_size=1, local_batch=local_batch, num_dense=num_dense,
+                     pooled_width=pooled_width, device=torch.device(device), graphed=graphed, precision=precision)
+    return step, grads
+
+
+def test_graph_input_shapes():
+    assert graph_input_shapes(32, 13, 26 * 128) == {"dense_x": (32, 13), "pooled": (32, 3328), "labels": (32,)}
+    with pytest.raises(ValueError, match="local_batch"):
+        graph_input_shapes(0, 13, 16)
+
+
+def test_graphed_needs_cuda_and_precision_must_be_known():
+    with pytest.raises(ValueError, match="CUDA"):
+        build(make_model(), graphed=True, device="cpu")
+    with pytest.raises(ValueError, match="precision 'fp16'"):
+        build(make_model(), precision="fp16")
+
+
+def test_eager_step_matches_float64_reference_with_updates_between():
+    """Several iterations, each followed by the optimizer step and zeroing, as in the train loop;
+    each step's loss and gradients against float64 autograd on that step's weights."""
+    model = make_model()
+    step, grads = build(model)
+    opt = torch.optim.Adagrad(model.parameters(), lr=0.1, fused=True)
+    for it in range(4):
+        dense_x, pooled, labels = make_inputs(it)
+        ref = reference_step(model, [(dense_x, pooled, labels)])
+        loss, pooled_grad = step.run(dense_x, pooled.clone().requires_grad_(True), labels)
+
+        assert loss.dim() == 0 and not loss.requires_grad
+        assert_close_to_float64(loss, ref["losses"][0])
+        assert_close_to_float64(pooled_grad, ref["pooled_grads"][0])
+        assert_close_to_float64(grads.buffer, ref["grads"])
+        # The params' .grad are still views of the flat buffer (what the optimizer reads).
+        assert next(model.parameters()).grad.data_ptr() == grads.buffer.data_ptr()
+        opt.step()
+        grads.zero()
+    assert not torch.equal(next(model.parameters()), next(make_model().parameters())), "no update happened"
+
+
+class _MatmulDtypes(TorchDispatchMode):
+    """Records the dtypes of the tensors every matrix multiply receives, forward and backward."""
+
+    OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, set[torch.dtype]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.OPS:
+            self.seen.append((str(func), {a.dtype for a in args if isinstance(a, torch.Tensor)}))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_dense_matmuls_run_in_the_requested_precision(precision):
+    """The real dense arch (tiny): with bf16 every forward and backward matmul gets bf16 tensors,
+    while weights, their gradients, the pooled gradient and the loss stay fp32."""
+    cfg = tiny()
+    dense = build_dense(cfg, torch.device("cpu"))
+    width = cfg.model.num_sparse * cfg.model.embedding_dim
+    step, grads = build(dense, precision=precision, local_batch=8, num_dense=cfg.model.num_dense, pooled_width=width)
+    g = torch.Generator().manual_seed(0)
+    dense_x, pooled = torch.randn(8, cfg.model.num_dense, generator=g), torch.randn(8, width, generator=g)
+    labels = (torch.rand(8, generator=g) < 0.5).float()
+    with _MatmulDtypes() as mode:
+        loss, pooled_grad = step.run(dense_x, pooled.requires_grad_(True), labels)
+    want = torch.bfloat16 if precision == "bf16" else torch.float32
+    # forward: one per linear layer; backward: at least one per linear (weight grads)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in dense.modules())
+    assert len(mode.seen) >= 2 * linears
+    assert all(dtypes == {want} for _, dtypes in mode.seen), mode.seen
+    assert loss.dtype == pooled_grad.dtype == grads.buffer.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in dense.parameters())
+    assert grads.buffer.abs().sum() > 0
+
+
+def test_wrong_shapes_and_non_leaf_pooled_are_refused():
+    step, _ = build(make_model())
+    dense_x, pooled, labels = make_inputs(0)
+    with pytest.raises(ValueError, match="dense_x has shape"):
+        step.run(dense_x[:-1], pooled.requires_grad_(True), labels)
+    with pytest.raises(ValueError, match="require grad"):
+        step.run(dense_x, pooled.detach(), labels)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_graphed_matches_eager_over_several_steps(precision):
+    # Replays and eager kernels may differ in the last bits (e.g. cuBLAS picking other algorithms
+    # on another stream), hence allclose rather than equal; bf16 rounds more.
+    tol = {"rtol": 1e-2, "atol": 1e-3} if precision == "bf16" else {}
+    eager_model = make_model("cuda")
+    graphed_model = copy.deepcopy(eager_model)
+    eager, eager_grads = build(eager_model, device="cuda", precision=precision)
+    graphed, graphed_grads = build(graphed_model, graphed=True, device="cuda", precision=precision)
+    assert torch.count_nonzero(graphed_grads.buffer) == 0, "warm-up gradients leaked into the buffer"
+    eager_opt = torch.optim.Adagrad(eager_model.parameters(), lr=0.1, fused=True)
+    graphed_opt = torch.optim.Adagrad(graphed_model.parameters(), lr=0.1, fused=True)
+
+    for it in range(4):
+        dense_x, pooled, labels = make_inputs(it, device="cuda")
+        e_loss, e_pg = eager.run(dense_x, pooled.clone().requires_grad_(True), labels)
+        g_loss, g_pg = graphed.run(dense_x, pooled.clone().requires_grad_(True), labels)
+        torch.testing.assert_close(g_loss, e_loss, **tol)
+        torch.testing.assert_close(g_pg, e_pg, **tol)
+        torch.testing.assert_close(graphed_grads.buffer, eager_grads.buffer, **tol)
+        eager_opt.step()
+        eager_grads.zero()
+        graphed_opt.step()
+        graphed_grads.zero()
+
+    for a, b in zip(eager_model.parameters(), graphed_model.parameters()):
+        torch.testing.assert_close(a, b, **tol)
