@@ -260,3 +260,35 @@ def as_records(runs: pd.DataFrame | Run | Sequence[Run]) -> pd.DataFrame:
     if not frames:
         raise ReportError("no runs given")
     return pd.concat(frames, ignore_index=True)
+
+
+# --- manifest accessors -------------------------------------------------------
+# The report's newer code reads manifest values only through these, so the switch from the
+# manifest dict to a typed manifest is an edit here, not in every table.
+
+def run_status(run: Run) -> str:
+    """"completed", "failed", "running"; "?" when the manifest does not say."""
+    return str(run.manifest.get("status") or "?")
+
+
+def run_error(run: Run) -> str:
+    """The last line of the recorded error (it may be a traceback); "" when none."""
+    lines = str(run.manifest.get("error") or "").strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def run_pipelined(run: Run) -> bool | None:
+    """Whether input_dist was pipelined; None when not recorded."""
+    value = run.manifest.get("pipeline")
+    return value if isinstance(value, bool) else None
+
+
+def inactive_flags(run: Run) -> dict[str, str]:
+    """Flag -> reason, for flags requested but not in effect."""
+    opts = run.manifest.get("optimizations")
+    return dict((opts.get("inactive_reasons") or {}) if isinstance(opts, dict) else {})
+
+
+def rank_notes(run: Run) -> pd.DataFrame:
+    """The ranks' own notes (host, threads, gemm_gflops, copy_gbps, peak_rss_gib, peak_gpu_mem_gib ...)."""
+    return pd.DataFrame(run.manifest.get("ranks") or [])
