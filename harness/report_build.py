@@ -46,8 +46,11 @@ def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
     doc = Doc(f"Run {run.run_id}")
     csvs: dict[str, pd.DataFrame] = {}
     roof = _roofline_or_none(run)
-    doc.findings(findings.run_findings(run, roof, tables.completeness(df)))
-    # "!! " lines (failed or incomplete run, ranks or stages without records) are in the findings.
+    doc.findings(findings.run_findings(run, roof))
+    # "!! " lines (failed or incomplete run, ranks or stages without records) become warnings.
+    for line in header:
+        if line.startswith("!! "):
+            doc.warn(line[3:])
     doc.bullets([line for line in header if not line.startswith("!! ")])
     multi_node = df["node"].nunique() > 1
 

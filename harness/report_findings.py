@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from harness.report_ablation import N_BOOT, bootstrap_mean_ci
-from harness.report_load import ReportError, Run, inactive_flags, run_error, run_status
+from harness.report_load import Run, inactive_flags, run_error, run_status
 from harness.report_tables import critical_stages, job_iterations, straggler_table
 
 # A rank this much slower than the median rank in a stage is called out as a straggler.
@@ -83,9 +83,12 @@ def caveat_findings(run: Run, notes: list[str]) -> list[str]:
     return out + list(notes)
 
 
-def run_findings(run: Run, roofline: pd.DataFrame | None, notes: list[str]) -> list[str]:
+def run_findings(run: Run, roofline: pd.DataFrame | None) -> list[str]:
+    """Iteration time and rate, the dominant stage, the worst straggler, inactive flags. (A failed
+    or partial run is flagged by the report's warnings right under these.)"""
     lines = [iteration_finding(run), dominant_stage_finding(run, roofline), straggler_finding(run)]
-    return [line for line in lines if line] + caveat_findings(run, notes)
+    inactive = [f"{flag} requested but inactive: {why}" for flag, why in inactive_flags(run).items()]
+    return [line for line in lines if line] + inactive
 
 
 def ablation_findings(table: pd.DataFrame, contrib: pd.DataFrame, final_loss: pd.DataFrame) -> list[str]:
@@ -151,5 +154,3 @@ def final_losses(runs_by_config: dict[str, list[Run]], baseline: str | None) -> 
     out["equals_baseline"] = [pd.NA if pd.isna(v) or pd.isna(ref) else bool(v == ref) for v in out["final_loss"]]
     return out
 
-
-__all__ = ["ReportError", "ablation_findings", "compare_findings", "final_losses", "run_findings"]

@@ -174,9 +174,10 @@ def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return s[first], np.maximum.reduceat(e, first)
 
 
-def _hidden_ns(df: pd.DataFrame) -> pd.Series:
-    """For each non-warm-up input_dist row of the flat frame `df` (same index): the ns of it that ran
-    while the same rank ran another stage (any iteration's, from start_ns/end_ns)."""
+def _input_dist_ns(df: pd.DataFrame) -> pd.DataFrame:
+    """For each non-warm-up input_dist row of the flat frame `df` (same index): hidden_ns, the part
+    that ran while the same rank ran another stage (any iteration's, from start_ns/end_ns), and
+    in_iter_ns, the part inside one of the rank's iteration records (all ns, integers)."""
     df = df[df["stage"].notna()]
     out = []
     for _, g in df.groupby(["run_id", "rank"], sort=True):
@@ -188,9 +189,15 @@ def _hidden_ns(df: pd.DataFrame) -> pd.Series:
         other = g[g["stage"] != "input_dist"]
         us, ue = _union(other["start_ns"].to_numpy("int64"), other["end_ns"].to_numpy("int64"))
         a, b = idist["start_ns"].to_numpy("int64"), idist["end_ns"].to_numpy("int64")
-        # Integer ns: exposed is exact, never -1e-15.
-        out.append(pd.Series(_covered(us, ue, b) - _covered(us, ue, a), index=idist.index, dtype="int64"))
-    return pd.concat(out) if out else pd.Series(dtype="int64")
+        its = g[["iter_start_ns", "iter_end_ns"]].dropna().drop_duplicates()
+        if its.empty:  # no iteration records bound the span (an nsys trace without them): all of it counts
+            in_iter = b - a
+        else:
+            vs, ve = _union(its["iter_start_ns"].to_numpy("int64"), its["iter_end_ns"].to_numpy("int64"))
+            in_iter = _covered(vs, ve, b) - _covered(vs, ve, a)
+        out.append(pd.DataFrame({"hidden_ns": _covered(us, ue, b) - _covered(us, ue, a), "in_iter_ns": in_iter},
+                                index=idist.index, dtype="int64"))
+    return pd.concat(out) if out else pd.DataFrame({"hidden_ns": [], "in_iter_ns": []}, dtype="int64")
 
 
 def input_dist_spans(runs: Runs) -> pd.DataFrame:
@@ -200,7 +207,7 @@ def input_dist_spans(runs: Runs) -> pd.DataFrame:
     Columns: run_id, rank, node, iteration, duration_ms, hidden_ms, exposed_ms.
     """
     df = as_records(runs)
-    hidden = _hidden_ns(df)
+    hidden = _input_dist_ns(df)["hidden_ns"]
     cols = ["run_id", "rank", "node", "iteration", "duration_ms", "hidden_ms", "exposed_ms"]
     if hidden.empty:
         return pd.DataFrame(columns=cols)
@@ -214,14 +221,15 @@ def input_dist_spans(runs: Runs) -> pd.DataFrame:
 def critical_stages(runs: Runs) -> pd.DataFrame:
     """Non-warm-up stage records with `critical_ms`: the part of the stage on the iteration's
     critical path. That is the duration, except for input_dist, where it is the exposed part
-    (pipelined, its span runs from its launch under the previous iteration's compute to its
-    wait, so adding the whole span on top of the stages it overlaps would count time twice)."""
+    inside an iteration record of the rank (pipelined, its span runs from its launch under the
+    previous iteration's compute to its wait, so adding the whole span on top of the stages it
+    overlaps would count time twice; what falls between two iterations is in neither's time)."""
     df = as_records(runs)
     st = df[df["stage"].notna() & ~df["warmup"]].copy()
     st["critical_ms"] = st["duration_ms"]
-    hidden = _hidden_ns(df)
-    if not hidden.empty:
-        st.loc[hidden.index, "critical_ms"] = st.loc[hidden.index, "duration_ms"] - hidden / 1e6
+    parts = _input_dist_ns(df)
+    if not parts.empty:
+        st.loc[parts.index, "critical_ms"] = (parts["in_iter_ns"] - parts["hidden_ns"]).clip(lower=0) / 1e6
     return st
 
 

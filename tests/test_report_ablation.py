@@ -8,7 +8,7 @@ from harness.report import ReportError, report_main
 from harness.report_ablation import (
     ablation_table, bootstrap_mean_ci, config_stage_means, flag_contributions, load_ablation, resolve_ablation,
 )
-from tests.test_report_builders import config, iter_run, write_ablation
+from tests.report_builders import config, iter_run, write_ablation
 
 REASON = "CUDA only: this run is on cpu"
 # Run id -> per-rank non-warm-up iteration times (rank 0, rank 1). Job time = max over ranks.

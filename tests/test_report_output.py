@@ -10,7 +10,7 @@ import pytest
 from harness.report import report_main
 from harness.report_html import Doc, fmt
 from harness.report_load import FLAGS
-from tests.test_report_builders import sequential, write_run
+from tests.report_builders import sequential, write_run
 from tests.test_report_tables import dur, four_ranks
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -33,7 +33,7 @@ def two_node_report(tmp_path_factory):
 def test_run_report_files(two_node_report):
     out = two_node_report
     names = {p.name for p in out.iterdir()}
-    assert {"report.md", "report.html", "summary.csv", "summary.md", "stages.csv", "stages_by_rank.csv",
+    assert {"report.md", "report.html", "stages.csv", "stages_by_rank.csv",
             "stages_by_node.csv", "iteration_stats.csv", "iterations.csv", "stragglers.csv",
             "input_dist_overlap.csv", "stage_bars.png", "timeline.png", "iteration_time.png"} <= names
     for png in out.glob("*.png"):

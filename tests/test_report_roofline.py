@@ -4,7 +4,7 @@ import pytest
 
 from harness.report import ReportError, load_run
 from harness.report_roofline import dense_shape, roofline_table, stage_work
-from tests.test_report_builders import sequential, write_run
+from tests.report_builders import sequential, write_run
 
 MODEL = dict(table_rows=[10, 20, 30], multi_hot=[2, 3, 1], num_dense=3, embedding_dim=4, bottom_mlp=[5, 4],
              cross_layers=1, cross_rank=2, top_mlp=[6, 1])

@@ -11,7 +11,7 @@ from harness.report_tables import (
     stage_pivot, stage_stats, straggler_table,
 )
 from harness.stages import STAGES
-from tests.test_report_builders import sequential, span, write_run
+from tests.report_builders import sequential, span, write_run
 
 BASE = [1.0, 2.0, 8.0, 3.0, 1.0]  # ms per stage, STAGES order
 NODE = {0: 0, 1: 0, 2: 1, 3: 1}
