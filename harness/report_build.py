@@ -51,6 +51,7 @@ def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
     for line in header:
         if line.startswith("!! "):
             doc.warn(line[3:])
+    doc.h2("Setup")
     doc.bullets([line for line in header if not line.startswith("!! ")])
     multi_node = df["node"].nunique() > 1
 
@@ -172,6 +173,7 @@ def ablation_report(ab: abl.Ablation, out: Path) -> tuple[list[Path], pd.DataFra
                                     for c in ab.configs}, base)
     doc = Doc(f"Ablation {ab.ablation_id}")
     doc.findings(findings.ablation_findings(table, contrib, losses))
+    doc.h2("Setup")
     doc.bullets([f"status {m.get('status', '?')}  preset {m.get('preset', '?')}  "
                  f"{m.get('nodes', '?')} node(s) x {m.get('gpus_per_node', '?')} per node  "
                  f"repeats {m.get('repeats', '?')}  pipeline {m.get('pipeline', '?')}",
@@ -221,6 +223,7 @@ def compare_report(groups: dict[str, list[Run]], c, out: Path, *, absent: list[s
     doc = Doc(f"Compare {cand} vs {base}")
     doc.findings(findings.compare_findings(c, absent))
     notes = [f"{label}: {len(runs)} run(s): {', '.join(r.run_id for r in runs)}" for label, runs in groups.items()]
+    doc.h2("Setup")
     doc.bullets(notes)
     for label, runs in groups.items():
         for run in runs:
