@@ -14,6 +14,7 @@ from harness import report_ablation as abl
 from harness import report_plots as plots
 from harness import report_findings as findings
 from harness import report_tables as tables
+from harness.report_compare import Comparison
 from harness.report_html import Doc
 from harness.report_load import FLAGS, ReportError, Run, records, run_pipelined
 from harness.report_roofline import roofline_table
@@ -116,6 +117,13 @@ def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
     if opt is not None:
         doc.h2("Optimizations")
         doc.table(opt)
+    splits = tables.splits_exchanged(run)
+    if not splits.empty:
+        csvs["splits_exchanged"] = splits
+        doc.h2("Splits all-to-alls")
+        doc.p("Splits exchanges each rank ran in its non-warm-up iterations: 0 with skip_splits_a2a; a batch "
+              "off the fixed hotness falls back to the exchange and counts here.")
+        doc.table(splits)
     ranks = tables.rank_table(run)
     if not ranks.empty:
         doc.h2("Ranks")
@@ -217,7 +225,7 @@ def ablation_report(ab: abl.Ablation, out: Path) -> tuple[list[Path], pd.DataFra
     return _write(out, doc, csvs, pngs), table
 
 
-def compare_report(groups: dict[str, list[Run]], c, out: Path, *, absent: list[str]) -> list[Path]:
+def compare_report(groups: dict[str, list[Run]], c: Comparison, out: Path, *, absent: list[str]) -> list[Path]:
     """Write the report of a Comparison (report_compare) of two labelled groups of runs into `out`."""
     base, cand = c.labels
     doc = Doc(f"Compare {cand} vs {base}")

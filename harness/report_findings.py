@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from harness.report_ablation import N_BOOT, bootstrap_mean_ci
+from harness.report_compare import Comparison
 from harness.report_load import Run, inactive_flags, run_error, run_status
 from harness.report_tables import critical_stages, job_iterations, straggler_table
 
@@ -122,7 +123,7 @@ def ablation_findings(table: pd.DataFrame, contrib: pd.DataFrame, final_loss: pd
     return out
 
 
-def compare_findings(c, absent: list[str]) -> list[str]:
+def compare_findings(c: Comparison, absent: list[str]) -> list[str]:
     """The ratio with its CI, the stage that moved most, stages only one side recorded."""
     (base, cand), it = c.labels, c.iter_ms.set_index("label")
     lo, hi = c.ratio_ci

@@ -329,9 +329,9 @@ def rank_table(run: Run) -> pd.DataFrame:
 
 
 def splits_exchanged(run: Run) -> pd.DataFrame:
-    """Splits all-to-alls run per non-warm-up iteration (skip_splits_a2a makes it 0; a batch off the
-    fixed hotness falls back to the exchange), summed over ranks per rank count: columns
-    rank, iterations, splits_exchanged (total), iterations_with_exchange. Empty when not recorded."""
+    """Per rank, the splits all-to-alls its non-warm-up iterations ran (skip_splits_a2a makes it 0; a
+    batch off the fixed hotness falls back to the exchange): columns rank, iterations,
+    splits_exchanged (total), iterations_with_exchange. Empty when the run did not record it."""
     its = run.iterations
     if "splits_exchanged" not in its or its.empty:
         return pd.DataFrame()

@@ -122,3 +122,17 @@ def test_cell_formatting_and_escaping(tmp_path):
     doc.table(pd.DataFrame({"note": ["a|b <x>"], "share": [0.5]}))
     assert "| a\\|b <x> | 50.0% |" in doc.markdown()
     assert "<td>a|b &lt;x&gt;</td>" in doc.html()
+
+
+def test_splits_exchanged_is_reported_per_rank(tmp_path):
+    sp, it = sequential(0, range(4), lambda r, i, s: 1.0, warmup_iters=1)
+    d = write_run(tmp_path / "runs", "sk", sp, it, world_size=1, warmup_iters=1)
+    part = d / "rank00000" / "iterations-00000.parquet"
+    its = pd.read_parquet(part)
+    its["splits_exchanged"] = [1, 0, 1, 0]  # iteration 0 is warm-up: not counted
+    its.to_parquet(part)
+    assert report_main(run="sk", runs_root=tmp_path / "runs", reports_root=tmp_path / "rep") == 0
+    csv = pd.read_csv(tmp_path / "rep" / "sk" / "splits_exchanged.csv")
+    assert csv.to_dict("records") == [{"rank": 0, "iterations": 3, "splits_exchanged": 1,
+                                       "iterations_with_exchange": 1}]
+    assert "## Splits all-to-alls" in (tmp_path / "rep" / "sk" / "report.md").read_text()
