@@ -31,6 +31,7 @@ from harness.report_ablation import (  # noqa: F401  (re-exported API)
 )
 from harness.report_load import (  # noqa: F401  (re-exported API)
     FLAGS, ITERATION_COLUMNS, STAGE_COLUMNS, ReportError, Run, load_run, load_runs, records, resolve_run,
+    run_error, run_status,
 )
 from harness.report_compare import Comparison, compare_runs, write_compare_report  # noqa: F401
 from harness.report_html import cells
@@ -97,13 +98,12 @@ def _header_lines(run: Run, its: dict) -> list[str]:
     ]
     if m.get("source"):
         lines.insert(1, f"source: {m['source']}")
-    status = m.get("status")
+    status = run_status(run)
     if status != "completed":
         # Incomplete runs are still reported (records before the stop are valid), but
         # the numbers must not be mistaken for a finished run's.
         word = "FAILED" if status == "failed" else f"INCOMPLETE (status {status})"
-        # The error may be a whole traceback; its last line names the exception.
-        error = (str(m.get("error") or "").strip().splitlines() or ["no error recorded"])[-1]
+        error = run_error(run) or "no error recorded"
         lines.append(f"!! run {word}: {error}; numbers cover only the records written")
     # Ranks or stages with no records: the tables would silently lack them, so say which.
     lines += [f"!! {note}" for note in completeness(run)]
