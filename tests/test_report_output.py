@@ -136,3 +136,19 @@ def test_splits_exchanged_is_reported_per_rank(tmp_path):
     assert csv.to_dict("records") == [{"rank": 0, "iterations": 3, "splits_exchanged": 1,
                                        "iterations_with_exchange": 1}]
     assert "## Splits all-to-alls" in (tmp_path / "rep" / "sk" / "report.md").read_text()
+
+
+def test_waterfall_keeps_every_bar_and_label_inside_the_axes(tmp_path, monkeypatch):
+    from harness import report_plots
+
+    figs = []
+    monkeypatch.setattr(report_plots, "_save", lambda fig, path: figs.append(fig) or path)
+    # A flag that slows things climbs to 16 ms, above both totals (10 and 13).
+    contrib = pd.DataFrame({"flag": ["cuda_graphs", "threaded_input_dist", "skip_splits_a2a"],
+                            "alone_ms": [np.nan, -6.0, 2.0]})
+    report_plots.plot_waterfall(contrib, 10.0, 13.0, tmp_path / "w.png")
+    ax = figs[0].axes[0]
+    low, high = ax.get_ylim()
+    tops = [p.get_y() + p.get_height() for p in ax.patches]
+    assert max(tops) == pytest.approx(16.0) and high > 16.0 and low == 0
+    assert all(low <= t.get_position()[1] < high for t in ax.texts)
