@@ -30,7 +30,7 @@ HAS_CUDA      := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_REQS    := $(if $(HAS_CUDA),requirements-cuda.txt,requirements-cpu.txt)
 STAMP         := $(VENV)/.installed-$(basename $(TORCH_REQS))
 
-.PHONY: help bench ablation report test perf check-bench-knobs venv clean-venv
+.PHONY: help bench ablation report test perf check-bench-knobs venv clean-venv browser
 
 help:
 	@echo "make bench  [PRESET=$(subst $() ,|,$(VALID_PRESETS))] [NODES=n] [GPUS_PER_NODE=n] [ITERS=n] [WARMUP=n]"
@@ -39,7 +39,7 @@ help:
 	@echo "            inside Slurm: srun, one torchrun a node; with MASTER_ADDR + NODE_RANK (+ RUN_ID): torchrun"
 	@echo "            for this host (run it on every host); otherwise NODES x GPUS_PER_NODE local processes"
 	@echo "make ablation [PRESET=...] [NODES=...] [GPUS_PER_NODE=...] [SHARDING=...] [REPEATS=n (3)]"
-	@echo "make report [RUN=latest|<run_id>] | [ABLATION=latest|<id>] | [NSYS=<file.sqlite>]"
+	@echo "make report [RUN=latest|<run_id>|<baseline_id>,<candidate_id>] | [ABLATION=latest|<id>] | [NSYS=<file.sqlite>]"
 	@echo "make test"
 	@echo "make perf   [PRESET=tiny|small (tiny)]   (timeline on vs off: the instrumentation's cost)"
 	@echo "OPTS passes extra flags to 'python -m harness bench' (see: $(PY) -m harness bench --help)"
@@ -83,7 +83,14 @@ ablation: check-bench-knobs $(STAMP)
 report: $(STAMP)
 	$(PY) -m harness report $(if $(ABLATION),--ablation $(ABLATION),$(if $(NSYS),--nsys $(NSYS),--run $(RUN)))
 
-test: $(STAMP)
+# The report's HTML is checked in a real headless Chromium (tests/test_report_browser.py): the
+# distribution's package, installed once; without apt-get the test says it skipped and why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || if command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "make: no chromium and no apt-get: the browser check of report.html will be skipped" >&2; fi
+
+test: $(STAMP) browser
 	$(PY) -m pytest
 
 # The instrumentation's own cost: timeline on vs off, interleaved runs (PRESET=tiny|small).

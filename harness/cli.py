@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="report a run, an ablation or an nsys export (reads nothing else)")
     which = rep.add_mutually_exclusive_group()
-    which.add_argument("--run", default=None, help="run id under --runs-root, or 'latest' (the default)")
+    which.add_argument("--run", default=None, help="run id under --runs-root, or 'latest' (the default); "
+                       "'a,b' compares run b against run a")
     which.add_argument("--ablation", default=None, help="ablation id under --runs-root/ablations, or 'latest'")
     which.add_argument("--nsys", type=Path, default=None, help="an `nsys export --type sqlite` file")
     rep.add_argument("--runs-root", type=Path, default=Path("runs"))

@@ -14,7 +14,9 @@ Notebook API (all pandas, every table takes the frame of `load_runs`, a `Run` or
     ablation_table(ab); flag_contributions(ab)
     read_nsys(path)                                     # an nsys sqlite export as a Run
 
-`report_main` writes reports/<name>/ (report.md, report.html, CSVs, PNGs, summary.csv/.md).
+    compare_runs({"base": [run_a], "cand": [run_b]})        # two runs side by side, ratios with CIs
+
+`report_main` writes reports/<name>/ (report.md, report.html, CSVs, PNGs), findings first.
 """
 
 from __future__ import annotations
@@ -30,94 +32,51 @@ from harness.report_ablation import (  # noqa: F401  (re-exported API)
 )
 from harness.report_load import (  # noqa: F401  (re-exported API)
     FLAGS, ITERATION_COLUMNS, STAGE_COLUMNS, ReportError, Run, load_run, load_runs, records, resolve_run,
+    run_error, run_status,
 )
+from harness.report_compare import Comparison, compare_runs, write_compare_report  # noqa: F401
+from harness.report_html import cells
 from harness.report_roofline import roofline_table, stage_work  # noqa: F401
 from harness.report_tables import (  # noqa: F401
-    completeness, input_dist_overlap, input_dist_spans, iteration_table, job_iterations, stage_stats,
-    straggler_table,
+    completeness, critical_stage_means, critical_stages, input_dist_overlap, input_dist_spans, iteration_table,
+    job_iterations, rank_table, splits_exchanged, stage_stats, straggler_table,
 )
 # The five stages of one iteration, in execution order (design.md, "The five stages").
-from harness.stages import STAGES
+from harness.names import STAGES  # noqa: F401
 
-SUMMARY_COLUMNS = ("stage", "mean_ms", "p50_ms", "p90_ms", "count")
-
-
-# --- summaries ----------------------------------------------------------------
-
-def _stats(values: pd.Series) -> dict:
-    # pandas' linear-interpolation quantiles, the same as numpy.percentile's default.
-    return {"mean_ms": float(values.mean()), "p50_ms": float(values.quantile(0.5)),
-            "p90_ms": float(values.quantile(0.9)), "count": int(values.size)}
-
-
-def stage_summary(run: Run) -> pd.DataFrame:
-    """Per-stage duration stats over the non-warm-up records of all ranks, in STAGES order."""
-    timed = run.stages[~run.stages["warmup"]]
-    if timed.empty:
-        raise ReportError(f"run {run.run_id} has no non-warm-up stage records "
-                          f"({len(run.stages)} warm-up records); run more iterations "
-                          "than the warm-up count")
-    rows = [{"stage": s, **_stats(timed.loc[timed["stage"] == s, "duration_ms"])}
-            for s in STAGES if (timed["stage"] == s).any()]
-    return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
-
-
-def _world_size(run: Run) -> int:
-    """Ranks an iteration needs to count: world_size, or fewer when some ranks wrote no records at
-    all (the header names them); otherwise one silent rank would leave nothing to report."""
-    ws = run.world_size
-    seen = int(run.iterations["rank"].nunique())
-    if not (isinstance(ws, int) and ws > 0):
-        return seen
-    return min(ws, seen) if seen else ws
+# The stage table the terminal summary prints (stage_stats' columns, fewer of them).
+SUMMARY_COLUMNS = ("stage", "mean_ms", "p50_ms", "p90_ms", "count", "share")
 
 
 def iteration_summary(run: Run) -> dict:
-    """Job-level iteration stats over non-warm-up iterations.
+    """Job-level iteration stats over non-warm-up iterations every rank recorded (job_iterations).
 
-    Keys: iterations, warmup_iterations, partial_iterations, iter_ms_mean,
-    iter_ms_p50, iter_ms_p90, samples_per_s.
+    Keys: iterations, warmup_iterations, partial_iterations, iter_ms_mean, iter_ms_p50, iter_ms_p90,
+    samples_per_s. Raises ReportError (one line) when there is no such iteration.
     """
-    its = run.iterations
-    timed = its[~its["warmup"]]
-    warmup_iterations = int(its.loc[its["warmup"], "iteration"].nunique()) if not its.empty else 0
+    its = job_iterations(run, warmup=True)
     if its.empty:
         raise ReportError(f"run {run.run_id} (status {run.status}) has no non-warm-up "
                           "iterations recorded: no iteration records at all yet (still running, or stopped "
                           "before its first flush)")
+    warmup_iterations = int(its["warmup"].sum())
+    timed = its[~its["warmup"]]
     if timed.empty:
         raise ReportError(f"run {run.run_id} has no non-warm-up iterations recorded "
                           f"({warmup_iterations} warm-up iteration(s) excluded); run more "
                           "iterations than the warm-up count")
-    # Ranks step together (collectives), so the job's iteration i takes as long as
-    # its slowest rank: iter_ms of the job = max over ranks; samples = sum over ranks.
-    per_iter = timed.groupby("iteration").agg(
-        iter_ms=("iter_ms", "max"), samples=("samples", lambda x: x.sum(min_count=1)), ranks=("rank", "nunique"))
-    # An iteration that not every rank recorded (the last one of a failed or still
-    # running job) would understate the max, so it is left out and counted instead.
-    whole = per_iter[per_iter["ranks"] >= _world_size(run)]
-    if whole.empty:
-        raise ReportError(f"run {run.run_id} has no non-warm-up iterations recorded by all "
-                          f"{_world_size(run)} rank(s) ({warmup_iterations} warm-up iteration(s) "
-                          "excluded); run more iterations than the warm-up count")
-    stats = _stats(whole["iter_ms"])
-    # Throughput as total samples over total job time, not a mean of per-iteration
-    # rates: a mean of rates would over-weight the fast iterations.
-    # NaN when samples are unknown (an nsys trace).
-    samples_per_s = float(whole["samples"].sum(min_count=1) / (whole["iter_ms"].sum() / 1000.0))
-    return {"iterations": int(len(whole)),
-            "warmup_iterations": warmup_iterations,
-            "partial_iterations": int(len(per_iter) - len(whole)),
-            "iter_ms_mean": stats["mean_ms"], "iter_ms_p50": stats["p50_ms"],
-            "iter_ms_p90": stats["p90_ms"], "samples_per_s": samples_per_s}
+    if not timed["complete"].any():
+        raise ReportError(f"run {run.run_id} has no non-warm-up iterations recorded by all ranks "
+                          f"({warmup_iterations} warm-up iteration(s) excluded); run more iterations than the "
+                          "warm-up count")
+    row = iteration_table(run, "job").iloc[0]
+    return {"iterations": int(row["iterations"]), "warmup_iterations": warmup_iterations,
+            "partial_iterations": int(row["partial"]), "iter_ms_mean": float(row["iter_ms_mean"]),
+            "iter_ms_p50": float(row["iter_ms_p50"]), "iter_ms_p90": float(row["iter_ms_p90"]),
+            "samples_per_s": float(row["samples_per_s"])}
 
 
-# --- formatting ---------------------------------------------------------------
-
-def _cells(table: pd.DataFrame) -> list[list[str]]:
-    return [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row]
-            for row in table.itertuples(index=False)]
-
+# --- the terminal summary ---------------------------------------------------------
 
 def _text_table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
@@ -125,12 +84,6 @@ def _text_table(header: list[str], rows: list[list[str]]) -> str:
     fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                               for i, (c, w) in enumerate(zip(r, widths)))
     return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *map(fmt, rows)])
-
-
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    line = lambda r: "| " + " | ".join(r) + " |"
-    align = ["---"] + ["---:"] * (len(header) - 1)
-    return "\n".join([line(header), line(align), *map(line, rows)])
 
 
 def _header_lines(run: Run, its: dict) -> list[str]:
@@ -146,13 +99,12 @@ def _header_lines(run: Run, its: dict) -> list[str]:
     ]
     if run.source:
         lines.insert(1, f"source: {run.source}")
-    status = run.status
+    status = run_status(run)
     if status != "completed":
         # Incomplete runs are still reported (records before the stop are valid), but
         # the numbers must not be mistaken for a finished run's.
         word = "FAILED" if status == "failed" else f"INCOMPLETE (status {status})"
-        # The error may be a whole traceback; its last line names the exception.
-        error = (str((m.status.error if m else None) or "").strip().splitlines() or ["no error recorded"])[-1]
+        error = run_error(run) or "no error recorded"
         lines.append(f"!! run {word}: {error}; numbers cover only the records written")
     # Ranks or stages with no records: the tables would silently lack them, so say which.
     lines += [f"!! {note}" for note in completeness(run)]
@@ -185,83 +137,22 @@ def _stages_off(run: Run) -> bool:
     return run.stages.empty and run.manifest is not None and not run.manifest.config.run.timeline
 
 
-def rank_table(run: Run) -> pd.DataFrame:
-    """Per rank: host, threads, measured GEMM rate, peak RSS, and the dense stage's achieved rate.
-
-    dense_gflops = dense FLOPs of the rank's local batch (manifest: dense_flops_per_sample)
-    over its median non-warm-up dense_fwd_bwd time; dense_vs_gemm is that over the plain
-    torch.mm rate the same rank measured at start. The stage also holds the gradient
-    all-reduce, so the fraction is a lower bound on the GEMMs' own efficiency.
-    """
-    ranks = pd.DataFrame([dataclasses.asdict(r) for r in run.manifest.ranks] if run.manifest else [])
-    if ranks.empty:
-        return ranks
-    cols = [c for c in ("rank", "node", "host", "threads", "gemm_gflops", "copy_gbps", "peak_rss_gib") if c in ranks]
-    ranks = ranks[cols].sort_values("rank").reset_index(drop=True)
-    flops = run.manifest.dense_flops_per_sample
-    dense = run.stages[(run.stages["stage"] == "dense_fwd_bwd") & ~run.stages["warmup"]]
-    if flops and not dense.empty and "gemm_gflops" in ranks:
-        p50 = dense.groupby("rank")["duration_ms"].median()
-        samples = run.iterations[~run.iterations["warmup"]].groupby("rank")["samples"].median()
-        ranks["dense_gflops"] = ranks["rank"].map(flops * samples / (p50 / 1e3) / 1e9)
-        ranks["dense_vs_gemm"] = ranks["dense_gflops"] / ranks["gemm_gflops"]
-    return ranks
-
-
-def _rank_cells(ranks: pd.DataFrame) -> list[list[str]]:
-    return [[f"{v:.2f}" if isinstance(v, float) else str(v) for v in row] for row in ranks.itertuples(index=False)]
-
-
 def format_summary(run: Run) -> str:
-    """Human-readable summary: header, stage table, iteration line, per-rank resources."""
+    """What `make bench` prints at the end and `make report` prints: header, stage table, iteration
+    line, per-rank resources (the full report is report.md / report.html)."""
     its = iteration_summary(run)
     if _stages_off(run):
         stage_text = "stages not timed (run with --no-timeline): iteration times only"
     else:
-        stage_text = _text_table(list(SUMMARY_COLUMNS), _cells(stage_summary(run)))
+        stage_text = _text_table(*cells(stage_stats(run, "job")[list(SUMMARY_COLUMNS)]))
     parts = [*_header_lines(run, its), "", stage_text]
     if run.manifest and run.manifest.optimizations.pipeline and not run.stages.empty:
         parts.append(_pipeline_line(run))
     parts += ["", _iteration_line(its)]
     ranks = rank_table(run)
     if not ranks.empty:
-        parts += ["", _text_table(list(ranks.columns), _rank_cells(ranks))]
+        parts += ["", _text_table(*cells(ranks))]
     return "\n".join(parts)
-
-
-def write_report(run: Run, reports_root: Path, *, name: str | None = None) -> Path:
-    """Write reports/<name>/summary.csv and summary.md (name: the run id by default); return that folder."""
-    its = iteration_summary(run)
-    table = pd.DataFrame(columns=list(SUMMARY_COLUMNS)) if _stages_off(run) else stage_summary(run)
-    # The CSV is for machines and run comparisons: full precision, the job iteration
-    # as one more row (its count is iterations, not records), throughput beside it.
-    iteration_row = {"stage": "iteration", "mean_ms": its["iter_ms_mean"],
-                     "p50_ms": its["iter_ms_p50"], "p90_ms": its["iter_ms_p90"],
-                     "count": its["iterations"], "samples_per_s": its["samples_per_s"]}
-    csv = pd.concat([table.assign(samples_per_s=float("nan")), pd.DataFrame([iteration_row])],
-                    ignore_index=True)
-    out = Path(reports_root) / (name or run.run_id)
-    out.mkdir(parents=True, exist_ok=True)
-    csv.to_csv(out / "summary.csv", index=False)
-
-    it_header = ["iter_ms mean", "iter_ms p50", "iter_ms p90", "samples_per_s", "iterations"]
-    it_row = [f"{its['iter_ms_mean']:.3f}", f"{its['iter_ms_p50']:.3f}",
-              f"{its['iter_ms_p90']:.3f}", _rate(its["samples_per_s"]), str(its["iterations"])]
-    md = "\n".join([
-        f"# Run {run.run_id}", "",
-        *[f"- {line}" for line in _header_lines(run, its)], "",
-        "## Stages (non-warm-up records, all ranks; count = records)", "",
-        _md_table(list(SUMMARY_COLUMNS), _cells(table)), "",
-        "## Iterations (job time = slowest rank per iteration)", "",
-        _md_table(it_header, [it_row]), "",
-    ])
-    ranks = rank_table(run)
-    if not ranks.empty:
-        ranks.to_csv(out / "ranks.csv", index=False)
-        md += "\n".join(["", "## Ranks (dense_gflops: dense_fwd_bwd p50 rate; dense_vs_gemm: over torch.mm)", "",
-                         _md_table(list(ranks.columns), _rank_cells(ranks)), ""])
-    (out / "summary.md").write_text(md)
-    return out
 
 
 def _report_run(run: Run, reports_root: Path, name: str) -> list[Path]:
@@ -269,17 +160,13 @@ def _report_run(run: Run, reports_root: Path, name: str) -> list[Path]:
 
     its = iteration_summary(run)  # raises first when there is nothing to report
     text = format_summary(run)
-    out = Path(reports_root) / name
-    written = run_report(run, out, header=_header_lines(run, its))
-    write_report(run, reports_root, name=name)
+    written = run_report(run, Path(reports_root) / name, header=_header_lines(run, its))
     print(text)
-    extra = [out / "ranks.csv"] if (out / "ranks.csv").is_file() else []
-    return [out / "summary.csv", out / "summary.md", *written, *extra]
+    return written
 
 
 def _report_ablation(ablation: str, runs_root: Path, reports_root: Path) -> list[Path]:
     from harness.report_build import ablation_report
-    from harness.report_html import cells
 
     ab = load_ablation(resolve_ablation(runs_root, ablation), runs_root)
     out = Path(reports_root) / f"ablation-{ab.ablation_id}"
@@ -295,10 +182,29 @@ def _report_ablation(ablation: str, runs_root: Path, reports_root: Path) -> list
     return written
 
 
+def _report_compare(spec: str, runs_root: Path, reports_root: Path) -> list[Path]:
+    """RUN=a,b: run a (the baseline) and run b side by side (either may be "latest")."""
+    ids = [x.strip() for x in spec.split(",")]
+    if len(ids) != 2 or not all(ids):
+        raise ReportError(f"--run {spec!r}: give one run id, or two separated by a comma (baseline,candidate)")
+    dirs = [resolve_run(runs_root, x) for x in ids]
+    if dirs[0] == dirs[1]:
+        raise ReportError(f"--run {spec!r} names the same run twice; give two different runs")
+    out = Path(reports_root) / f"compare-{dirs[0].name}-vs-{dirs[1].name}"
+    c = write_compare_report({dirs[0].name: [dirs[0]], dirs[1].name: [dirs[1]]}, out)
+    it = c.iter_ms.set_index("label")
+    print(f"compare {c.labels[1]} vs {c.labels[0]}: iteration {it['mean'].iloc[1]:.4g} vs {it['mean'].iloc[0]:.4g} ms, "
+          f"ratio {c.ratio:.3f} (95% CI {c.ratio_ci[0]:.3f}-{c.ratio_ci[1]:.3f})")
+    print(_text_table(*cells(c.stages[["stage", "baseline_ms", "candidate_ms", "delta_ms", "ratio", "ratio_low",
+                                       "ratio_high"]])))
+    return sorted(out.iterdir())
+
+
 def report_main(run: str | None = None, runs_root: Path = Path("runs"), reports_root: Path = Path("reports"), *,
                 ablation: str | None = None, nsys: str | Path | None = None) -> int:
-    """Report one run (id or "latest"), one ablation (id or "latest", under runs_root/ablations/) or
-    one nsys sqlite export: print a summary, write reports/<run_id | ablation-<id> | nsys-<stem>>/.
+    """Report one run (id or "latest"), two runs side by side ("a,b": a is the baseline), one
+    ablation (id or "latest", under runs_root/ablations/) or one nsys sqlite export: print a
+    summary, write reports/<run_id | compare-<a>-vs-<b> | ablation-<id> | nsys-<stem>>/.
     Exactly one of run, ablation, nsys. Returns 0, or 2 with one stderr line on a user error
     (then nothing is written)."""
     try:
@@ -306,7 +212,9 @@ def report_main(run: str | None = None, runs_root: Path = Path("runs"), reports_
         if len(given) != 1:
             raise ReportError(f"give exactly one of --run, --ablation, --nsys (got {' and '.join(given) or 'none'})")
         runs_root, reports_root = Path(runs_root), Path(reports_root)
-        if run is not None:
+        if run is not None and "," in run:
+            written = _report_compare(run, runs_root, reports_root)
+        elif run is not None:
             loaded = load_run(resolve_run(runs_root, run))
             written = _report_run(loaded, reports_root, loaded.run_id)
         elif nsys is not None:
@@ -318,7 +226,7 @@ def report_main(run: str | None = None, runs_root: Path = Path("runs"), reports_
     except ReportError as exc:
         print(f"report: error: {exc}", file=sys.stderr)
         return 2
-    main = [p for p in written if p.name in ("summary.csv", "summary.md", "report.md", "report.html")]
+    main = [p for p in written if p.name in ("report.md", "report.html")]
     for path in main:
         print(f"wrote {path}")
     print(f"wrote {len(written) - len(main)} more file(s) (CSVs, PNGs) in {written[0].parent}")

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from harness.report_load import ReportError, Run, is_plain_name, load_run, read_json, start_key
-from harness.report_tables import job_iterations, timed_stages
+from harness.report_tables import critical_stages, job_iterations, rank_iterations
 from harness.names import STAGES
 
 N_BOOT = 2000
@@ -233,17 +233,19 @@ def flag_contributions(ab: Ablation, table: pd.DataFrame | None = None) -> pd.Da
 
 
 def config_stage_means(ab: Ablation) -> pd.DataFrame:
-    """Mean stage duration (ms, all ranks and repeats, non-warm-up) per config: a row per config
-    in manifest order, a column per stage. Configs without stage records have no row."""
+    """Mean critical-path stage time (ms, all ranks and repeats, non-warm-up; input_dist: its exposed
+    part) per config: a row per config in manifest order, a column per stage, then iter_ms, the
+    mean iteration time of a rank over the same records. Configs without stage records have no row."""
     rows = {}
     for cfg in ab.configs:
         runs = [ab.runs[r] for r in cfg.get("runs") or [] if r in ab.runs]
         if not runs:
             continue
-        st = timed_stages(runs)
+        st = critical_stages(runs)
         if not st.empty:
-            rows[cfg["name"]] = st.groupby("stage")["duration_ms"].mean()
+            rows[cfg["name"]] = pd.concat([st.groupby("stage")["critical_ms"].mean(),
+                                           pd.Series({"iter_ms": rank_iterations(runs)["iter_ms"].mean()})])
     if not rows:
-        return pd.DataFrame(columns=list(STAGES))
+        return pd.DataFrame(columns=[*STAGES, "iter_ms"])
     wide = pd.DataFrame(rows).T.rename_axis("config")
-    return wide[[s for s in STAGES if s in wide.columns]]
+    return wide[[s for s in STAGES if s in wide.columns] + ["iter_ms"]]

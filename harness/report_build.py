@@ -12,9 +12,11 @@ import pandas as pd
 
 from harness import report_ablation as abl
 from harness import report_plots as plots
+from harness import report_findings as findings
 from harness import report_tables as tables
+from harness.report_compare import Comparison
 from harness.report_html import Doc
-from harness.report_load import FLAGS, ReportError, Run, records
+from harness.report_load import FLAGS, ReportError, Run, records, run_pipelined
 from harness.report_roofline import roofline_table
 
 MAX_TIMELINE_ITERS = 3
@@ -41,12 +43,15 @@ def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
     """
     df = records(run)
     doc = Doc(f"Run {run.run_id}")
+    csvs: dict[str, pd.DataFrame] = {}
+    roof = _roofline_or_none(run)
+    doc.findings(findings.run_findings(run, roof))
     # "!! " lines (failed or incomplete run, ranks or stages without records) become warnings.
-    doc.bullets([line for line in header if not line.startswith("!! ")])
     for line in header:
         if line.startswith("!! "):
             doc.warn(line[3:])
-    csvs: dict[str, pd.DataFrame] = {}
+    doc.h2("Setup")
+    doc.bullets([line for line in header if not line.startswith("!! ")])
     multi_node = df["node"].nunique() > 1
 
     doc.h2("Iterations")
@@ -90,14 +95,17 @@ def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
         overlap = tables.input_dist_overlap(df)
         csvs["input_dist_overlap"] = overlap
         doc.h2("Input distribution hidden by the pipeline")
-        pipe = run.manifest.optimizations.pipeline if run.manifest else None
+        pipe = run_pipelined(run)
         doc.p(f"pipeline: {'on' if pipe else 'off' if pipe is False else 'not recorded'}. hidden = time of each "
               "input_dist span that overlaps the same rank's other stages (from start/end times).")
         doc.table(_drop_run_id(overlap))
         _roofline(run, doc, csvs)
-        pngs.append((plots.plot_stage_bars, (tables.stage_pivot(st_rank, "rank"),),
+        critical = tables.critical_stage_means(df, "rank")
+        csvs["critical_path_by_rank"] = critical.reset_index()
+        pngs.append((plots.plot_stage_bars, (critical,),
                      dict(title=f"Stage time per rank, run {run.run_id}", row_label="rank"),
-                     "stage_bars.png", "Mean stage time per rank (stacked, ms)"))
+                     "stage_bars.png", "Mean stage time on the critical path per rank (stacked, ms; input_dist: "
+                     "its exposed part); the bar ends at the measured mean iteration time"))
         pngs.append((plots.plot_timeline, (df,), dict(iterations=MAX_TIMELINE_ITERS), "timeline.png",
                      "Per-rank timeline of a few non-warm-up iterations"))
     else:
@@ -107,13 +115,27 @@ def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
     if opt is not None:
         doc.h2("Optimizations")
         doc.table(opt)
-    ranks = _rank_table(run)
-    if ranks is not None and not ranks.empty:
+    splits = tables.splits_exchanged(run)
+    if not splits.empty:
+        csvs["splits_exchanged"] = splits
+        doc.h2("Splits all-to-alls")
+        doc.p("Splits exchanges each rank ran in its non-warm-up iterations: 0 with skip_splits_a2a; a batch "
+              "off the fixed hotness falls back to the exchange and counts here.")
+        doc.table(splits)
+    ranks = tables.rank_table(run)
+    if not ranks.empty:
         doc.h2("Ranks")
         doc.table(ranks)
     pngs.append((plots.plot_iteration_time, (df,), dict(title=f"Iteration time, run {run.run_id}"),
                  "iteration_time.png", "Iteration time over the run (warm-up shaded)"))
     return _write(out, doc, csvs, pngs)
+
+
+def _roofline_or_none(run: Run) -> pd.DataFrame | None:
+    try:
+        return roofline_table(run)
+    except ReportError:
+        return None  # the manifest lacks what the formulas need; the roofline section says why
 
 
 def _roofline(run: Run, doc: Doc, csvs: dict) -> None:
@@ -129,14 +151,6 @@ def _roofline(run: Run, doc: Doc, csvs: dict) -> None:
           "a fraction above 100% means the peak was measured low (e.g. on a busy machine). "
           "Formulas: harness/report_roofline.py.")
     doc.table(roof)
-
-
-def _rank_table(run: Run) -> pd.DataFrame | None:
-    from harness.report import rank_table  # the summary's own table; late import avoids a cycle
-    try:
-        return rank_table(run)
-    except (KeyError, ValueError):
-        return None
 
 
 def _write(out: Path, doc: Doc, csvs: dict[str, pd.DataFrame], pngs: list) -> list[Path]:
@@ -160,7 +174,12 @@ def ablation_report(ab: abl.Ablation, out: Path) -> tuple[list[Path], pd.DataFra
                           "iterations; nothing to report")
     contrib = abl.flag_contributions(ab, table)
     m = ab.manifest
+    base = abl._by_kind(ab, "baseline")
+    losses = findings.final_losses({c["name"]: [ab.runs[r] for r in c.get("runs") or [] if r in ab.runs]
+                                    for c in ab.configs}, base)
     doc = Doc(f"Ablation {ab.ablation_id}")
+    doc.findings(findings.ablation_findings(table, contrib, losses))
+    doc.h2("Setup")
     doc.bullets([f"status {m.get('status', '?')}  preset {m.get('preset', '?')}  "
                  f"{m.get('nodes', '?')} node(s) x {m.get('gpus_per_node', '?')} per node  "
                  f"repeats {m.get('repeats', '?')}  pipeline {m.get('pipeline', '?')}",
@@ -178,16 +197,23 @@ def ablation_report(ab: abl.Ablation, out: Path) -> tuple[list[Path], pd.DataFra
     doc.h2("Marginal contribution of each flag (ms saved per iteration)")
     doc.p("alone = baseline - (+flag); removal = (all - flag) - all. Positive = the flag makes it faster.")
     doc.table(contrib)
+    doc.h2("Did a flag change the math?")
+    doc.p("Final loss of each config (last iteration, rank 0, first repeat): the same seed and data must give "
+          "exactly the baseline's loss with any set of optimizations.")
+    doc.table(losses)
     stage_means = abl.config_stage_means(ab)
-    csvs = {"ablation": table, "contributions": contrib, "stages_by_config": stage_means.reset_index(names="config")}
+    csvs = {"ablation": table, "contributions": contrib, "final_loss": losses,
+            "stages_by_config": stage_means.reset_index(names="config")}
     pngs = []
     if not stage_means.empty:
-        doc.h2("Mean stage time per config (ms)")
+        doc.h2("Mean stage time per config (ms, critical path: input_dist's exposed part)")
         doc.table(stage_means, index=True)
         pngs.append((plots.plot_stage_bars, (stage_means,), dict(title=f"Stage time per config, ablation {ab.ablation_id}",
-                     row_label="config"), "stage_bars.png", "Mean stage time per config (stacked, ms)"))
+                     row_label="config"), "stage_bars.png",
+                     "Mean stage time on the critical path per config (stacked, ms); the bar ends at the mean "
+                     "iteration time of a rank"))
     ms = table.set_index("config")["iter_ms"]
-    base, full = abl._by_kind(ab, "baseline"), abl._by_kind(ab, "all")
+    full = abl._by_kind(ab, "all")
     if base is not None and not pd.isna(ms.get(base)):
         pngs.append((plots.plot_waterfall, (contrib, float(ms[base]), float(ms.get(full, float("nan")))),
                      dict(title=f"Ablation {ab.ablation_id}: baseline to all flags (green: faster)"),
@@ -195,3 +221,34 @@ def ablation_report(ab: abl.Ablation, out: Path) -> tuple[list[Path], pd.DataFra
     doc.h2("Runs")
     doc.bullets([f"{c['name']}: {', '.join(c.get('runs') or []) or '(none)'}" for c in ab.configs])
     return _write(out, doc, csvs, pngs), table
+
+
+def compare_report(groups: dict[str, list[Run]], c: Comparison, out: Path, *, absent: list[str]) -> list[Path]:
+    """Write the report of a Comparison (report_compare) of two labelled groups of runs into `out`."""
+    base, cand = c.labels
+    doc = Doc(f"Compare {cand} vs {base}")
+    doc.findings(findings.compare_findings(c, absent))
+    notes = [f"{label}: {len(runs)} run(s): {', '.join(r.run_id for r in runs)}" for label, runs in groups.items()]
+    doc.h2("Setup")
+    doc.bullets(notes)
+    for label, runs in groups.items():
+        for run in runs:
+            for line in findings.caveat_findings(run, tables.completeness(run)):
+                doc.warn(f"{label} run {run.run_id}: {line}")
+    doc.h2("Iteration time (ms, job = slowest rank)")
+    doc.p("mean with each run weighing the same; 95% CI by bootstrap over runs, then iterations within them. "
+          f"ratio = {cand} / {base}: {c.ratio:.4f} (95% CI {c.ratio_ci[0]:.4f}-{c.ratio_ci[1]:.4f}).")
+    doc.table(c.iter_ms)
+    doc.h2("Stages (ms a rank, critical path; input_dist: its exposed part)")
+    doc.p("Only stages both sides recorded; delta = candidate - baseline; ratio = candidate / baseline.")
+    doc.table(c.stages)
+    csvs = {"compare_iterations": c.iter_ms, "compare_stages": c.stages}
+    pngs = []
+    if not c.stages.empty:
+        wide = c.stages.set_index("stage")[["baseline_ms", "candidate_ms"]].T
+        wide.index = [base, cand]
+        wide["iter_ms"] = c.iter_ms.set_index("label")["mean"].reindex([base, cand]).to_numpy()
+        pngs.append((plots.plot_stage_bars, (wide,), dict(title=f"{cand} vs {base}", row_label="label"),
+                     "stage_bars.png", "Mean critical-path stage time (stacked, ms); the bar ends at the mean "
+                     "job iteration time"))
+    return _write(out, doc, csvs, pngs)

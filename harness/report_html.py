@@ -70,6 +70,11 @@ class Doc:
         if lines:
             self.parts.append(("ul", list(lines)))
 
+    def findings(self, lines: list[str]) -> None:
+        """The answer first: a "Findings" heading and its lines, meant to open the report."""
+        self.h2("Findings")
+        self.bullets(lines or ["nothing to report"])
+
     def warn(self, text: str) -> None:
         self.parts.append(("warn", text))
 

@@ -270,3 +270,36 @@ def as_records(runs: pd.DataFrame | Run | Sequence[Run]) -> pd.DataFrame:
     if not frames:
         raise ReportError("no runs given")
     return pd.concat(frames, ignore_index=True)
+
+
+# --- manifest accessors -------------------------------------------------------
+# The report's newer code reads manifest values only through these, so the switch from the
+# manifest dict to a typed manifest is an edit here, not in every table.
+
+def run_status(run: Run) -> str:
+    """"completed", "failed", "running" (a trace counts as completed)."""
+    return run.status
+
+
+def run_error(run: Run) -> str:
+    """The last line of the recorded error (it may be a traceback); "" when none."""
+    error = run.manifest.status.error if run.manifest else None
+    lines = str(error or "").strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def run_pipelined(run: Run) -> bool | None:
+    """Whether input_dist was pipelined; None when not recorded (a trace)."""
+    return run.manifest.optimizations.pipeline if run.manifest else None
+
+
+def inactive_flags(run: Run) -> dict[str, str]:
+    """Flag -> reason, for flags requested but not in effect."""
+    return dict(run.manifest.optimizations.inactive_reasons) if run.manifest else {}
+
+
+def rank_notes(run: Run) -> pd.DataFrame:
+    """The ranks' own notes (host, threads, gemm_gflops, copy_gbps, peak_rss_gib, peak_gpu_mem_gib ...)."""
+    if not run.manifest:
+        return pd.DataFrame()
+    return pd.DataFrame([dataclasses.asdict(r) for r in run.manifest.ranks])

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from harness.report_tables import job_iterations, rank_iterations  # noqa: E402
-from harness.stages import STAGES  # noqa: E402
+from harness.names import STAGES  # noqa: E402
 
 COLORS = dict(zip(STAGES, ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3")))
 DPI = 110
@@ -26,25 +26,35 @@ def _save(fig: Figure, path: Path) -> Path:
 
 
 def plot_stage_bars(wide: pd.DataFrame, path: Path, *, title: str, row_label: str) -> Path:
-    """Horizontal stacked bars: a bar per row of `wide` (rank or config), a segment per stage (ms)."""
+    """Horizontal stacked bars: a bar per row of `wide` (rank, config, label), a segment per stage
+    (ms, critical-path times, so segments never count overlapped time twice). With an `iter_ms`
+    column, a grey segment fills the rest up to the measured iteration time (untimed work, waiting)
+    and the label gives that measured time; stages adding up past it get a warning mark."""
     labels = [str(i) for i in wide.index]
-    fig = Figure(figsize=(9, 1.6 + 0.45 * len(labels)), layout="constrained")
+    stages = [s for s in STAGES if s in wide.columns]
+    fig = Figure(figsize=(9, 1.8 + 0.45 * len(labels)), layout="constrained")
     ax = fig.add_subplot()
     left = np.zeros(len(labels))
     y = np.arange(len(labels))
-    for stage in [s for s in STAGES if s in wide.columns]:
+    for stage in stages:
         vals = wide[stage].fillna(0).to_numpy(float)
         ax.barh(y, vals, left=left, color=COLORS[stage], label=stage, height=0.7)
         left += vals
-    for yi, total in zip(y, left):
-        ax.text(total, yi, f" {total:.3g} ms", va="center", fontsize=8)
+    measured = wide["iter_ms"].to_numpy(float) if "iter_ms" in wide.columns else left
+    rest = np.clip(np.nan_to_num(measured - left), 0, None)
+    if rest.any():
+        ax.barh(y, rest, left=left, color="#d9d9d9", label="untimed / waiting", height=0.7)
+    for yi, total, meas in zip(y, left, measured):
+        over = " (stages exceed it)" if total > 1.05 * meas else ""
+        ax.text(max(total, meas), yi, f" {meas:.3g} ms{over}", va="center", fontsize=8)
     ax.set_yticks(y, labels)
     ax.invert_yaxis()  # first row on top, as in the tables
-    ax.set_xlim(0, left.max() * 1.18 if len(left) and left.max() > 0 else 1)
-    ax.set_xlabel("mean stage time per iteration (ms, non-warm-up)")
+    top = float(np.nanmax(np.maximum(left, measured))) if len(left) else 0.0
+    ax.set_xlim(0, top * 1.25 if top > 0 else 1)
+    ax.set_xlabel("mean time per iteration (ms, non-warm-up; input_dist: exposed part)")
     ax.set_ylabel(row_label)
     ax.set_title(title)
-    fig.legend(loc="outside lower center", ncols=len(wide.columns), fontsize=8, frameon=False)
+    fig.legend(loc="outside lower center", ncols=len(stages) + 1, fontsize=8, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     return _save(fig, path)
 
@@ -136,22 +146,26 @@ def plot_waterfall(contrib: pd.DataFrame, base_ms: float, all_ms: float, path: P
         steps.append(("all flags", all_ms, "total"))
     fig = Figure(figsize=(max(7, 1.1 * len(steps)), 4.6), layout="constrained")
     ax = fig.add_subplot()
-    cur = 0.0
+    cur, tops = 0.0, []
     for x, (label, val, kind) in enumerate(steps):
         if kind == "total":
             ax.bar(x, val, color="#4C72B0")
-            ax.text(x, val, f"{val:.3g}", ha="center", va="bottom", fontsize=8)
+            tops.append(val)
+            ax.text(x, val, f"{val:.3g}", ha="center", va="bottom", fontsize=8, clip_on=True)
             cur = val
         elif pd.isna(val):
             ax.plot([x - 0.4, x + 0.4], [cur, cur], color="grey", linestyle=":")
-            ax.text(x, cur, "n/a\n(inactive)", ha="center", va="bottom", fontsize=7, color="grey")
+            tops.append(cur)
+            ax.text(x, cur, "n/a\n(inactive)", ha="center", va="bottom", fontsize=7, color="grey", clip_on=True)
         else:
             ax.bar(x, val, bottom=cur, color="#55A868" if val <= 0 else "#C44E52")
-            ax.text(x, max(cur, cur + val), f"{val:+.3g}", ha="center", va="bottom", fontsize=8)
+            tops.append(max(cur, cur + val))
+            ax.text(x, max(cur, cur + val), f"{val:+.3g}", ha="center", va="bottom", fontsize=8, clip_on=True)
             cur += val
     ax.set_xticks(range(len(steps)), [s[0] for s in steps], rotation=30, ha="right")
     ax.set_ylabel("mean iteration time (ms)")
     ax.set_title(title or "Ablation waterfall: baseline to all flags (green: faster)")
     ax.grid(axis="y", alpha=0.3)
-    ax.set_ylim(0, max(v for _, v, k in steps if k == "total") * 1.15)
+    # Every bar (a step may climb above both totals) and its label above it stay inside the axes.
+    ax.set_ylim(0, max(tops) * 1.18 if tops and max(tops) > 0 else 1)
     return _save(fig, path)

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from harness.report_load import Run, as_records
-from harness.stages import STAGES
+from harness.report_load import Run, as_records, rank_notes
+from harness.names import STAGES
 
 Runs = pd.DataFrame | Run | Sequence[Run]
 _GROUPS = {"job": [], "rank": ["rank"], "node": ["node"]}
@@ -174,16 +174,13 @@ def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return s[first], np.maximum.reduceat(e, first)
 
 
-def input_dist_spans(runs: Runs) -> pd.DataFrame:
-    """Each non-warm-up input_dist record with hidden_ms: how much of it ran while the same rank
-    ran another stage (any iteration's, from start_ns/end_ns). 0 when stages run one after another.
-
-    Columns: run_id, rank, node, iteration, duration_ms, hidden_ms, exposed_ms.
-    """
-    df = as_records(runs)
+def _input_dist_ns(df: pd.DataFrame) -> pd.DataFrame:
+    """For each non-warm-up input_dist row of the flat frame `df` (same index): hidden_ns, the part
+    that ran while the same rank ran another stage (any iteration's, from start_ns/end_ns), and
+    in_iter_ns, the part inside one of the rank's iteration records (all ns, integers)."""
     df = df[df["stage"].notna()]
     out = []
-    for (run_id, rank), g in df.groupby(["run_id", "rank"], sort=True):
+    for _, g in df.groupby(["run_id", "rank"], sort=True):
         idist = g[(g["stage"] == "input_dist") & ~g["warmup"]]
         if idist.empty:
             continue
@@ -192,13 +189,61 @@ def input_dist_spans(runs: Runs) -> pd.DataFrame:
         other = g[g["stage"] != "input_dist"]
         us, ue = _union(other["start_ns"].to_numpy("int64"), other["end_ns"].to_numpy("int64"))
         a, b = idist["start_ns"].to_numpy("int64"), idist["end_ns"].to_numpy("int64")
-        hidden = _covered(us, ue, b) - _covered(us, ue, a)  # integer ns: exposed is exact, never -1e-15
-        out.append(pd.DataFrame({"run_id": run_id, "rank": rank, "node": idist["node"].to_numpy(),
-                                 "iteration": idist["iteration"].to_numpy(), "duration_ms": (b - a) / 1e6,
-                                 "hidden_ms": hidden / 1e6, "exposed_ms": (b - a - hidden) / 1e6}))
-    if not out:
-        return pd.DataFrame(columns=["run_id", "rank", "node", "iteration", "duration_ms", "hidden_ms", "exposed_ms"])
-    return pd.concat(out, ignore_index=True)
+        its = g[["iter_start_ns", "iter_end_ns"]].dropna().drop_duplicates()
+        if its.empty:  # no iteration records bound the span (an nsys trace without them): all of it counts
+            in_iter = b - a
+        else:
+            vs, ve = _union(its["iter_start_ns"].to_numpy("int64"), its["iter_end_ns"].to_numpy("int64"))
+            in_iter = _covered(vs, ve, b) - _covered(vs, ve, a)
+        out.append(pd.DataFrame({"hidden_ns": _covered(us, ue, b) - _covered(us, ue, a), "in_iter_ns": in_iter},
+                                index=idist.index, dtype="int64"))
+    return pd.concat(out) if out else pd.DataFrame({"hidden_ns": [], "in_iter_ns": []}, dtype="int64")
+
+
+def input_dist_spans(runs: Runs) -> pd.DataFrame:
+    """Each non-warm-up input_dist record with hidden_ms: how much of it ran while the same rank
+    ran another stage (any iteration's, from start_ns/end_ns). 0 when stages run one after another.
+
+    Columns: run_id, rank, node, iteration, duration_ms, hidden_ms, exposed_ms.
+    """
+    df = as_records(runs)
+    hidden = _input_dist_ns(df)["hidden_ns"]
+    cols = ["run_id", "rank", "node", "iteration", "duration_ms", "hidden_ms", "exposed_ms"]
+    if hidden.empty:
+        return pd.DataFrame(columns=cols)
+    rows = df.loc[hidden.index]
+    span_ns = rows["end_ns"].astype("int64") - rows["start_ns"].astype("int64")
+    out = rows[["run_id", "rank", "node", "iteration"]].assign(
+        duration_ms=span_ns / 1e6, hidden_ms=hidden / 1e6, exposed_ms=(span_ns - hidden) / 1e6)
+    return out.sort_values(["run_id", "rank"], kind="stable").reset_index(drop=True)[cols]
+
+
+def critical_stages(runs: Runs) -> pd.DataFrame:
+    """Non-warm-up stage records with `critical_ms`: the part of the stage on the iteration's
+    critical path. That is the duration, except for input_dist, where it is the exposed part
+    inside an iteration record of the rank (pipelined, its span runs from its launch under the
+    previous iteration's compute to its wait, so adding the whole span on top of the stages it
+    overlaps would count time twice; what falls between two iterations is in neither's time)."""
+    df = as_records(runs)
+    st = df[df["stage"].notna() & ~df["warmup"]].copy()
+    st["critical_ms"] = st["duration_ms"]
+    parts = _input_dist_ns(df)
+    if not parts.empty:
+        st.loc[parts.index, "critical_ms"] = (parts["in_iter_ns"] - parts["hidden_ns"]).clip(lower=0) / 1e6
+    return st
+
+
+def critical_stage_means(runs: Runs, by: str = "rank") -> pd.DataFrame:
+    """One run's mean critical_ms per stage, wide: a row per rank or node, a column per stage
+    (STAGES order), then iter_ms, the row's measured mean iteration time over the same
+    non-warm-up iterations (a node's: its slowest rank's). A row's stages sum to about its
+    iter_ms; what is left is untimed work."""
+    if by not in ("rank", "node"):
+        raise ValueError(f"by must be rank or node, got {by!r}")
+    wide = critical_stages(runs).groupby([by, "stage"])["critical_ms"].mean().unstack("stage")
+    wide = wide[[s for s in STAGES if s in wide.columns]]
+    it = iteration_table(runs, by).set_index(by)["iter_ms_mean"]
+    return wide.join(it.rename("iter_ms"))
 
 
 def input_dist_overlap(runs: Runs) -> pd.DataFrame:
@@ -256,3 +301,43 @@ def completeness(runs: Runs) -> list[str]:
 
 def _ints(xs: list[int]) -> str:
     return ", ".join(map(str, xs))
+
+
+def rank_table(run: Run) -> pd.DataFrame:
+    """Per rank: host, threads, measured GEMM rate and copy bandwidth, peak RSS and GPU memory, and
+    the dense stage's achieved rate (empty when the manifest has no rank notes).
+
+    dense_gflops = dense FLOPs of the rank's local batch (manifest: dense_flops_per_sample)
+    over its median non-warm-up dense_fwd_bwd time; dense_vs_gemm is that over the plain
+    torch.mm rate the same rank measured at start. The stage also holds the gradient
+    all-reduce, so the fraction is a lower bound on the GEMMs' own efficiency.
+    """
+    ranks = rank_notes(run)
+    if ranks.empty or "rank" not in ranks:
+        return pd.DataFrame()
+    cols = [c for c in ("rank", "node", "host", "threads", "gemm_gflops", "copy_gbps", "peak_rss_gib",
+                        "peak_gpu_mem_gib") if c in ranks]
+    ranks = ranks[cols].sort_values("rank").reset_index(drop=True)
+    flops = run.manifest.dense_flops_per_sample if run.manifest else None
+    dense = run.stages[(run.stages["stage"] == "dense_fwd_bwd") & ~run.stages["warmup"]]
+    if flops and not dense.empty and "gemm_gflops" in ranks:
+        p50 = dense.groupby("rank")["duration_ms"].median()
+        samples = run.iterations[~run.iterations["warmup"]].groupby("rank")["samples"].median()
+        ranks["dense_gflops"] = ranks["rank"].map(flops * samples / (p50 / 1e3) / 1e9)
+        ranks["dense_vs_gemm"] = ranks["dense_gflops"] / ranks["gemm_gflops"]
+    return ranks
+
+
+def splits_exchanged(run: Run) -> pd.DataFrame:
+    """Per rank, the splits all-to-alls its non-warm-up iterations ran (skip_splits_a2a makes it 0; a
+    batch off the fixed hotness falls back to the exchange): columns rank, iterations,
+    splits_exchanged (total), iterations_with_exchange. Empty when the run did not record it."""
+    its = run.iterations
+    if "splits_exchanged" not in its or its.empty:
+        return pd.DataFrame()
+    its = its[~its["warmup"] & (its["splits_exchanged"] >= 0)]  # -1: not recorded
+    if its.empty:
+        return pd.DataFrame()
+    return its.groupby("rank").agg(iterations=("iteration", "count"), splits_exchanged=("splits_exchanged", "sum"),
+                                   iterations_with_exchange=("splits_exchanged", lambda s: int((s > 0).sum()))
+                                   ).reset_index()

@@ -11,7 +11,7 @@ from harness.cli import main
 from harness.report import load_run
 from harness.manifest import RunManifest, RunStatus
 from harness.names import STAGES
-from tests.test_report_builders import manifest_for
+from tests.report_builders import manifest_for
 
 
 @pytest.fixture
@@ -136,12 +136,12 @@ def test_bench_tiny_two_simulated_nodes_end_to_end(tmp_path, capsys):
     # make report reproduces the table from the folder alone.
     code = main(["report", "--run", "latest", "--runs-root", str(runs), "--reports-root", str(tmp_path / "rep")])
     assert code == 0
-    csv = pd.read_csv(tmp_path / "rep" / run_dir.name / "summary.csv")
+    csv = pd.read_csv(tmp_path / "rep" / run_dir.name / "stages.csv")
     timed = stages[~stages["warmup"]]
     for stage in STAGES:
         row = csv[csv["stage"] == stage].iloc[0]
         assert row["mean_ms"] == pytest.approx(timed.loc[timed["stage"] == stage, "duration_ms"].mean())
-    assert (tmp_path / "rep" / run_dir.name / "summary.md").exists()
+    assert (tmp_path / "rep" / run_dir.name / "report.md").exists()
 
 
 def test_plain_loop_keeps_every_stage_inside_its_iteration(tmp_path, capsys):

@@ -13,9 +13,9 @@ import pytest
 
 from harness.report import (
     STAGES, ReportError, format_summary, iteration_summary, load_run, report_main,
-    resolve_run, stage_summary, write_report,
+    resolve_run, stage_stats,
 )
-from tests.test_report_builders import manifest_for
+from tests.report_builders import manifest_for
 
 WARMUP = {0, 1}  # iterations 0 and 1 are warm-up in every hand-built run
 WARMUP_MS = 1000.0
@@ -84,10 +84,10 @@ def test_parts_of_all_ranks_are_concatenated(run_dir):
     assert sorted(run.stages.loc[run.stages["rank"] == 0, "iteration"].unique()) == [0, 1, 2, 3, 4]
 
 
-def test_stage_summary_excludes_warmup(run_dir):
-    table = stage_summary(load_run(run_dir))
+def test_stage_stats_exclude_warmup(run_dir):
+    table = stage_stats(load_run(run_dir))
     assert list(table["stage"]) == list(STAGES)
-    assert list(table.columns) == ["stage", "mean_ms", "p50_ms", "p90_ms", "count"]
+    assert list(table.columns) == ["run_id", "stage", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "count", "share"]
     for s, name in enumerate(STAGES):
         raw = [stage_ms(r, i, s) for r in (0, 1) for i in (2, 3, 4)]
         row = table[table["stage"] == name].iloc[0]
@@ -100,12 +100,12 @@ def test_stage_summary_excludes_warmup(run_dir):
     assert table["mean_ms"].max() < WARMUP_MS / 10
 
 
-def test_stage_summary_keeps_stage_order_and_only_present_stages(tmp_path):
+def test_stage_stats_keep_stage_order_and_only_present_stages(tmp_path):
     d = make_run(tmp_path, "r")
     for p in d.glob("rank*/stages-*.parquet"):
         df = pd.read_parquet(p)
         df[df["stage"] != "emb_fwd"].iloc[::-1].to_parquet(p)  # reversed, emb_fwd gone
-    assert list(stage_summary(load_run(d))["stage"]) == [
+    assert list(stage_stats(load_run(d))["stage"]) == [
         "input_dist", "dense_fwd_bwd", "emb_bwd", "dense_update"]
 
 
@@ -182,7 +182,7 @@ def test_failed_run_reports_what_was_written(tmp_path):
     text = format_summary(run)
     assert "FAILED" in text and "RuntimeError: boom" in text
     assert "1 not recorded by every rank" in text
-    assert stage_summary(run).loc[0, "count"] == 5  # stage records are still all used
+    assert stage_stats(run).loc[0, "count"] == 5  # stage records are still all used
 
 
 def test_running_run_is_flagged_incomplete(tmp_path):
@@ -216,28 +216,19 @@ def test_format_summary_contents(run_dir):
     assert "samples_per_s 558.1" in text and "mean 14.333" in text
 
 
-def test_write_report(run_dir, tmp_path):
-    out = write_report(load_run(run_dir), tmp_path / "reports")
-    assert out == tmp_path / "reports" / "r1"
-    csv = pd.read_csv(out / "summary.csv")
-    assert list(csv["stage"]) == [*STAGES, "iteration"]
-    it = csv.set_index("stage").loc["iteration"]
-    assert it["mean_ms"] == pytest.approx(43 / 3) and it["p90_ms"] == pytest.approx(18.4)
-    assert it["count"] == 3 and it["samples_per_s"] == pytest.approx(24 / 0.043)
-    assert csv.set_index("stage").loc["emb_fwd", "count"] == 6
-    md = (out / "summary.md").read_text()
-    assert md.startswith("# Run r1")
-    assert "| stage | mean_ms | p50_ms | p90_ms | count |" in md
-    assert all(f"| {s} |" in md for s in STAGES)
-    assert "| 14.333 | 12.000 | 18.400 | 558.1 | 3 |" in md
-
-
 def test_report_main_success(tmp_path, capsys):
     make_run(tmp_path / "runs", "r1")
     assert report_main("latest", tmp_path / "runs", tmp_path / "reports") == 0
     out = capsys.readouterr().out
-    assert "dense_update" in out and str(tmp_path / "reports" / "r1" / "summary.md") in out
-    assert (tmp_path / "reports" / "r1" / "summary.csv").is_file()
+    assert "dense_update" in out and str(tmp_path / "reports" / "r1" / "report.md") in out
+    # One report: no second summary beside it.
+    files = {p.name for p in (tmp_path / "reports" / "r1").iterdir()}
+    assert "report.md" in files and "report.html" in files
+    assert not files & {"summary.md", "summary.csv"}
+    md = (tmp_path / "reports" / "r1" / "report.md").read_text()
+    # Findings come first; job iterations 11, 12, 20 ms -> mean 14.33; 24 samples in 43 ms.
+    assert md.index("## Findings") < md.index("## Iterations")
+    assert "iteration 14.33 ms" in md and "558 samples/s" in md
 
 
 def test_report_main_unknown_run(tmp_path, capsys):

@@ -8,7 +8,7 @@ from harness.report import ReportError, report_main
 from harness.report_ablation import (
     ablation_table, bootstrap_mean_ci, config_stage_means, flag_contributions, load_ablation, resolve_ablation,
 )
-from tests.test_report_builders import config, iter_run, write_ablation
+from tests.report_builders import config, iter_run, write_ablation
 
 REASON = "CUDA only: this run is on cpu"
 # Run id -> per-rank non-warm-up iteration times (rank 0, rank 1). Job time = max over ranks.
@@ -166,3 +166,26 @@ def test_empty_or_unreadable_ablations_are_one_line_errors(tmp_path, capsys):
     assert not (tmp_path / "rep").exists()
     with pytest.raises(ReportError, match="no ablations"):
         resolve_ablation(tmp_path / "elsewhere", "latest")
+
+
+def test_ablation_findings_first_and_the_final_loss_check(tmp_path):
+    runs = tmp_path / "runs"
+    build(runs)
+    # One run of "all" ends on another loss: the report must say that a flag changed the math.
+    part = runs / "a1" / "rank00000" / "iterations-00000.parquet"
+    its = pd.read_parquet(part)
+    its.loc[its["iteration"] == its["iteration"].max(), "loss"] = 0.51
+    its.to_parquet(part)
+    assert report_main(ablation="ab1", runs_root=runs, reports_root=tmp_path / "rep") == 0
+    out = tmp_path / "rep" / "ablation-ab1"
+    md = (out / "report.md").read_text()
+    findings = md[md.index("## Findings"):md.index("## Setup")]
+    assert md.index("## Findings") < md.index("## Configs")
+    assert f"baseline {BASE:.4g} ms" in findings
+    assert f"fastest config: all, {BASE / 8.5:.3f}x the baseline" in findings
+    assert f"biggest flag effect: skip_splits_a2a alone saves {BASE - 9.5:.4g} ms an iteration" in findings
+    assert f"cuda_graphs: {REASON}" in findings
+    assert "final loss differs from the baseline's in: all" in findings
+    loss = pd.read_csv(out / "final_loss.csv").set_index("config")
+    assert loss.loc["all", "final_loss"] == pytest.approx(0.51) and loss.loc["baseline", "final_loss"] == 0.5
+    assert not loss.loc["all", "equals_baseline"] and loss.loc["+skip_splits_a2a", "equals_baseline"]

@@ -97,7 +97,7 @@ def test_report_main_nsys(tmp_path, capsys):
     path = trace(tmp_path, name="gpu-run")
     assert report_main(nsys=str(path), reports_root=tmp_path / "rep") == 0
     out = tmp_path / "rep" / "nsys-gpu-run"
-    for name in ("report.md", "report.html", "summary.csv", "stages.csv", "timeline.png", "iteration_time.png"):
+    for name in ("report.md", "report.html", "iteration_stats.csv", "stages.csv", "timeline.png", "iteration_time.png"):
         assert (out / name).is_file(), name
     md = (out / "report.md").read_text()
     assert "source: nsys export" in md and "# Run gpu-run" in md

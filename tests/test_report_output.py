@@ -9,7 +9,7 @@ import pytest
 from harness.report import report_main
 from harness.report_html import Doc, fmt
 from harness.report_load import FLAGS
-from tests.test_report_builders import flags_for, rewrite_manifest, sequential, write_run
+from tests.report_builders import flags_for, rewrite_manifest, sequential, write_run
 from tests.test_report_tables import dur, four_ranks
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -29,7 +29,7 @@ def two_node_report(tmp_path_factory):
 def test_run_report_files(two_node_report):
     out = two_node_report
     names = {p.name for p in out.iterdir()}
-    assert {"report.md", "report.html", "summary.csv", "summary.md", "stages.csv", "stages_by_rank.csv",
+    assert {"report.md", "report.html", "stages.csv", "stages_by_rank.csv",
             "stages_by_node.csv", "iteration_stats.csv", "iterations.csv", "stragglers.csv",
             "input_dist_overlap.csv", "stage_bars.png", "timeline.png", "iteration_time.png"} <= names
     for png in out.glob("*.png"):
@@ -48,6 +48,14 @@ def test_run_report_markdown_and_html(two_node_report):
                     "## Roofline", "## Optimizations", "## Plots"):
         assert heading in md
     assert "roofline n/a" not in md
+    # Findings first, by hand: job iteration = rank 3's, 33.75/35/36.25 ms; dense_fwd_bwd means
+    # 8.5, 9, 9.5 and 20 ms on ranks 0-3 (11.75 overall); median rank 9.25, so rank 3 is +116%.
+    findings = md[md.index("## Findings"):md.index("## Setup")]
+    assert md.index("## Findings") < md.index("## Iterations")
+    assert "iteration 35 ms" in findings
+    assert "dominant stage: dense_fwd_bwd, 11.75 ms a rank (34% of the iteration)" in findings
+    assert "straggler: worst is rank 3 (node 1) in dense_fwd_bwd, 20 ms vs the median rank's 9.25 ms (+116%)" in findings
+    assert "cuda_graphs requested but inactive: CUDA only: this run is on cpu" in findings
     assert "| cuda_graphs | yes | no | CUDA only: this run is on cpu |  |" in md
     assert "| skip_splits_a2a | yes | yes |  | row-wise tables still exchange their splits |" in md
     assert "![Per-rank timeline" in md and "(timeline.png)" in md
@@ -110,3 +118,33 @@ def test_cell_formatting_and_escaping(tmp_path):
     doc.table(pd.DataFrame({"note": ["a|b <x>"], "share": [0.5]}))
     assert "| a\\|b <x> | 50.0% |" in doc.markdown()
     assert "<td>a|b &lt;x&gt;</td>" in doc.html()
+
+
+def test_splits_exchanged_is_reported_per_rank(tmp_path):
+    sp, it = sequential(0, range(4), lambda r, i, s: 1.0, warmup_iters=1)
+    d = write_run(tmp_path / "runs", "sk", sp, it, world_size=1, warmup_iters=1)
+    part = d / "rank00000" / "iterations-00000.parquet"
+    its = pd.read_parquet(part)
+    its["splits_exchanged"] = [1, 0, 1, 0]  # iteration 0 is warm-up: not counted
+    its.to_parquet(part)
+    assert report_main(run="sk", runs_root=tmp_path / "runs", reports_root=tmp_path / "rep") == 0
+    csv = pd.read_csv(tmp_path / "rep" / "sk" / "splits_exchanged.csv")
+    assert csv.to_dict("records") == [{"rank": 0, "iterations": 3, "splits_exchanged": 1,
+                                       "iterations_with_exchange": 1}]
+    assert "## Splits all-to-alls" in (tmp_path / "rep" / "sk" / "report.md").read_text()
+
+
+def test_waterfall_keeps_every_bar_and_label_inside_the_axes(tmp_path, monkeypatch):
+    from harness import report_plots
+
+    figs = []
+    monkeypatch.setattr(report_plots, "_save", lambda fig, path: figs.append(fig) or path)
+    # A flag that slows things climbs to 16 ms, above both totals (10 and 13).
+    contrib = pd.DataFrame({"flag": ["cuda_graphs", "threaded_input_dist", "skip_splits_a2a"],
+                            "alone_ms": [np.nan, -6.0, 2.0]})
+    report_plots.plot_waterfall(contrib, 10.0, 13.0, tmp_path / "w.png")
+    ax = figs[0].axes[0]
+    low, high = ax.get_ylim()
+    tops = [p.get_y() + p.get_height() for p in ax.patches]
+    assert max(tops) == pytest.approx(16.0) and high > 16.0 and low == 0
+    assert all(low <= t.get_position()[1] < high for t in ax.texts)

@@ -4,12 +4,13 @@ import dataclasses
 
 import pytest
 
+from harness.names import STAGES
 from harness.report import ReportError, load_run
 from harness.report_roofline import dense_shape, roofline_table, stage_work
 from harness.config import ModelConfig
 from harness.manifest import RankInfo
 from model.sharding import Shard, TablePlan, table_wise
-from tests.test_report_builders import sequential, write_run
+from tests.report_builders import sequential, write_run
 
 
 def rank_info(rank, gemm, copy):
@@ -153,3 +154,33 @@ def test_peaks_of_a_run_still_going_come_from_rank_notes(tmp_path):
     t = roofline_table(run).set_index("stage")
     assert t.loc["dense_fwd_bwd", "gemm_gflops"] == pytest.approx(20.0)
     assert t.loc["emb_fwd", "copy_gbps"] == pytest.approx(5.0)
+
+
+def test_roofline_of_a_real_tiny_run(tmp_path, capsys):
+    """End to end: a real run's manifest (config, plan, rank peaks) feeds the roofline; the totals
+    are checked against the preset and the model's own FLOP count, not the formulas under test."""
+    from harness.cli import main
+    from harness.presets import tiny
+    from harness.report_tables import stage_stats
+    from model.dense import dense_flops_per_sample
+
+    runs = tmp_path / "runs"
+    assert main(["bench", "--preset", "tiny", "--iters", "3", "--warmup", "1", "--runs-root", str(runs)]) == 0
+    run = load_run(next(runs.iterdir()))
+    m = tiny().model
+    G, W = tiny().data.global_batch_size, run.manifest.world_size
+    work = stage_work(run)
+    # Sum pooling reads every id's row once, whatever the sharding: G * (ids a sample) * D FLOPs in all.
+    assert work.loc[work["stage"] == "emb_fwd", "flops"].sum() == pytest.approx(G * sum(m.multi_hot) * m.embedding_dim)
+    per_sample = dense_flops_per_sample(num_dense=m.num_dense, num_sparse=len(m.table_rows),
+                                        embedding_dim=m.embedding_dim, bottom_mlp=list(m.bottom_mlp),
+                                        cross_layers=m.cross_layers, cross_rank=m.cross_rank, top_mlp=list(m.top_mlp))
+    dense = work[work["stage"] == "dense_fwd_bwd"]
+    assert len(dense) == W and (dense["flops"] == per_sample * G // W).all()
+    roof = roofline_table(run).set_index("stage")
+    assert list(roof.index) == list(STAGES)
+    # Peaks were measured by every rank, so every fraction is a finite positive number.
+    assert (roof["gemm_gflops"] > 0).all() and (roof["copy_gbps"] > 0).all()
+    assert (roof["bytes_frac"] > 0).all() and roof["bound"].isin(["compute", "memory"]).all()
+    times = stage_stats(run).set_index("stage")["mean_ms"]
+    assert roof["mean_ms"].to_numpy() == pytest.approx(times.loc[list(STAGES)].to_numpy())

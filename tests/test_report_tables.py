@@ -7,11 +7,11 @@ import pytest
 from harness.report import format_summary, load_run
 from harness.report_load import FLAGS, load_runs, records
 from harness.report_tables import (
-    _covered, _union, completeness, input_dist_overlap, input_dist_spans, iteration_table, job_iterations,
+    critical_stage_means, critical_stages, _covered, _union, completeness, input_dist_overlap, input_dist_spans, iteration_table, job_iterations,
     stage_pivot, stage_stats, straggler_table,
 )
 from harness.names import STAGES
-from tests.test_report_builders import flags_for, rewrite_manifest, sequential, span, write_run
+from tests.report_builders import flags_for, rewrite_manifest, sequential, span, write_run
 
 BASE = [1.0, 2.0, 8.0, 3.0, 1.0]  # ms per stage, STAGES order
 NODE = {0: 0, 1: 0, 2: 1, 3: 1}
@@ -206,4 +206,47 @@ def test_iterations_without_stage_records_are_kept(tmp_path):
     assert len(df) == 3 and df["stage"].isna().all()
     assert stage_stats(df).empty
     assert iteration_table(df).iloc[0]["iter_ms_mean"] == pytest.approx(10.0)
-    assert isinstance(df, pd.DataFrame)
+    assert list(df["iter_ms"]) == pytest.approx([10.0, 10.0, 10.0])
+
+
+def overlapped(root, *, exposed=2.0, compute=(1.0, 3.0, 1.0, 1.0), iterations=6):
+    """Two ranks, pipelined with a known overlap: iteration i starts by waiting `exposed` ms for
+    its input_dist, then runs the compute stages; input_dist of i+1 is launched as that compute
+    starts, so it spans all of it plus the next wait. Iteration 0 is warm-up."""
+    spans, iters = [], {}
+    step = exposed + sum(compute)
+    for rank in (0, 1):
+        for i in range(iterations):
+            t0 = 100.0 + i * step
+            launch = t0 - sum(compute) if i else t0  # under iteration i-1's compute
+            spans.append(span(rank, i, "input_dist", launch, t0 + exposed, warmup=i == 0))
+            t = t0 + exposed
+            for name, d in zip(STAGES[1:], compute):
+                spans.append(span(rank, i, name, t, t + d, warmup=i == 0))
+                t += d
+            iters[(rank, i)] = (t0, t)
+    return write_run(root, "overlap", spans, iters, world_size=2, warmup_iters=1, manifest={"flags": flags_for(pipeline=True)})
+
+
+def test_stage_bars_stack_the_critical_path_and_total_the_iteration(tmp_path):
+    run = load_run(overlapped(tmp_path))
+    wide = critical_stage_means(run, "rank")
+    # By hand: input_dist spans 6 + 2 = 8 ms, 6 of them under the previous compute: 2 exposed.
+    assert list(wide.columns) == [*STAGES, "iter_ms"]
+    assert wide["input_dist"].tolist() == pytest.approx([2.0, 2.0])
+    assert wide["dense_fwd_bwd"].tolist() == pytest.approx([3.0, 3.0])
+    assert wide["iter_ms"].tolist() == pytest.approx([8.0, 8.0])
+    totals = wide[list(STAGES)].sum(axis=1)
+    assert ((totals - wide["iter_ms"]).abs() <= 0.05 * wide["iter_ms"]).all()
+    # The whole spans stacked (what the bars used to draw) overshoot by the hidden 6 ms.
+    naive = stage_stats(run, "rank").groupby("rank")["mean_ms"].sum()
+    assert naive.tolist() == pytest.approx([14.0, 14.0])
+
+
+def test_critical_path_of_a_plain_loop_is_every_duration(tmp_path):
+    sp, it = sequential(0, range(3), lambda r, i, s: BASE[s], gap=0.5)
+    run = load_run(write_run(tmp_path, "plain", sp, it, world_size=1))
+    st = critical_stages(run)
+    assert st["critical_ms"].tolist() == pytest.approx(st["duration_ms"].tolist())
+    wide = critical_stage_means(run, "rank")
+    assert wide.loc[0, list(STAGES)].sum() == pytest.approx(sum(BASE)) == wide.loc[0, "iter_ms"]
