@@ -52,9 +52,12 @@ check-bench-knobs:
 	@case "$(DRY_RUN)" in 0|1) ;; \
 	  *) echo "make: DRY_RUN=$(DRY_RUN) is not valid; valid values: 0 1" >&2; exit 2;; esac
 
-$(STAMP): requirements.txt $(TORCH_REQS)
+$(STAMP): requirements.txt $(TORCH_REQS) requirements-torchrec.txt requirements-torchrec-deps.txt constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r $(TORCH_REQS) -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-torchrec.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -r requirements-torchrec-deps.txt
+	$(PY) -m harness.check_install $(basename $(TORCH_REQS))
 	rm -f $(VENV)/.installed-*
 	touch $@
 

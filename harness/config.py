@@ -153,6 +153,9 @@ class ShardingConfig:
                 raise ValueError(f"sharding.{name} must be > 0, got {v}")
 
 
+ENGINES = ("harness", "torchrec")
+"""Who trains a run (RunConfig.engine)."""
+
 OPTIMIZATION_FLAGS = ("cuda_graphs", "threaded_input_dist", "pinned_d2h", "avoid_record_streams", "skip_splits_a2a")
 """The published optimizations (design.md), each one flag; the ablation switches these."""
 
@@ -192,6 +195,10 @@ class RunConfig:
 
     preset: str
     """Name of the preset the config came from (recorded; the fields are what counts)."""
+    engine: str = "harness"
+    """Who trains: harness (this project's sharded embeddings and loop) or torchrec (stock TorchRec:
+    DistributedModelParallel, TrainPipelineSparseDist, DLRM_DCN; needs torchrec installed, and
+    refuses the harness's own optimization flags and sharding types it cannot run here)."""
     iters: int = 20
     """Timed iterations, after the warm-up ones."""
     warmup_iters: int = 3
@@ -217,6 +224,8 @@ class RunConfig:
         for name in ("iters", "nodes", "gpus_per_node", "flush_every"):
             _positive_int(f"run.{name}", getattr(self, name))
         _non_negative_int("run.warmup_iters", self.warmup_iters)
+        if self.engine not in ENGINES:
+            raise ValueError(f"run.engine {self.engine!r} is not one of {list(ENGINES)}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"run.device {self.device!r} is not one of ['auto', 'cpu', 'cuda']")
         if not self.collective_timeout_s > 0:

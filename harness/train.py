@@ -67,6 +67,10 @@ def train(
 ) -> TrainResult:
     """Train this rank. `effective`: the optimization flags that take effect (the manifest's
     resolution); None means the requested ones, for callers that resolved nothing."""
+    if cfg.run.engine == "torchrec":  # imported here: torchrec is needed only by runs that ask for it
+        from harness.engine_torchrec import train_torchrec
+
+        return train_torchrec(cfg, rank=rank, device=device, recorder=recorder, plan=plan)
     on = effective if effective is not None else cfg.optimizations.requested()
     world = cfg.run.world_size
     local_batch = cfg.local_batch_size
