@@ -7,10 +7,11 @@ import os
 import sys
 from pathlib import Path
 
-from harness import records, report
-from harness.config import OPTIMIZATION_FLAGS, BenchConfig, DataConfig, OptimizationsConfig, ShardingConfig
+from harness import engine_torchrec, records, report
+from harness.config import ENGINES, OPTIMIZATION_FLAGS, BenchConfig, DataConfig, OptimizationsConfig, ShardingConfig
 from harness.device import describe_device
 from harness.presets import PRESETS
+from harness.stages import STAGES
 from harness.launch import LaunchFailed, choose_launch, node_commands
 from harness.launch import run as launch_run
 from harness.optimizations import describe, resolve
@@ -68,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--preset", choices=sorted(PRESETS), default="small", help="model and batch preset")
+    bench.add_argument("--engine", choices=list(ENGINES), default="harness",
+                       help="who trains: harness (this project) or torchrec (stock TorchRec on the same config)")
     bench.add_argument("--nodes", type=int, default=1, help="nodes (simulated on one machine here)")
     bench.add_argument("--gpus-per-node", type=int, default=2, help="ranks per node")
     bench.add_argument("--iters", type=int, default=20, help="timed iterations after warm-up")
@@ -112,7 +115,7 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     cfg = PRESETS[args.preset](
-        iters=args.iters, warmup_iters=args.warmup, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+        engine=args.engine, iters=args.iters, warmup_iters=args.warmup, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
         device=args.device, timeline=args.timeline, flush_every=args.flush_every,
         collective_timeout_s=args.collective_timeout, fail_at=args.fail_at, stall_at=args.stall_at,
     )
@@ -142,6 +145,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def plan_and_flags(cfg: BenchConfig, *, ranks_per_host: int) -> tuple[dict, dict]:
     """The sharding plan's description and the resolved optimization flags (raises ValueError)."""
     plan, plan_desc = make_plan(cfg, ranks_per_host=ranks_per_host)
+    if cfg.run.engine == "torchrec":
+        engine_torchrec.check_config(cfg, [tp.kind for tp in plan])
     flags = resolve(cfg.optimizations, cuda=describe_device(cfg.run.device).startswith("cuda"),
                     plan_kinds=[tp.kind for tp in plan])
     return plan_desc, flags
@@ -151,6 +156,13 @@ def check_config(args: argparse.Namespace) -> dict:
     """Effective flags of a bench command line, checked without running (raises ValueError)."""
     cfg = config_from_args(args)
     return plan_and_flags(cfg, ranks_per_host=cfg.run.world_size)[1]
+
+
+def timed_stages(cfg: BenchConfig) -> list[str]:
+    """The stages the run's engine records (the manifest says so; reports show no others)."""
+    if not cfg.run.timeline:
+        return []
+    return list(engine_torchrec.TIMED_STAGES if cfg.run.engine == "torchrec" else STAGES)
 
 
 def _error(exc: Exception) -> int:
@@ -185,7 +197,8 @@ def bench(args: argparse.Namespace) -> int:
     leader = launch.mode != "torchrun" or launch.node_rank == 0
     if leader:
         records.create_run(args.runs_root, run_id, {
-            "preset": cfg.run.preset, "config": cfg.to_dict(), "world_size": cfg.run.world_size,
+            "preset": cfg.run.preset, "engine": cfg.run.engine, "timed_stages": timed_stages(cfg),
+            "config": cfg.to_dict(), "world_size": cfg.run.world_size,
             "nodes": cfg.run.nodes, "gpus_per_node": cfg.run.gpus_per_node,
             "global_batch_size": cfg.data.global_batch_size, "device": device,
             "pipeline": cfg.optimizations.pipeline, "optimizations": flags,

@@ -9,6 +9,7 @@ this engine could time without changing what TorchRec runs, so they are not reco
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -40,6 +41,9 @@ FLAGS_NOT_IN_TORCHREC = ("cuda_graphs", "threaded_input_dist", "pinned_d2h", "sk
 
 def check_config(cfg: BenchConfig, plan_kinds: Sequence[str]) -> None:
     """One-line ValueError for what the torchrec engine cannot run (called before any process starts)."""
+    if importlib.util.find_spec("torchrec") is None:
+        raise ValueError("--engine torchrec needs torchrec in this Python: run it through make (which installs "
+                         "requirements-torchrec.txt) or use --engine harness")
     for kind in dict.fromkeys(plan_kinds):
         if kind not in SUPPORTED_KINDS:
             raise ValueError(f"--engine torchrec cannot shard a table {kind}: {REFUSED_KINDS[kind]}; "

@@ -145,6 +145,9 @@ def _header_lines(run: Run, its: dict) -> list[str]:
     ]
     if m.get("source"):
         lines.insert(1, f"source: {m['source']}")
+    if m.get("engine", "harness") != "harness":  # older manifests predate engines: all were harness runs
+        timed = ", ".join(m.get("timed_stages") or []) or "none"
+        lines.insert(1, f"engine {m['engine']} (stages it times: {timed}; the others are not recorded)")
     status = m.get("status")
     if status != "completed":
         # Incomplete runs are still reported (records before the stop are valid), but
