@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(abl)
     abl.add_argument("--repeats", type=int, default=3, help="runs per config (inactive-only configs: one)")
 
+    cmp = sub.add_parser("compare", help="torchrec and harness engines, runs interleaved, one comparison report")
+    add_bench_arguments(cmp)
+    cmp.add_argument("--repeats", type=int, default=3, help="runs per engine")
+    cmp.add_argument("--reports-root", type=Path, default=Path("reports"), help="where the comparison report goes")
+
     wk = sub.add_parser("worker", help="one rank (what torchrun starts on each node)")
     wk.add_argument("--run-dir", type=Path, required=True)
 
@@ -115,7 +120,8 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     cfg = PRESETS[args.preset](
-        engine=args.engine, iters=args.iters, warmup_iters=args.warmup, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+        engine=args.engine, iters=args.iters, warmup_iters=args.warmup, nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
         device=args.device, timeline=args.timeline, flush_every=args.flush_every,
         collective_timeout_s=args.collective_timeout, fail_at=args.fail_at, stall_at=args.stall_at,
     )
@@ -170,10 +176,11 @@ def _error(exc: Exception) -> int:
     return 2
 
 
-def bench(args: argparse.Namespace) -> int:
+def bench(args: argparse.Namespace, *, config: BenchConfig | None = None) -> int:
+    """One run. `config`: the run's config when the caller built it (compare), else from `args`."""
     # Everything a user can get wrong is checked here, before a folder is made or a process started.
     try:
-        cfg = config_from_args(args)
+        cfg = config if config is not None else config_from_args(args)
         launch = choose_launch(cfg, environ=os.environ, rdzv_endpoint=args.rdzv_endpoint, node_rank=args.node_rank)
         if launch.mode == "torchrun" and not args.run_id:
             raise ValueError("a multi-host launch needs the same --run-id (make: RUN_ID=...) on every host")
@@ -248,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
         return bench(args)
     if args.command == "worker":
         return worker(args)
+    if args.command == "compare":
+        from harness.compare import run_compare
+
+        return run_compare(args, config=config_from_args, bench=bench,
+                           check=lambda cfg: plan_and_flags(cfg, ranks_per_host=cfg.run.world_size))
     if args.command == "ablation":
         from harness.ablation import run_ablation
 

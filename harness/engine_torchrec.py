@@ -31,11 +31,7 @@ TIMED_STAGES = ("dense_update",)
 """The stages this engine records (the manifest says so; the others are absent, never guessed)."""
 
 # Kinds TorchRec runs here; a plan with another kind is refused before any process starts.
-SUPPORTED_KINDS = ("table_wise", "column_wise", "row_wise")
-REFUSED_KINDS = {
-    "data_parallel": "its replicated tables train through DDP and a dense optimizer this engine does not "
-                     "build (the harness trains them with dense Adagrad)",
-}
+SUPPORTED_KINDS = ("table_wise", "column_wise", "row_wise", "data_parallel")
 FLAGS_NOT_IN_TORCHREC = ("cuda_graphs", "threaded_input_dist", "pinned_d2h", "skip_splits_a2a")
 
 
@@ -46,8 +42,8 @@ def check_config(cfg: BenchConfig, plan_kinds: Sequence[str]) -> None:
                          "requirements-torchrec.txt) or use --engine harness")
     for kind in dict.fromkeys(plan_kinds):
         if kind not in SUPPORTED_KINDS:
-            raise ValueError(f"--engine torchrec cannot shard a table {kind}: {REFUSED_KINDS[kind]}; "
-                             f"pick --sharding {'/'.join(SUPPORTED_KINDS)}")
+            raise ValueError(f"--engine torchrec cannot shard a table {kind}; pick --sharding "
+                             f"{'/'.join(SUPPORTED_KINDS)}")
     if not cfg.optimizations.pipeline:
         raise ValueError("--engine torchrec always trains through TrainPipelineSparseDist: drop --no-pipeline")
     asked = [f for f in FLAGS_NOT_IN_TORCHREC if getattr(cfg.optimizations, f)]
@@ -141,6 +137,8 @@ class Lookahead:
 
 def _local_shards(dmp: nn.Module, num_tables: int) -> list[tuple[int, int, int, torch.Tensor]]:
     """(table, row offset, column offset, local weight view) of every table shard on this rank."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
     out = []
     prefix = "model.sparse_arch.embedding_bag_collection.embedding_bags."
     for name, value in dmp.state_dict().items():
@@ -149,9 +147,12 @@ def _local_shards(dmp: nn.Module, num_tables: int) -> list[tuple[int, int, int, 
         t = int(name[len(prefix):-len(".weight")][1:])
         if not 0 <= t < num_tables:
             raise RuntimeError(f"unexpected table {name}")
-        for shard in value.local_shards():
-            row, col = shard.metadata.shard_offsets
-            out.append((t, row, col, shard.tensor))
+        if isinstance(value, ShardedTensor):
+            for shard in value.local_shards():
+                row, col = shard.metadata.shard_offsets
+                out.append((t, row, col, shard.tensor))
+        else:  # a data-parallel table: the whole table, replicated
+            out.append((t, 0, 0, value))
     return out
 
 
@@ -160,7 +161,9 @@ def build(cfg: BenchConfig, *, device: torch.device, plan: list[TablePlan], time
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan, row_wise, table_wise
+    from torchrec.distributed.sharding_plan import (
+        column_wise, construct_module_sharding_plan, data_parallel, row_wise, table_wise,
+    )
     from torchrec.distributed.types import ShardingEnv, ShardingPlan
     from torchrec.distributed.comm_ops import set_gradient_division
     from torchrec.models.dlrm import DLRM_DCN, DLRMTrain
@@ -201,6 +204,7 @@ def build(cfg: BenchConfig, *, device: torch.device, plan: list[TablePlan], time
         "table_wise": lambda tp: table_wise(rank=tp.shards[0].rank, compute_kernel=fused),
         "column_wise": lambda tp: column_wise(ranks=[s.rank for s in tp.shards], compute_kernel=fused),
         "row_wise": lambda tp: row_wise(compute_kernel=fused),
+        "data_parallel": lambda tp: data_parallel(),  # dense kernel: replicas, gradients through DDP
     }
     module_plan = construct_module_sharding_plan(
         ebc, {table_name(t): generators[tp.kind](tp) for t, tp in enumerate(plan)},
@@ -218,7 +222,14 @@ def build(cfg: BenchConfig, *, device: torch.device, plan: list[TablePlan], time
         for t, row, col, w in _local_shards(dmp, m.num_sparse):
             init_shard_(w, table=t, table_rows=m.table_rows[t], table_dim=m.embedding_dim,
                         row_start=row, col_start=col, seed=cfg.data.seed)
-    opt = torch.optim.Adagrad(dense_params, lr=cfg.optimizer.learning_rate, eps=cfg.optimizer.eps)
+    # Data-parallel tables have no fused optimizer: like the harness, they train with the dense
+    # Adagrad on their (DDP-averaged) dense gradient.
+    sharded = dict(dmp.named_parameters())
+    replicated = [sharded[n] for t, tp in enumerate(plan) if tp.kind == "data_parallel"
+                  for n in sharded if n.endswith(f"embedding_bags.{table_name(t)}.weight")]
+    if len(replicated) != sum(tp.kind == "data_parallel" for tp in plan):
+        raise RuntimeError(f"found {len(replicated)} data-parallel table parameters in TorchRec's model")
+    opt = torch.optim.Adagrad(dense_params + replicated, lr=cfg.optimizer.learning_rate, eps=cfg.optimizer.eps)
     return dmp, TimedOptimizer(opt, timeline), {v: k for k, v in names.items()}
 
 

@@ -39,7 +39,7 @@ def both_engines(kind: str, tmp_path):
     return cfg, harness, trec
 
 
-@pytest.mark.parametrize("kind", ["table_wise", "column_wise", "row_wise"])
+@pytest.mark.parametrize("kind", ["table_wise", "column_wise", "row_wise", "data_parallel", "auto"])
 def test_torchrec_engine_matches_harness(kind, tmp_path):
     cfg, harness, trec = both_engines(kind, tmp_path)
     h = torch.tensor([r["losses"] for r in harness], dtype=torch.float64)
@@ -62,8 +62,8 @@ def test_torchrec_engine_matches_harness(kind, tmp_path):
 
 def test_refuses_what_torchrec_cannot_run_here():
     cfg = tiny(nodes=1, gpus_per_node=2)
-    with pytest.raises(ValueError, match="data_parallel"):
-        check_config(cfg, ["table_wise", "data_parallel"])
+    with pytest.raises(ValueError, match="cannot shard a table diagonal"):
+        check_config(cfg, ["table_wise", "diagonal"])
     flagged = cfg.replace(optimizations=dataclasses.replace(cfg.optimizations, skip_splits_a2a=True))
     with pytest.raises(ValueError, match="skip_splits_a2a"):
         check_config(flagged, ["table_wise"])
