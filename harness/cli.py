@@ -241,6 +241,14 @@ def bench(args: argparse.Namespace, *, config: BenchConfig | None = None) -> int
     return 0
 
 
+def compare(args: argparse.Namespace, *, report=None) -> int:
+    """Both engines interleaved (harness/compare.py); `report`: the comparison report step (tests inject one)."""
+    from harness.compare import run_compare
+
+    return run_compare(args, config=config_from_args, bench=bench, report=report,
+                       check=lambda cfg: plan_and_flags(cfg, ranks_per_host=cfg.run.world_size))
+
+
 def worker(args: argparse.Namespace) -> int:
     """One rank under torchrun (multi-node launches); the local simulation calls run_rank directly."""
     from harness.worker import run_rank
@@ -256,10 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "worker":
         return worker(args)
     if args.command == "compare":
-        from harness.compare import run_compare
-
-        return run_compare(args, config=config_from_args, bench=bench,
-                           check=lambda cfg: plan_and_flags(cfg, ranks_per_host=cfg.run.world_size))
+        return compare(args)
     if args.command == "ablation":
         from harness.ablation import run_ablation
 

@@ -59,10 +59,11 @@ def run_compare(
     config: Callable[[argparse.Namespace], BenchConfig],
     check: Callable[[BenchConfig], Any],
     bench: Callable[..., int],
-    report: Callable[..., Any] = default_report,
+    report: Callable[..., Any] | None = None,
 ) -> int:
     """config(args) -> the shared config; check(cfg) raises ValueError for what cannot run;
-    bench(args, config=cfg) -> exit code runs one; report(groups=, out_dir=) -> .ratio, .ratio_ci."""
+    bench(args, config=cfg) -> exit code runs one; report(groups=, out_dir=) -> .ratio, .ratio_ci
+    (None: harness.report_compare's)."""
     from harness.records import new_run_id, now_iso
 
     try:
@@ -115,7 +116,7 @@ def run_compare(
         return 1
     out_dir = Path(args.reports_root) / f"compare-{compare_id}"
     groups = {e: [Path(args.runs_root) / r for r in manifest["runs"][e]] for e in ENGINE_ORDER}
-    result = report(groups=groups, out_dir=out_dir)
+    result = (report or default_report)(groups=groups, out_dir=out_dir)
     lo, hi = result.ratio_ci
     manifest.update(status="completed", report_dir=str(out_dir), ratio=result.ratio, ratio_ci=[lo, hi])
     _write(folder / "compare.json", manifest)

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torchrec")
 
 import harness.cli  # noqa: E402
-from harness.cli import main  # noqa: E402
+from harness.cli import build_parser, main  # noqa: E402
 
 
 @dataclass
@@ -20,17 +20,18 @@ class Result:
     ratio_ci: tuple[float, float]
 
 
-def test_runs_interleave_link_and_report(tmp_path, monkeypatch, capsys):
+def test_runs_interleave_link_and_report(tmp_path, capsys):
     calls = []
 
     def report(*, groups, out_dir):
         calls.append((groups, out_dir))
         return Result(ratio=0.8125, ratio_ci=(0.75, 0.875))
 
-    monkeypatch.setattr("harness.compare.default_report", report)
     runs, reports = tmp_path / "runs", tmp_path / "reports"
-    code = main(["compare", "--preset", "tiny", "--iters", "2", "--warmup", "1", "--sharding", "table_wise",
-                 "--repeats", "2", "--runs-root", str(runs), "--reports-root", str(reports)])
+    args = build_parser().parse_args([
+        "compare", "--preset", "tiny", "--iters", "2", "--warmup", "1", "--sharding", "table_wise",
+        "--repeats", "2", "--runs-root", str(runs), "--reports-root", str(reports)])
+    code = harness.cli.compare(args, report=report)
     assert code == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1] == "harness/torchrec iteration time: 0.812 (95% CI 0.750-0.875)"
