@@ -37,9 +37,6 @@ FLAGS_NOT_IN_TORCHREC = ("cuda_graphs", "threaded_input_dist", "pinned_d2h", "sk
 
 def check_config(cfg: BenchConfig, plan_kinds: Sequence[str]) -> None:
     """One-line ValueError for what the torchrec engine cannot run (called before any process starts)."""
-    if importlib.util.find_spec("torchrec") is None:
-        raise ValueError("--engine torchrec needs torchrec in this Python: run it through make (which installs "
-                         "requirements-torchrec.txt) or use --engine harness")
     for kind in dict.fromkeys(plan_kinds):
         if kind not in SUPPORTED_KINDS:
             raise ValueError(f"--engine torchrec cannot shard a table {kind}; pick --sharding "
@@ -50,6 +47,9 @@ def check_config(cfg: BenchConfig, plan_kinds: Sequence[str]) -> None:
     if asked:
         raise ValueError(f"--engine torchrec runs stock TorchRec: the harness's flag(s) {', '.join(asked)} "
                          "do not exist there; drop them")
+    if importlib.util.find_spec("torchrec") is None:
+        raise ValueError("--engine torchrec needs torchrec in this Python: run it through make (which installs "
+                         "requirements-torchrec.txt) or use --engine harness")
 
 
 def table_name(t: int) -> str:
