@@ -116,7 +116,12 @@ def run_compare(
         return 1
     out_dir = Path(args.reports_root) / f"compare-{compare_id}"
     groups = {e: [Path(args.runs_root) / r for r in manifest["runs"][e]] for e in ENGINE_ORDER}
-    result = (report or default_report)(groups=groups, out_dir=out_dir)
+    try:
+        result = (report or default_report)(groups=groups, out_dir=out_dir)
+    except BaseException as exc:  # the runs stay linked; the record says the report step failed
+        manifest.update(status="failed", error=f"report: {type(exc).__name__}: {exc}")
+        _write(folder / "compare.json", manifest)
+        raise
     lo, hi = result.ratio_ci
     manifest.update(status="completed", report_dir=str(out_dir), ratio=result.ratio, ratio_ci=[lo, hi])
     _write(folder / "compare.json", manifest)

@@ -20,6 +20,7 @@ from torch import nn
 
 from harness.config import BenchConfig, ModelConfig
 from harness.data import SyntheticCriteo
+from harness.flush import RecordFlusher
 from harness.pinned_d2h import HostCopies
 from harness.records import RankRecorder
 from harness.timeline import Timeline
@@ -244,44 +245,33 @@ def train_torchrec(
     timeline = Timeline(cuda=device.type == "cuda", stages=cfg.run.timeline)
     dmp, optimizer, harness_names = build(cfg, device=device, plan=plan, timeline=timeline)
     pipeline = TrainPipelineSparseDist(dmp, optimizer, device, execute_all_batches=True)  # type: ignore[arg-type]
-    host = HostCopies(device=device, pinned=False)
     total = cfg.run.warmup_iters + cfg.run.iters
     batches = Lookahead(SyntheticCriteo(cfg.model, cfg.data), rank=rank, world_size=world, total=total)
-    pending: dict[int, torch.Tensor] = {}  # losses stay on the device until a flush, outside the timed region
-    losses: list[float] = []
-
-    def flush() -> None:
-        stage_spans, iter_spans = timeline.drain()
-        its = sorted(pending)
-        values = dict(zip(its, host.copy(torch.stack([pending[i] for i in its])).tolist())) if its else {}
-        losses.extend(values[i] for i in its)
-        pending.clear()
-        if recorder is not None:
-            recorder.write(stage_spans, iter_spans, values)
+    records = RecordFlusher(timeline=timeline, host=HostCopies(device=device, pinned=False), recorder=recorder)
 
     try:
         for it in range(total):
             batches.prepare(it)
             maybe_inject_fault(cfg, rank, it, recorder)
             timeline.begin_iteration(it)
-            pending[it] = pipeline.progress(batches)[0]  # DLRMTrain's output: (loss, logits, labels)
+            records.pending[it] = pipeline.progress(batches)[0]  # DLRMTrain's output: (loss, logits, labels)
             timeline.end_iteration()
             if (it + 1) % cfg.run.flush_every == 0:
-                flush()
+                records.flush()
     except BaseException:
         try:
-            flush()
+            records.flush()
         except Exception as cleanup_exc:  # the original error is the one to report
             print(f"rank {rank}: flush after the failure failed: {cleanup_exc!r}", file=sys.stderr)
         raise
-    flush()
+    records.flush()
     own = dict(dmp.module.named_parameters())
     shards = [
         (t, Shard(rank, row, row + w.shape[0], col, col + w.shape[1]), w.detach().cpu().clone())
         for t, row, col, w in _local_shards(dmp, cfg.model.num_sparse) if w.numel()
     ]
     return TrainResult(
-        losses=losses,
+        losses=records.losses,
         dense_state={h: own[n].detach().cpu().clone() for n, h in harness_names.items()},
         shards=shards,
     )
