@@ -158,7 +158,8 @@ def _local_shards(dmp: nn.Module, num_tables: int) -> list[tuple[int, int, int, 
 
 
 def build(cfg: BenchConfig, *, device: torch.device, plan: list[TablePlan], timeline: Timeline):
-    """(DMP model, timed dense optimizer): harness init, harness plan, fused embedding optimizer."""
+    """(DMP model, timed dense optimizer, TorchRec -> harness dense parameter names), built on the
+    harness's plan and initial weights, with the embedding optimizer fused into backward."""
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
