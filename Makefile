@@ -16,6 +16,7 @@ DRY_RUN       ?= 0
 RUN_ID        ?=
 ABLATION      ?=
 NSYS          ?=
+ENGINE        ?=
 
 PYTHON        ?= $(shell command -v python3.11 || command -v python3)
 # Valid names come from harness/names.py, which imports neither torch nor anything else outside
@@ -23,6 +24,7 @@ PYTHON        ?= $(shell command -v python3.11 || command -v python3)
 NAMES         = $(shell $(PYTHON) -c "import harness.names as n; print(' '.join(n.$(1)))")
 VALID_PRESETS  := $(call NAMES,PRESET_NAMES)
 VALID_SHARDING := $(call NAMES,SHARDING_KINDS)
+VALID_ENGINES  := $(call NAMES,ENGINES)
 VENV          := .venv
 PY            := $(VENV)/bin/python
 # A working NVIDIA driver picks the CUDA torch/fbgemm pair; anything else the CPU pair.
@@ -30,7 +32,7 @@ HAS_CUDA      := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_REQS    := $(if $(HAS_CUDA),requirements-cuda.txt,requirements-cpu.txt)
 STAMP         := $(VENV)/.installed-$(basename $(TORCH_REQS))
 
-.PHONY: help bench ablation report test perf check-bench-knobs venv clean-venv browser
+.PHONY: help bench ablation report test perf check-bench-knobs venv clean-venv browser compare
 
 help:
 	@echo "make bench  [PRESET=$(subst $() ,|,$(VALID_PRESETS))] [NODES=n] [GPUS_PER_NODE=n] [ITERS=n] [WARMUP=n]"
@@ -38,6 +40,8 @@ help:
 	@echo "            a knob left unset takes the preset's value (PRESET: small); see $(PY) -m harness bench --help"
 	@echo "            inside Slurm: srun, one torchrun a node; with MASTER_ADDR + NODE_RANK (+ RUN_ID): torchrun"
 	@echo "            for this host (run it on every host); otherwise NODES x GPUS_PER_NODE local processes"
+	@echo "            [ENGINE=harness|torchrec]  (torchrec: stock TorchRec on the same config, batches and weights)"
+	@echo "make compare [PRESET=tiny] [REPEATS=3] [OPTS=\"...\"]  (torchrec and harness runs interleaved; last line: the ratio)"
 	@echo "make ablation [PRESET=...] [NODES=...] [GPUS_PER_NODE=...] [SHARDING=...] [REPEATS=n (3)]"
 	@echo "make report [RUN=latest|<run_id>|<baseline_id>,<candidate_id>] | [ABLATION=latest|<id>] | [NSYS=<file.sqlite>]"
 	@echo "make test"
@@ -56,12 +60,17 @@ check-bench-knobs:
 	  { echo "make: WARMUP=$(WARMUP) is not valid; valid values: an integer >= 0" >&2; exit 2; }
 	@test -z "$(SHARDING)" || case " $(VALID_SHARDING) " in *" $(SHARDING) "*) ;; \
 	  *) echo "make: SHARDING=$(SHARDING) is not valid; valid values: $(VALID_SHARDING)" >&2; exit 2;; esac
+	@test -z "$(ENGINE)" || case " $(VALID_ENGINES) " in *" $(ENGINE) "*) ;; \
+	  *) echo "make: ENGINE=$(ENGINE) is not valid; valid values: $(VALID_ENGINES)" >&2; exit 2;; esac
 	@case "$(DRY_RUN)" in 0|1) ;; \
 	  *) echo "make: DRY_RUN=$(DRY_RUN) is not valid; valid values: 0 1" >&2; exit 2;; esac
 
-$(STAMP): requirements.txt $(TORCH_REQS)
+$(STAMP): requirements.txt $(TORCH_REQS) requirements-torchrec.txt requirements-torchrec-deps.txt constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r $(TORCH_REQS) -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-torchrec.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -r requirements-torchrec-deps.txt
+	$(PY) -m harness.check_install $(basename $(TORCH_REQS))
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -71,14 +80,19 @@ venv: $(STAMP)
 KNOB_ARGS = $(if $(PRESET),--preset $(PRESET)) $(if $(NODES),--nodes $(NODES)) \
   $(if $(GPUS_PER_NODE),--gpus-per-node $(GPUS_PER_NODE)) $(if $(ITERS),--iters $(ITERS)) \
   $(if $(WARMUP),--warmup $(WARMUP)) $(if $(SHARDING),--sharding $(SHARDING))
+BENCH_ARGS = $(KNOB_ARGS) $(if $(ENGINE),--engine $(ENGINE))
 
 bench: check-bench-knobs $(STAMP)
-	$(PY) -m harness bench $(KNOB_ARGS) \
+	$(PY) -m harness bench $(BENCH_ARGS) \
 	  $(if $(filter 1,$(DRY_RUN)),--dry-run) $(if $(RUN_ID),--run-id $(RUN_ID)) $(OPTS)
 
 # Baseline, each flag alone, all, all-but-one; REPEATS runs each (inactive-only configs once).
 ablation: check-bench-knobs $(STAMP)
 	$(PY) -m harness ablation $(KNOB_ARGS) $(if $(REPEATS),--repeats $(REPEATS)) $(OPTS)
+
+# TorchRec vs harness on one config: REPEATS runs each, interleaved; PRESET defaults to tiny here.
+compare: check-bench-knobs $(STAMP)
+	$(PY) -m harness compare $(KNOB_ARGS) $(if $(PRESET),,--preset tiny) $(if $(REPEATS),--repeats $(REPEATS)) $(OPTS)
 
 report: $(STAMP)
 	$(PY) -m harness report $(if $(ABLATION),--ablation $(ABLATION),$(if $(NSYS),--nsys $(NSYS),--run $(RUN)))

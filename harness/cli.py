@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import records, report
+from harness import engine_torchrec, records, report
 from harness.config import BenchConfig
 from harness.device import describe_device, uses_cuda
 from harness.launch import LaunchFailed, choose_launch, node_commands
@@ -41,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(abl)
     abl.add_argument("--repeats", type=int, default=3, help="runs per config (inactive-only configs: one)")
 
+    cmp = sub.add_parser("compare", help="torchrec and harness engines, runs interleaved, one comparison report")
+    add_bench_arguments(cmp)
+    cmp.add_argument("--repeats", type=int, default=3, help="runs per engine")
+    cmp.add_argument("--reports-root", type=Path, default=Path("reports"), help="where the comparison report goes")
+
     wk = sub.add_parser("worker", help="one rank (what torchrun starts on each node)")
     wk.add_argument("--run-dir", type=Path, required=True)
 
@@ -70,6 +75,8 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
 def plan_and_flags(cfg: BenchConfig, *, ranks_per_host: int) -> tuple[tuple[TablePlan, ...], PlanEstimate, ResolvedFlags]:
     """The sharding plan, its estimate and the resolved optimization flags (raises ValueError)."""
     plan, estimate = make_plan(cfg, ranks_per_host=ranks_per_host)
+    if cfg.run.engine == "torchrec":
+        engine_torchrec.check_config(cfg, [tp.kind for tp in plan])
     flags = resolve(cfg.optimizations, cuda=uses_cuda(cfg.run.device), plan_kinds=[tp.kind for tp in plan],
                     precision=cfg.precision)
     return plan, estimate, flags
@@ -166,6 +173,17 @@ def bench(cfg: BenchConfig, how: Invocation) -> int:
     return 0
 
 
+def compare(cfg: BenchConfig, how: Invocation, *, repeats: int, reports_root: Path, report=None) -> int:
+    """Both engines interleaved (harness/compare.py); `report`: the comparison report step (tests inject one)."""
+    from harness.compare import run_compare
+
+    if how.run_id or how.dry_run:
+        return _error(ValueError("compare names its runs itself and starts them: drop --run-id / --dry-run"))
+    return run_compare(cfg, repeats=repeats, runs_root=how.runs_root, reports_root=reports_root,
+                       bench=lambda c, run_id: bench(c, dataclasses.replace(how, run_id=run_id)),
+                       check=check_config, report=report)
+
+
 def worker(args: argparse.Namespace) -> int:
     """One rank under torchrun (multi-node launches); the local simulation calls run_rank directly."""
     from harness.worker import run_rank
@@ -178,16 +196,18 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "worker":
         return worker(args)
-    if args.command in ("bench", "ablation"):
+    if args.command in ("bench", "ablation", "compare"):
         try:
             cfg = config_from_args(args)
-            if args.command == "ablation" and args.repeats < 1:
+            if args.command != "bench" and args.repeats < 1:
                 raise ValueError(f"--repeats must be a positive integer, got {args.repeats}")
         except ValueError as exc:
             return _error(exc)
         how = Invocation.from_args(args)
         if args.command == "bench":
             return bench(cfg, how)
+        if args.command == "compare":
+            return compare(cfg, how, repeats=args.repeats, reports_root=args.reports_root)
         from harness.ablation import run_ablation
 
         try:

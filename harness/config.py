@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.names import (
-    DENSE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
+    DENSE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, ENGINES, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
 )
 
 # The command line is generated from these dataclasses (harness/options.py): a field's option
@@ -216,6 +216,10 @@ class RunConfig:
 
     preset: str = option(option=None)
     """Name of the preset the config came from (recorded; the fields are what counts)."""
+    engine: str = option("harness", choices=ENGINES)
+    """Who trains: harness (this project's sharded embeddings and loop) or torchrec (stock TorchRec:
+    DistributedModelParallel, TrainPipelineSparseDist, DLRM_DCN; needs torchrec installed, and
+    refuses the harness's own optimization flags and sharding types it cannot run here)."""
     iters: int = 20
     """Timed iterations, after the warm-up ones."""
     warmup_iters: int = option(3, option="warmup")
@@ -241,6 +245,8 @@ class RunConfig:
         for name in ("iters", "nodes", "gpus_per_node", "flush_every"):
             _positive_int(f"run.{name}", getattr(self, name))
         _non_negative_int("run.warmup_iters", self.warmup_iters)
+        if self.engine not in ENGINES:
+            raise ValueError(f"run.engine {self.engine!r} is not one of {list(ENGINES)}")
         if self.device not in DEVICES:
             raise ValueError(f"run.device {self.device!r} is not one of {list(DEVICES)}")
         if not self.collective_timeout_s > 0:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from harness import typed_json
 from harness.config import BenchConfig
-from harness.names import ENGINES, OPTIMIZATION_FLAGS, RUN_STATES, SHARDING_TYPES
+from harness.names import ENGINE_TIMED_STAGES, OPTIMIZATION_FLAGS, RUN_STATES, SHARDING_TYPES
 from model.sharding import TablePlan
 
 
@@ -195,8 +195,6 @@ class RunManifest:
     """The run's folder name under runs/; never reused."""
     config: BenchConfig
     """The full resolved config the ranks train with."""
-    engine: str = "harness"
-    """Who trains: harness or torchrec."""
     status: RunStatus = RunStatus()
     """running -> completed | failed (with the error)."""
     start_time: str
@@ -230,9 +228,17 @@ class RunManifest:
     ranks: tuple[RankInfo, ...] = ()
     """Each rank's own notes (filled when the run ends)."""
 
+    @property
+    def engine(self) -> str:
+        """Who trained: harness or torchrec (the config's run.engine)."""
+        return self.config.run.engine
+
+    @property
+    def timed_stages(self) -> tuple[str, ...]:
+        """The stages the run recorded: its engine's, none with the timeline off."""
+        return ENGINE_TIMED_STAGES[self.engine] if self.config.run.timeline else ()
+
     def __post_init__(self) -> None:
-        if self.engine not in ENGINES:
-            raise ValueError(f"manifest.engine {self.engine!r} is not one of {list(ENGINES)}")
         if len(self.plan) != self.config.model.num_sparse:
             raise ValueError(f"manifest.plan has {len(self.plan)} tables, the model {self.config.model.num_sparse}")
         for t, tp in enumerate(self.plan):

@@ -99,6 +99,9 @@ def _header_lines(run: Run, its: dict) -> list[str]:
     ]
     if run.source:
         lines.insert(1, f"source: {run.source}")
+    if m and m.engine != "harness":
+        timed = ", ".join(m.timed_stages) or "none"
+        lines.insert(1, f"engine {m.engine} (stages it times: {timed}; the others are not recorded)")
     status = run_status(run)
     if status != "completed":
         # Incomplete runs are still reported (records before the stop are valid), but

@@ -274,8 +274,13 @@ def completeness(runs: Runs) -> list[str]:
     on some ranks. Empty when every rank recorded every stage. (Status and iterations not
     recorded by every rank are reported by the iteration summary.)"""
     df = as_records(runs)
+    # A manifest's timed_stages names what its engine records (the torchrec engine times fewer
+    # stages, by design); only those count as missing. A bare frame carries no manifest.
+    held = [runs] if isinstance(runs, Run) else [] if isinstance(runs, pd.DataFrame) else list(runs)
+    expected = {r.run_id: r.manifest.timed_stages if r.manifest else STAGES for r in held}
     notes = []
     for run_id, g in df.groupby("run_id", sort=True):
+        stages = expected.get(str(run_id), STAGES)
         pre = f"run {run_id}: " if df["run_id"].nunique() > 1 else ""
         ws = g["world_size"].iloc[0]
         seen = set(g["rank"].astype(int))
@@ -286,12 +291,12 @@ def completeness(runs: Runs) -> list[str]:
         st = g[g["stage"].notna()]
         if st.empty:
             continue  # no stage timing at all: the summary says so
-        absent = [s for s in STAGES if s not in set(st["stage"])]
+        absent = [s for s in stages if s not in set(st["stage"])]
         if absent:
             notes.append(f"{pre}no records of stage(s) {', '.join(absent)} on any rank")
         have = st.groupby("rank")["stage"].agg(set)
-        for rank, stages in have.items():
-            lack = [s for s in STAGES if s not in stages and s not in absent]
+        for rank, have_r in have.items():
+            lack = [s for s in stages if s not in have_r and s not in absent]
             if lack:
                 notes.append(f"{pre}rank {rank} has no records of stage(s) {', '.join(lack)}")
         for rank in sorted(seen - set(have.index)):

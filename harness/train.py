@@ -14,6 +14,7 @@ from harness.config import BenchConfig
 from harness.data import SyntheticCriteo
 from harness.dense_step import DenseStep
 from harness.dense_gradients import FlatGradients
+from harness.flush import RecordFlusher
 from harness.input_pipeline import InputFeeder
 from harness.pinned_d2h import HostCopies
 from harness.records import RankRecorder
@@ -71,6 +72,10 @@ def train(
     """Train this rank. `effective`: the optimization flags that take effect (the manifest's
     resolution); None means the requested ones, for callers that resolved nothing.
     keep_weights: return the final weights (tests compare them with a reference)."""
+    if cfg.run.engine == "torchrec":  # imported here: torchrec is needed only by runs that ask for it
+        from harness.engine_torchrec import train_torchrec
+
+        return train_torchrec(cfg, rank=rank, device=device, recorder=recorder, plan=plan, keep_weights=keep_weights)
     on = effective if effective is not None else cfg.optimizations.requested()
     world = cfg.run.world_size
     local_batch = cfg.local_batch_size
@@ -113,26 +118,15 @@ def train(
         pipeline=cfg.optimizations.pipeline, threaded=on["threaded_input_dist"], skip_splits=on["skip_splits_a2a"],
         timeline=timeline,
     )
-    pending: dict[int, torch.Tensor] = {}  # losses stay on the device until a flush, outside the timed region
-    exchanged: dict[int, int] = {}
-    losses: list[float] = []
-
-    def flush() -> None:
-        stage_spans, iter_spans = timeline.drain()
-        its = sorted(pending)
-        values = dict(zip(its, host.copy(torch.stack([pending[i] for i in its])).tolist())) if its else {}
-        losses.extend(values[i] for i in its)
-        pending.clear()
-        if recorder is not None:
-            recorder.write(stage_spans, iter_spans, values, splits_exchanged=exchanged)
-        exchanged.clear()
+    records = RecordFlusher(timeline=timeline, host=host, recorder=recorder)
+    flush = records.flush
 
     try:
         for it in range(total):
             feeder.prepare(it)
             maybe_inject_fault(cfg, rank, it, recorder)
             timeline.begin_iteration(it)
-            batch, ids, exchanged[it] = feeder.next(it)  # times itself: its input_dist span may start earlier
+            batch, ids, records.exchanged[it] = feeder.next(it)  # times itself: its input_dist span may start earlier
             with timeline.stage("emb_fwd"):
                 pooled, emb_fwd = embeddings.forward(ids, local_batch)
             feeder.after_forward()  # the next batch's ids exchange, launched to overlap what follows
@@ -144,7 +138,7 @@ def train(
                 dense_opt.step()
                 grads.zero()
             timeline.end_iteration()
-            pending[it] = loss.clone()  # a graphed step's loss is a static buffer the next replay overwrites
+            records.pending[it] = loss.clone()  # a graphed step's loss is a static buffer the next replay overwrites
             if (it + 1) % cfg.run.flush_every == 0:
                 flush()
     except BaseException:
@@ -159,9 +153,9 @@ def train(
     feeder.close()
     flush()
     if not keep_weights:
-        return TrainResult(losses=losses, dense_state={}, shards=[])
+        return TrainResult(losses=records.losses, dense_state={}, shards=[])
     return TrainResult(
-        losses=losses,
+        losses=records.losses,
         dense_state={k: v.detach().cpu().clone() for k, v in dense.state_dict().items()},
         shards=[(t, s, w.detach().cpu().clone()) for t, s, w in embeddings.shard_weights()],
     )

@@ -18,6 +18,7 @@ CASES = {
     "GPUS_PER_NODE=two": "GPUS_PER_NODE=two is not valid",
     "ITERS=0": "ITERS=0 is not valid",
     "WARMUP=-1": "WARMUP=-1 is not valid; valid values: an integer >= 0",
+    "ENGINE=tensorflow": "ENGINE=tensorflow is not valid; valid values: harness torchrec",
 }
 
 
@@ -30,7 +31,8 @@ def test_invalid_knob_is_rejected(knob):
 
 
 def test_valid_knobs_pass():
-    out = subprocess.run(["make", "-s", "check-bench-knobs", "PRESET=tiny", "NODES=16", "GPUS_PER_NODE=1"],
+    out = subprocess.run(["make", "-s", "check-bench-knobs", "PRESET=tiny", "NODES=16", "GPUS_PER_NODE=1",
+                          "ENGINE=torchrec"],
                          cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
 

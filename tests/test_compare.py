@@ -1,0 +1,76 @@
+"""`harness compare`: real runs of both engines, interleaved and linked; the report step injected."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+import pytest
+
+pytest.importorskip("torchrec")
+
+import harness.cli  # noqa: E402
+from harness.cli import build_parser, main  # noqa: E402
+from harness.manifest import RunManifest  # noqa: E402
+from harness.options import config_from_args  # noqa: E402
+
+
+@dataclass
+class Result:
+    ratio: float
+    ratio_ci: tuple[float, float]
+
+
+def test_runs_interleave_link_and_report(tmp_path, capsys):
+    calls = []
+
+    def report(*, groups, out_dir):
+        calls.append((groups, out_dir))
+        return Result(ratio=0.8125, ratio_ci=(0.75, 0.875))
+
+    runs, reports = tmp_path / "runs", tmp_path / "reports"
+    args = build_parser().parse_args([
+        "compare", "--preset", "tiny", "--iters", "2", "--warmup", "1", "--sharding", "table_wise",
+        "--repeats", "2", "--runs-root", str(runs), "--reports-root", str(reports)])
+    code = harness.cli.compare(config_from_args(args), harness.cli.Invocation.from_args(args),
+                               repeats=args.repeats, reports_root=args.reports_root, report=report)
+    assert code == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == "harness/torchrec iteration time: 0.812 (95% CI 0.750-0.875)"
+    assert sum(line.startswith("[") for line in out) == 4  # a progress line a run
+
+    (folder,) = (runs / "compares").iterdir()
+    link = json.loads((folder / "compare.json").read_text())
+    assert link["status"] == "completed" and link["ratio"] == 0.8125 and link["ratio_ci"] == [0.75, 0.875]
+    manifests = [RunManifest.from_json((runs / r / "manifest.json").read_text()) for r in link["order"]]
+    # A B A B, by what each run recorded, in the order the runs really started.
+    assert [m.engine for m in manifests] == ["torchrec", "harness", "torchrec", "harness"]
+    starts = [datetime.fromisoformat(m.start_time) for m in manifests]
+    assert starts == sorted(starts)
+    assert all(m.status.state == "completed" for m in manifests)
+    assert manifests[0].timed_stages == ("dense_update",)
+    assert manifests[1].timed_stages == ("input_dist", "emb_fwd", "dense_fwd_bwd", "emb_bwd", "dense_update")
+    # The engines' configs differ in the engine alone.
+    for m in manifests:
+        assert dataclasses.replace(m.config.run, engine="harness") == manifests[1].config.run
+        assert m.config.replace(run=manifests[1].config.run) == manifests[1].config
+
+    ((groups, out_dir),) = calls
+    assert out_dir == reports / f"compare-{folder.name}"
+    for engine in ("torchrec", "harness"):
+        assert groups[engine] == [runs / r for r in link["runs"][engine]]
+        assert [RunManifest.from_json((d / "manifest.json").read_text()).engine for d in groups[engine]] == [engine] * 2
+
+
+def test_a_config_one_engine_cannot_run_stops_before_any_run(tmp_path, monkeypatch, capsys):
+    def refuse(*a, **k):
+        raise AssertionError("a run was started")
+
+    monkeypatch.setattr(harness.cli, "launch_run", refuse)
+    code = main(["compare", "--preset", "tiny", "--no-pipeline", "--runs-root", str(tmp_path / "runs")])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "TrainPipelineSparseDist" in err[0]
+    assert not (tmp_path / "runs").exists()
