@@ -45,14 +45,14 @@ def graph_input_shapes(local_batch: int, num_dense: int, pooled_width: int) -> d
 
 
 class DenseStep:
-    """`run(dense_x, pooled, labels) -> (loss, pooled_grad)`, leaving the all-reduced dense
-    gradients in `grads.buffer`, exactly as the eager step
+    """`run(dense_x, pooled, labels) -> (loss, pooled_grad)`, then `finish_gradients()`, leaving the
+    all-reduced dense gradients in `grads.buffer`, exactly as the eager step
 
         with autocast(precision):  # none for fp32
             logits = dense(dense_x, pooled)
         loss = binary_cross_entropy_with_logits(logits.float(), labels)
         (loss / world_size).backward()   # hooks launch gradient buckets' all-reduces meanwhile
-        grads.finish()
+        grads.finish()                   # eager: in finish_gradients(), after the embedding backward
 
     does. Gradients accumulate into the buffer (autograd adds into an existing .grad in place),
     so the caller must `grads.zero()` between calls, as the train loop already does after the
@@ -120,8 +120,16 @@ class DenseStep:
         # Each rank's mean over its share, divided by the world size and summed by the
         # all-reduce, is the gradient of the mean over the global batch.
         (loss / self.world_size).backward()
-        self.grads.finish()
+        if self.graphed:  # a captured collective must be waited for inside the capture
+            self.grads.finish()
         return loss.detach()
+
+    def finish_gradients(self) -> None:
+        """Wait for the dense gradients' all-reduce, before the optimizer step. Eager, `run` leaves
+        its last buckets in flight so that they overlap the embedding backward (its all-to-all and
+        the fused update); a graphed step already waited inside the graph."""
+        if not self.graphed:
+            self.grads.finish()
 
     def _maybe_autocast(self) -> contextlib.AbstractContextManager:
         if self._autocast_dtype is None:

@@ -135,6 +135,7 @@ def train(
             with timeline.stage("emb_bwd"):
                 embeddings.backward(emb_fwd, pooled_grad)
             with timeline.stage("dense_update"):
+                step.finish_gradients()
                 dense_opt.step()
                 grads.zero()
             timeline.end_iteration()

@@ -63,6 +63,7 @@ def _two_bucketings(rank: int, world: int, device: torch.device) -> dict:
             dense_x, pooled, labels = (t.chunk(world)[rank] for t in make_inputs(it, B * world))
             before = {k: v.clone() for k, v in model.state_dict().items()}
             loss, pooled_grad = step.run(dense_x, pooled.clone().requires_grad_(True), labels)
+            step.finish_gradients()  # eager leaves the last buckets in flight until here
             steps.append({"weights": before, "loss": loss, "pooled_grad": pooled_grad.clone(),
                           "buffer": grads.buffer.clone()})
             opt.step()
