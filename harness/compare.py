@@ -3,7 +3,7 @@
 REPEATS runs of each engine in the order torchrec, harness, torchrec, harness, ... so that
 drift (thermal, other load) hits both alike. Each run is an ordinary bench run with its own
 folder; runs/compares/<id>/compare.json links them, written as the comparison goes. The two
-engines' configs differ only in `run.engine`.
+engines' configs differ only in `run.engine` and the harness's optimization flags.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.config import BenchConfig
+from harness.config import BenchConfig, OptimizationsConfig
 from harness.typed_json import to_jsonable
 
 ENGINE_ORDER = ("torchrec", "harness")
@@ -26,8 +26,15 @@ ENGINE_ORDER = ("torchrec", "harness")
 
 
 def engine_configs(cfg: BenchConfig) -> dict[str, BenchConfig]:
-    """One config per engine: the given one with only run.engine changed."""
-    return {e: cfg.replace(run=dataclasses.replace(cfg.run, engine=e)) for e in ENGINE_ORDER}
+    """One config per engine: the given one with run.engine changed, and for TorchRec the loop as
+    stock TorchRec runs it (TrainPipelineSparseDist, none of the harness's optimization flags), so
+    `OPTS="--skip-splits-a2a"` measures what the flag buys over stock TorchRec."""
+    stock = OptimizationsConfig()
+    return {
+        e: cfg.replace(run=dataclasses.replace(cfg.run, engine=e),
+                       optimizations=cfg.optimizations if e == "harness" else stock)
+        for e in ENGINE_ORDER
+    }
 
 
 def default_report(*, groups: dict[str, list[Path]], out_dir: Path) -> Any:

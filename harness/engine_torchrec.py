@@ -10,7 +10,9 @@ this engine could time without changing what TorchRec runs, so they are not reco
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
+import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
 
@@ -52,6 +54,14 @@ def check_config(cfg: BenchConfig, plan_kinds: Sequence[str]) -> None:
     if importlib.util.find_spec("torchrec") is None:
         raise ValueError("--engine torchrec needs torchrec in this Python: run it through make (which installs "
                          "requirements-torchrec.txt) or use --engine harness")
+
+
+def _quiet_library_notices() -> None:
+    """TorchRec 1.8 on torch 2.13 prints a deprecation notice per DDP wrap and an fx-tracing notice
+    per rank, dozens of lines a run that bury the harness's own progress; they say nothing about
+    the run, so they are filtered (errors still show)."""
+    warnings.filterwarnings("ignore", message=r"`broadcast_buffers` is deprecated", category=FutureWarning)
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
 
 def table_name(t: int) -> str:
@@ -161,6 +171,7 @@ def _local_shards(dmp: nn.Module, num_tables: int) -> list[tuple[int, int, int, 
 def build(cfg: BenchConfig, *, device: torch.device, plan: list[TablePlan], timeline: Timeline):
     """(DMP model, timed dense optimizer, TorchRec -> harness dense parameter names), built on the
     harness's plan and initial weights, with the embedding optimizer fused into backward."""
+    _quiet_library_notices()
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel

@@ -64,13 +64,26 @@ def test_runs_interleave_link_and_report(tmp_path, capsys):
         assert [RunManifest.from_json((d / "manifest.json").read_text()).engine for d in groups[engine]] == [engine] * 2
 
 
-def test_a_config_one_engine_cannot_run_stops_before_any_run(tmp_path, monkeypatch, capsys):
+def test_a_config_that_cannot_run_stops_before_any_run(tmp_path, monkeypatch, capsys):
     def refuse(*a, **k):
         raise AssertionError("a run was started")
 
     monkeypatch.setattr(harness.cli, "launch_run", refuse)
-    code = main(["compare", "--preset", "tiny", "--no-pipeline", "--runs-root", str(tmp_path / "runs")])
+    code = main(["compare", "--preset", "tiny", "--global-batch", "97", "--runs-root", str(tmp_path / "runs")])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "TrainPipelineSparseDist" in err[0]
+    assert len(err) == 1 and "does not divide by the world size" in err[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_torchrec_runs_stock_while_the_harness_keeps_its_flags():
+    from harness.compare import engine_configs
+    from harness.config import OptimizationsConfig
+    from harness.presets import tiny
+
+    cfg = tiny().replace(optimizations=OptimizationsConfig(skip_splits_a2a=True, threaded_input_dist=True))
+    cfgs = engine_configs(cfg)
+    assert cfgs["harness"].optimizations == cfg.optimizations and cfgs["harness"].run.engine == "harness"
+    stock = cfgs["torchrec"].optimizations
+    assert stock.pipeline and not any(stock.requested().values())
+    assert cfgs["torchrec"].replace(run=cfg.run, optimizations=cfg.optimizations) == cfg
