@@ -3,7 +3,7 @@
 REPEATS runs of each engine in the order torchrec, harness, torchrec, harness, ... so that
 drift (thermal, other load) hits both alike. Each run is an ordinary bench run with its own
 folder; runs/compares/<id>/compare.json links them, written as the comparison goes. The two
-engines' configs differ only in `run.engine` and the harness's optimization flags.
+engines' configs differ only in `run.engine`, the harness's optimization flags and precision.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.config import BenchConfig, OptimizationsConfig
+from harness.config import BenchConfig, OptimizationsConfig, PrecisionConfig
 from harness.typed_json import to_jsonable
 
 ENGINE_ORDER = ("torchrec", "harness")
@@ -26,14 +26,14 @@ ENGINE_ORDER = ("torchrec", "harness")
 
 
 def engine_configs(cfg: BenchConfig) -> dict[str, BenchConfig]:
-    """One config per engine: the given one with run.engine changed, and for TorchRec the loop as
-    stock TorchRec runs it (TrainPipelineSparseDist, none of the harness's optimization flags), so
-    `OPTS="--skip-splits-a2a"` measures what the flag buys over stock TorchRec."""
-    stock = OptimizationsConfig()
+    """One config per engine: the given one with run.engine changed, and for TorchRec the loop and
+    precision as stock TorchRec runs them (TrainPipelineSparseDist, none of the harness's flags,
+    fp32), so `OPTS="--skip-splits-a2a"` or `--dense-precision bf16` measures what it buys over
+    stock TorchRec."""
     return {
-        e: cfg.replace(run=dataclasses.replace(cfg.run, engine=e),
-                       optimizations=cfg.optimizations if e == "harness" else stock)
-        for e in ENGINE_ORDER
+        "torchrec": cfg.replace(run=dataclasses.replace(cfg.run, engine="torchrec"),
+                                optimizations=OptimizationsConfig(), precision=PrecisionConfig()),
+        "harness": cfg.replace(run=dataclasses.replace(cfg.run, engine="harness")),
     }
 
 

@@ -45,6 +45,9 @@ def check_config(cfg: BenchConfig, plan_kinds: Sequence[str]) -> None:
         if kind not in SUPPORTED_KINDS:
             raise ValueError(f"--engine torchrec cannot shard a table {kind}; pick --sharding "
                              f"{'/'.join(SUPPORTED_KINDS)}")
+    if cfg.precision.dense != "fp32":
+        raise ValueError(f"--engine torchrec trains the dense arch in fp32 as stock TorchRec does: drop "
+                         f"--dense-precision {cfg.precision.dense}")
     if not cfg.optimizations.pipeline:
         raise ValueError("--engine torchrec always trains through TrainPipelineSparseDist: drop --no-pipeline")
     asked = [f for f in FLAGS_NOT_IN_TORCHREC if getattr(cfg.optimizations, f)]
