@@ -27,6 +27,13 @@ def resolve(
         reasons["pinned_d2h"] = f"CUDA only (pinned host memory and async copies): this run is on {device}"
     if requested["avoid_record_streams"] and not cuda:
         reasons["avoid_record_streams"] = "NCCL only: this run uses gloo"
+    if requested["threaded_input_dist"] and cuda:
+        # The input thread's collectives (ids group) and the main thread's (default and embedding
+        # groups) would both run on the current stream, in an order that depends on thread timing
+        # and may differ per rank; NCCL needs one order of collectives across ranks (torch's
+        # new_group notes, NCCL's thread-safety notes). gloo keeps each group on its own threads.
+        reasons["threaded_input_dist"] = ("not yet safe on NCCL: the input thread's collectives could be "
+                                          "ordered differently per rank on the shared stream (gloo only)")
     if requested["skip_splits_a2a"]:
         static = sum(k in ("table_wise", "column_wise") for k in plan_kinds)
         if not static:
