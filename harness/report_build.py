@@ -227,7 +227,7 @@ def compare_report(groups: dict[str, list[Run]], c: Comparison, out: Path, *, ab
     """Write the report of a Comparison (report_compare) of two labelled groups of runs into `out`."""
     base, cand = c.labels
     doc = Doc(f"Compare {cand} vs {base}")
-    doc.findings(findings.compare_findings(c, absent))
+    doc.findings(findings.compare_findings(c, absent) + findings.numerics_findings(groups))
     notes = [f"{label}: {len(runs)} run(s): {', '.join(r.run_id for r in runs)}" for label, runs in groups.items()]
     doc.h2("Setup")
     doc.bullets(notes)

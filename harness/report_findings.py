@@ -8,7 +8,7 @@ import pandas as pd
 
 from harness.report_ablation import N_BOOT, bootstrap_mean_ci
 from harness.report_compare import Comparison
-from harness.report_load import Run, inactive_flags, run_error, run_status
+from harness.report_load import Run, inactive_flags, numerics_note, run_error, run_status
 from harness.report_tables import critical_stages, job_iterations, straggler_table
 
 # A rank this much slower than the median rank in a stage is called out as a straggler.
@@ -89,7 +89,14 @@ def run_findings(run: Run, roofline: pd.DataFrame | None) -> list[str]:
     or partial run is flagged by the report's warnings right under these.)"""
     lines = [iteration_finding(run), dominant_stage_finding(run, roofline), straggler_finding(run)]
     inactive = [f"{flag} requested but inactive: {why}" for flag, why in inactive_flags(run).items()]
-    return [line for line in lines if line] + inactive
+    return [line for line in lines if line] + inactive + [n for n in [numerics_note(run)] if n]
+
+
+def numerics_findings(groups: dict[str, list[Run]]) -> list[str]:
+    """Per label, what changes its numbers by design (a comparison across precisions is no
+    same-math comparison, and the reader must see that first)."""
+    notes = {label: sorted({n for r in runs if (n := numerics_note(r))}) for label, runs in groups.items()}
+    return [f"{label}: {n}" for label, ns in notes.items() for n in ns]
 
 
 def ablation_findings(table: pd.DataFrame, contrib: pd.DataFrame, final_loss: pd.DataFrame) -> list[str]:

@@ -298,6 +298,12 @@ def inactive_flags(run: Run) -> dict[str, str]:
     return dict(run.manifest.optimizations.inactive_reasons) if run.manifest else {}
 
 
+def numerics_note(run: Run) -> str | None:
+    """What changes the run's numbers by design (a dense precision other than fp32); None if nothing."""
+    prec = run.manifest.optimizations.precision if run.manifest else None
+    return f"dense precision {prec.dense}: {prec.note}" if prec and prec.numerics_changed else None
+
+
 def rank_notes(run: Run) -> pd.DataFrame:
     """The ranks' own notes (host, threads, gemm_gflops, copy_gbps, peak_rss_gib, peak_gpu_mem_gib ...)."""
     if not run.manifest:

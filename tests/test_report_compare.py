@@ -95,3 +95,20 @@ def test_comparison_needs_two_labels_with_runs(tmp_path):
         compare_runs({"a": [run]})
     with pytest.raises(ReportError, match="label 'b' has no runs"):
         compare_runs({"a": [run], "b": []})
+
+
+def test_a_precision_that_changes_the_numbers_is_a_finding(tmp_path):
+    import dataclasses
+
+    from harness.manifest import PrecisionEntry, RunManifest
+
+    base = iter_run(tmp_path, "base", {0: [10.0, 10.0]})
+    cand = iter_run(tmp_path, "cand", {0: [6.0, 6.0]})
+    path = cand / "manifest.json"
+    m = RunManifest.from_json(path.read_text())
+    bf16 = PrecisionEntry(dense="bf16", numerics_changed=True, note="by design")
+    path.write_text(dataclasses.replace(m, optimizations=dataclasses.replace(m.optimizations, precision=bf16)).to_json())
+    write_compare_report({"base": [base], "cand": [cand]}, tmp_path / "rep")
+    md = (tmp_path / "rep" / "report.md").read_text()
+    findings = md[md.index("## Findings"):md.index("## Setup")]
+    assert "- cand: dense precision bf16: by design" in findings and "- base:" not in findings
