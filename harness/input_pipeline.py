@@ -28,6 +28,13 @@ from model.features import SparseFeatures
 from model.sharded_embeddings import PendingInputDist, ShardedEmbeddingCollection
 
 
+def maybe_set_thread_device(device: torch.device) -> None:
+    """Make `device` the calling thread's current CUDA device (nothing to do on a CPU)."""
+    if device.type != "cuda":
+        return
+    torch.cuda.set_device(device)
+
+
 @dataclass
 class Started:
     batch: Batch
@@ -113,6 +120,9 @@ class InputFeeder:
 
     def _produce(self) -> None:
         try:
+            # The current CUDA device is per thread and starts at cuda:0: without this, a rank
+            # with LOCAL_RANK > 0 would make its batches, events and a stray context on GPU 0.
+            maybe_set_thread_device(self.device)
             for it in range(self.total):
                 started = self._start(it, self._load(it))
                 started.pending.launch()

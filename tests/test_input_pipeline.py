@@ -111,3 +111,25 @@ def test_non_blocking_transfer_starts_the_splits_copy_when_the_exchange_is_launc
         assert known.splits_exchanged == 0 and known.wait().values.tolist() == list(range(6))
     finally:
         dist.destroy_process_group()
+
+
+def test_the_input_thread_sets_the_ranks_device_before_anything_else(monkeypatch):
+    """The current CUDA device is per thread: the input thread must switch to the rank's own GPU.
+    A fake set_device records the call; the first load then fails here (no GPU), and that
+    failure reaches the main thread as the run's error."""
+    import threading
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append((d, threading.current_thread().name)))
+    cfg = tiny()
+    feeder = InputFeeder(embeddings=_LoggedEmbeddings(), data=SyntheticCriteo(cfg.model, cfg.data), rank=1,
+                         world_size=2, device=torch.device("cuda", 1), total=2, pipeline=True, threaded=True,
+                         skip_splits=False, timeline=Timeline(cuda=False, stages=True))
+    feeder.prepare(0)
+    try:
+        feeder.next(0)
+    except RuntimeError:
+        pass  # no CUDA here: the load after set_device fails, as it should
+    finally:
+        feeder.close()
+    assert calls == [(torch.device("cuda", 1), "input-dist")]
