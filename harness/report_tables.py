@@ -177,11 +177,14 @@ def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray
 def _input_dist_ns(df: pd.DataFrame) -> pd.DataFrame:
     """For each non-warm-up input_dist row of the flat frame `df` (same index): hidden_ns, the part
     that ran while the same rank ran another stage (any iteration's, from start_ns/end_ns), and
-    in_iter_ns, the part inside one of the rank's iteration records (all ns, integers)."""
+    critical_ns, the part on the critical path: inside one of the rank's iteration records, under
+    no other stage, and not already counted for an earlier input_dist span (a threaded input dist
+    has several batches' spans open at once; their common time is waited for once). All ns."""
     df = df[df["stage"].notna()]
     out = []
     for _, g in df.groupby(["run_id", "rank"], sort=True):
-        idist = g[(g["stage"] == "input_dist") & ~g["warmup"]]
+        every = g[g["stage"] == "input_dist"].sort_values("start_ns", kind="stable")
+        idist = every[~every["warmup"]]
         if idist.empty:
             continue
         # Warm-up spans of other stages count: the first timed input_dist may hide under the
@@ -189,15 +192,22 @@ def _input_dist_ns(df: pd.DataFrame) -> pd.DataFrame:
         other = g[g["stage"] != "input_dist"]
         us, ue = _union(other["start_ns"].to_numpy("int64"), other["end_ns"].to_numpy("int64"))
         a, b = idist["start_ns"].to_numpy("int64"), idist["end_ns"].to_numpy("int64")
+        # Each span's own part: from where the spans before it (by start, warm-up ones too) have ended.
+        ends = every["end_ns"].to_numpy("int64")
+        before = pd.Series(np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(ends)[:-1]]),
+                           index=every.index).loc[idist.index].to_numpy("int64")
+        oa = np.minimum(np.maximum(a, before), b)
         its = g[["iter_start_ns", "iter_end_ns"]].dropna().drop_duplicates()
         if its.empty:  # no iteration records bound the span (an nsys trace without them): all of it counts
-            in_iter = b - a
+            in_iter = b - oa
         else:
             vs, ve = _union(its["iter_start_ns"].to_numpy("int64"), its["iter_end_ns"].to_numpy("int64"))
-            in_iter = _covered(vs, ve, b) - _covered(vs, ve, a)
-        out.append(pd.DataFrame({"hidden_ns": _covered(us, ue, b) - _covered(us, ue, a), "in_iter_ns": in_iter},
+            in_iter = _covered(vs, ve, b) - _covered(vs, ve, oa)
+        own_hidden = _covered(us, ue, b) - _covered(us, ue, oa)
+        out.append(pd.DataFrame({"hidden_ns": _covered(us, ue, b) - _covered(us, ue, a),
+                                 "critical_ns": np.clip(in_iter - own_hidden, 0, None)},
                                 index=idist.index, dtype="int64"))
-    return pd.concat(out) if out else pd.DataFrame({"hidden_ns": [], "in_iter_ns": []}, dtype="int64")
+    return pd.concat(out) if out else pd.DataFrame({"hidden_ns": [], "critical_ns": []}, dtype="int64")
 
 
 def input_dist_spans(runs: Runs) -> pd.DataFrame:
@@ -229,7 +239,7 @@ def critical_stages(runs: Runs) -> pd.DataFrame:
     st["critical_ms"] = st["duration_ms"]
     parts = _input_dist_ns(df)
     if not parts.empty:
-        st.loc[parts.index, "critical_ms"] = (parts["in_iter_ns"] - parts["hidden_ns"]).clip(lower=0) / 1e6
+        st.loc[parts.index, "critical_ms"] = parts["critical_ns"] / 1e6
     return st
 
 

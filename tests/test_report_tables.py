@@ -243,6 +243,27 @@ def test_stage_bars_stack_the_critical_path_and_total_the_iteration(tmp_path):
     assert naive.tolist() == pytest.approx([14.0, 14.0])
 
 
+def test_input_dist_spans_open_at_once_count_their_common_wait_once(tmp_path):
+    """Threaded input dist: batches i+1 and i+2 are both in flight when iteration i waits.
+    By hand, one rank, iterations of 10 ms: 2 ms waiting for input dist, then 8 ms of the other
+    stages. Each input_dist span starts 13 ms before its wait ends (two iterations ahead), so at
+    every wait two spans are open; the wait is 2 ms of the iteration, not 4."""
+    spans, iters = [], {}
+    for i in range(6):
+        t0 = 100.0 + 10 * i
+        spans.append(span(0, i, "input_dist", t0 + 2 - 13, t0 + 2, warmup=i == 0))
+        t = t0 + 2
+        for name in STAGES[1:]:
+            spans.append(span(0, i, name, t, t + 2, warmup=i == 0))
+            t += 2
+        iters[(0, i)] = (t0, t0 + 10)
+    run = load_run(write_run(tmp_path, "threaded", spans, iters, world_size=1, warmup_iters=1,
+                             manifest={"flags": flags_for(pipeline=True)}))
+    wide = critical_stage_means(run, "rank")
+    assert wide.loc[0, "input_dist"] == pytest.approx(2.0)
+    assert wide.loc[0, list(STAGES)].sum() == pytest.approx(10.0) == wide.loc[0, "iter_ms"]
+
+
 def test_critical_path_of_a_plain_loop_is_every_duration(tmp_path):
     sp, it = sequential(0, range(3), lambda r, i, s: BASE[s], gap=0.5)
     run = load_run(write_run(tmp_path, "plain", sp, it, world_size=1))
