@@ -86,21 +86,19 @@ def train(
     # it differs from that loop in the last bits only (measured), and every run uses it, flags or not.
     dense_opt = torch.optim.Adagrad(dense.parameters(), lr=cfg.optimizer.learning_rate, eps=cfg.optimizer.eps, fused=True)
     host = HostCopies(device=device, pinned=on["pinned_d2h"])
-    # The ids exchange gets a process group of its own (see ShardingContext.ids_pg), and so do the
-    # pooled embeddings' exchanges: on the default group (the dense gradients') the embedding
-    # backward's all-to-all would queue behind the gradient buckets still in flight.
-    ids_pg = emb_pg = group
+    # The ids exchange gets a process group of its own (see ShardingContext.ids_pg). (A third one
+    # for the pooled embeddings' exchanges was tried, so the embedding backward's all-to-all would
+    # not share a group with the dense gradient buckets: no difference measured on tiny or small.)
+    ids_pg = group
     if world > 1 and dist.is_initialized():  # new_group would otherwise wait 30 min on a hung peer
-        timeout = dt.timedelta(seconds=cfg.run.collective_timeout_s)
-        ids_pg = dist.new_group(list(range(world)), timeout=timeout)
-        emb_pg = dist.new_group(list(range(world)), timeout=timeout)
+        ids_pg = dist.new_group(list(range(world)), timeout=dt.timedelta(seconds=cfg.run.collective_timeout_s))
     embeddings = ShardedEmbeddingCollection(
         table_rows=cfg.model.table_rows,
         embedding_dim=cfg.model.embedding_dim,
         plan=plan,
         rank=rank,
         world_size=world,
-        pg=emb_pg,
+        pg=group,
         ids_pg=ids_pg,
         device=device,
         optimizer=cfg.optimizer.embedding_optimizer,
