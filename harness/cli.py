@@ -78,7 +78,7 @@ def plan_and_flags(cfg: BenchConfig, *, ranks_per_host: int) -> tuple[tuple[Tabl
     if cfg.run.engine == "torchrec":
         engine_torchrec.check_config(cfg, [tp.kind for tp in plan])
     flags = resolve(cfg.optimizations, cuda=uses_cuda(cfg.run.device), plan_kinds=[tp.kind for tp in plan],
-                    precision=cfg.precision)
+                    precision=cfg.precision, engine=cfg.run.engine)
     return plan, estimate, flags
 
 

@@ -28,11 +28,11 @@ ENGINE_ORDER = ("torchrec", "harness")
 def engine_configs(cfg: BenchConfig) -> dict[str, BenchConfig]:
     """One config per engine: the given one with run.engine changed, and for TorchRec the loop and
     precision as stock TorchRec runs them (TrainPipelineSparseDist, none of the harness's flags,
-    fp32), so `OPTS="--skip-splits-a2a"` or `--dense-precision bf16` measures what it buys over
+    torch's blocking waits, fp32), so `OPTS="--skip-splits-a2a"` or `--dense-precision bf16` measures what it buys over
     stock TorchRec."""
     return {
         "torchrec": cfg.replace(run=dataclasses.replace(cfg.run, engine="torchrec"),
-                                optimizations=OptimizationsConfig(), precision=PrecisionConfig()),
+                                optimizations=OptimizationsConfig(collective_wait="block"), precision=PrecisionConfig()),
         "harness": cfg.replace(run=dataclasses.replace(cfg.run, engine="harness")),
     }
 

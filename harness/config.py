@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.names import (
-    DENSE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, ENGINES, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
+    COLLECTIVE_WAITS, DENSE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, ENGINES, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
 )
 
 # The command line is generated from these dataclasses (harness/options.py): a field's option
@@ -183,8 +183,15 @@ class OptimizationsConfig:
     skip_splits_a2a: bool = False
     """Fixed batch and hotness: splits computed locally, the splits all-to-all and its host sync
     skipped (table/column-wise tables; row-wise splits depend on the ids and are still exchanged)."""
+    collective_wait: str = option("poll", choices=COLLECTIVE_WAITS)
+    """How the host waits for its collectives: poll (ask is_completed() in a loop, yielding the core:
+    the core never idles, so no wake-up latency; what MPI libraries do) or block (torch's wait(),
+    asleep until woken). Not one of the five flags: the harness engine's own way of waiting, same
+    results either way. gloo only: NCCL waits never block the host, so CUDA runs block."""
 
     def __post_init__(self) -> None:
+        if self.collective_wait not in COLLECTIVE_WAITS:
+            raise ValueError(f"collective_wait {self.collective_wait!r} is not one of {list(COLLECTIVE_WAITS)}")
         if self.threaded_input_dist and not self.pipeline:
             raise ValueError("threaded_input_dist launches the next batch's input dist ahead: it needs the "
                              "pipelined loop (drop --no-pipeline or --threaded-input-dist)")

@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from model.collective_wait import WaitFn, block
+
 DEFAULT_BUCKET_MIB = 4.0
 """Bucket cap. DDP's 25 MiB cuts the small/mlperf dense part's 61 MiB of gradients into only 3
 buckets: the bytes of a bucket wait until backward reaches its earliest layer. Measured on the
@@ -71,10 +73,12 @@ class FlatGradients:
         world_size: int,
         group: dist.ProcessGroup | None,
         bucket_mib: float = DEFAULT_BUCKET_MIB,
+        wait: WaitFn = block,
     ) -> None:
         if not bucket_mib > 0:
             raise ValueError(f"bucket_mib must be > 0, got {bucket_mib}")
         params = [p for p in module.parameters() if p.requires_grad]
+        self.params = params
         self.buffer = torch.zeros(sum(p.numel() for p in params), device=params[0].device, dtype=params[0].dtype)
         offsets = []
         offset = 0
@@ -82,9 +86,10 @@ class FlatGradients:
             p.grad = self.buffer[offset : offset + p.numel()].view_as(p)
             offsets.append(offset)
             offset += p.numel()
+        self.offsets = offsets
         cap = max(1, int(bucket_mib * 2**20) // self.buffer.element_size())
         self.buckets = bucket_ranges([p.numel() for p in params], cap)
-        self.world_size, self.group = world_size, group
+        self.world_size, self.group, self.wait = world_size, group, wait
         self._handles = []
         self._works: list[dist.Work] = []
         self._sizes = [0] * len(self.buckets)
@@ -112,6 +117,23 @@ class FlatGradients:
         self._works.append(dist.all_reduce(self.buffer[start:end], group=self.group, async_op=True))
         self._next = bucket + 1
 
+    def flat_parameter(self) -> nn.Parameter:
+        """The parameters as one: each becomes a view of one buffer laid out as the gradients are,
+        and the returned Parameter over that buffer has the gradient buffer as its .grad.
+
+        For the optimizer: the fused Adagrad then runs one kernel on one tensor. On tiny's 20
+        parameters the per-parameter step spent 0.39 ms an iteration in Python and the flat one
+        0.08 ms (measured on the development machine), with the same bits (Adagrad is element-wise;
+        tests/test_dense_gradients.py checks it against the per-parameter optimizer)."""
+        flat = torch.empty_like(self.buffer)
+        with torch.no_grad():
+            for p, off in zip(self.params, self.offsets):
+                flat[off : off + p.numel()].copy_(p.reshape(-1))
+                p.data = flat[off : off + p.numel()].view_as(p)  # same Parameter object, storage shared
+        param = nn.Parameter(flat)
+        param.grad = self.buffer
+        return param
+
     @property
     def in_flight(self) -> int:
         """Buckets launched and not yet waited for (for tests and diagnostics)."""
@@ -126,7 +148,7 @@ class FlatGradients:
             while self._next < len(self.buckets):
                 self._launch(self._next)
         for work in self._works:
-            work.wait()
+            self.wait(work)
         self._works.clear()
         self._reset()
 

@@ -15,6 +15,7 @@ submissions do. It changes the numbers by design.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -88,20 +89,38 @@ class DenseStep:
             self._capture()
 
     def run(
-        self, dense_x: torch.Tensor, pooled: torch.Tensor, labels: torch.Tensor
+        self, dense_x: torch.Tensor, pooled: torch.Tensor, labels: torch.Tensor,
+        *, on_pooled_grad: Callable[[torch.Tensor], None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (detached local mean loss, d(loss / world_size)/d(pooled)).
 
         Eager: `pooled` must be a leaf with requires_grad; the returned gradient is its .grad.
         Graphed: both returned tensors are the graph's static outputs, overwritten by the next
         `run`; use (or copy) them before calling again.
+
+        on_pooled_grad: called with d(loss / world_size)/d(pooled) as soon as it exists. Eager,
+        that is inside backward, before the bottom MLP's backward and the last gradient buckets'
+        all-reduces are launched, so a collective it launches is not queued behind them; graphed,
+        right after the replay.
         """
         self._check_shapes(dense_x=dense_x, pooled=pooled, labels=labels)
         if self.graphed:
-            return self._replay(dense_x, pooled, labels)
+            loss, pooled_grad = self._replay(dense_x, pooled, labels)
+            if on_pooled_grad is not None:
+                on_pooled_grad(pooled_grad)
+            return loss, pooled_grad
         if not pooled.requires_grad:
             raise ValueError("pooled must require grad: its .grad is the embedding backward's input")
-        loss = self._forward_backward(dense_x, pooled, labels)
+        hook = None
+        if on_pooled_grad is not None:
+            # The hook fires at the same point of the same graph on every rank, so collectives it
+            # launches keep one order across ranks relative to the bucket all-reduces.
+            hook = pooled.register_post_accumulate_grad_hook(lambda p: on_pooled_grad(p.grad))
+        try:
+            loss = self._forward_backward(dense_x, pooled, labels)
+        finally:
+            if hook is not None:
+                hook.remove()
         assert pooled.grad is not None
         return loss, pooled.grad
 

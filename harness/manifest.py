@@ -30,6 +30,19 @@ class PrecisionEntry:
 
 
 @dataclass(kw_only=True, frozen=True)
+class WaitEntry:
+    """How the ranks' hosts wait for collectives (config optimizations.collective_wait), beside the
+    flags: not one of them, but a reader comparing runs needs it (it changes times, not numbers)."""
+
+    requested: str = "block"
+    """What the config asked for (poll or block)."""
+    effective: str = "block"
+    """What the ranks do."""
+    reason: str = ""
+    """Why the effective wait differs from the requested one (empty when they agree)."""
+
+
+@dataclass(kw_only=True, frozen=True)
 class ResolvedFlags:
     """The optimization flags asked for and what takes effect on the run's device (harness/optimizations.py)."""
 
@@ -45,6 +58,8 @@ class ResolvedFlags:
     """Flag -> a caveat on an effective flag (e.g. row-wise tables still exchange their splits)."""
     precision: PrecisionEntry = field(default_factory=PrecisionEntry)
     """The numeric precision, recorded with the flags (not itself a flag)."""
+    collective_wait: WaitEntry = field(default_factory=WaitEntry)
+    """How hosts wait for collectives (not a flag); manifests written before it existed read as block."""
 
     def __post_init__(self) -> None:
         for name in ("requested", "effective"):

@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from harness.config import OptimizationsConfig, PrecisionConfig
-from harness.manifest import PrecisionEntry, ResolvedFlags
+from harness.manifest import PrecisionEntry, ResolvedFlags, WaitEntry
 from harness.names import OPTIMIZATION_FLAGS
 
 
 def resolve(
-    opts: OptimizationsConfig, *, cuda: bool, plan_kinds: Sequence[str], precision: PrecisionConfig = PrecisionConfig()
+    opts: OptimizationsConfig, *, cuda: bool, plan_kinds: Sequence[str], precision: PrecisionConfig = PrecisionConfig(),
+    engine: str = "harness",
 ) -> ResolvedFlags:
     requested = opts.requested()
     reasons: dict[str, str] = {}
@@ -43,7 +44,20 @@ def resolve(
             notes["skip_splits_a2a"] = "row-wise tables still exchange their splits (they depend on the ids)"
     effective = {f: requested[f] and f not in reasons for f in OPTIMIZATION_FLAGS}
     return ResolvedFlags(pipeline=opts.pipeline, requested=requested, effective=effective,
-                         inactive_reasons=reasons, notes=notes, precision=_precision_entry(precision))
+                         inactive_reasons=reasons, notes=notes, precision=_precision_entry(precision),
+                         collective_wait=_wait_entry(opts.collective_wait, cuda=cuda, engine=engine))
+
+
+def _wait_entry(requested: str, *, cuda: bool, engine: str) -> WaitEntry:
+    if requested == "poll" and engine != "harness":
+        return WaitEntry(requested=requested, effective="block",
+                         reason=f"the {engine} engine waits its own way (torch's blocking wait())")
+    if requested == "poll" and cuda:
+        # ProcessGroupNCCL's wait() makes the current stream wait for the collective's event and
+        # returns; is_completed() queries that event, so polling it would sync the host with the GPU.
+        return WaitEntry(requested=requested, effective="block",
+                         reason="NCCL waits order the stream and never block the host; polling would sync with the GPU")
+    return WaitEntry(requested=requested, effective=requested)
 
 
 def _precision_entry(precision: PrecisionConfig) -> PrecisionEntry:
@@ -69,6 +83,8 @@ def describe(res: ResolvedFlags) -> str:
             lines.append(f"{f}: requested but INACTIVE: {res.inactive_reasons[f]}")
     if len(lines) == 1:
         lines.append("optimization flags: none requested")
+    wait = res.collective_wait
+    lines.append(f"collective wait: {wait.effective}" + (f" (requested {wait.requested}: {wait.reason})" if wait.reason else ""))
     prec = res.precision
     lines.append(f"dense precision: {prec.dense}" + (f": NUMERICS CHANGED, {prec.note}" if prec.numerics_changed else ""))
     return "\n".join(lines)

@@ -26,7 +26,7 @@ STAGE_COLUMNS = ("run_id", "rank", "node", "iteration", "stage",
 ITERATION_COLUMNS = ("run_id", "rank", "node", "iteration", "start_ns", "end_ns",
                      "iter_ms", "loss", "samples", "warmup")
 # Columns of the flat frame besides the flags, in order.
-RUN_COLUMNS = ("run_id", "preset", "world_size", "nodes", "device", "status", "pipeline")
+RUN_COLUMNS = ("run_id", "preset", "world_size", "nodes", "device", "status", "pipeline", "collective_wait")
 RECORD_COLUMNS = ("rank", "node", "iteration", "warmup", "stage", "start_ns", "end_ns", "duration_ms",
                   "iter_start_ns", "iter_end_ns", "iter_ms", "samples", "loss")
 
@@ -204,6 +204,7 @@ def run_info(run: Run) -> dict[str, object]:
         "device": m.device if m else "nsys trace",
         "status": run.status,
         "pipeline": m.optimizations.pipeline if m else pd.NA,
+        "collective_wait": m.optimizations.collective_wait.effective if m else None,
         **effective_flags(run),
     }
 
@@ -211,7 +212,8 @@ def run_info(run: Run) -> dict[str, object]:
 def records(run: Run) -> pd.DataFrame:
     """One run as the flat frame: a row per stage record, its iteration's figures beside it.
 
-    Columns: run_id, preset, world_size, nodes, device, status, pipeline, one boolean column per
+    Columns: run_id, preset, world_size, nodes, device, status, pipeline, collective_wait (poll or
+    block; None for a trace), one boolean column per
     optimization flag (effective value; NA for records without a manifest), then rank, node,
     iteration, warmup, stage, start_ns, end_ns, duration_ms, and from the iteration record
     iter_start_ns, iter_end_ns, iter_ms, samples, loss. An iteration without stage records

@@ -16,12 +16,15 @@ from harness.dense_step import DenseStep
 from harness.dense_gradients import FlatGradients
 from harness.flush import RecordFlusher
 from harness.input_pipeline import InputFeeder
+from harness.manifest import ResolvedFlags
+from harness.optimizations import resolve
 from harness.pinned_d2h import HostCopies
 from harness.records import RankRecorder
 from harness.timeline import Timeline
+from model.collective_wait import WAITS
 from model.dense import DenseArch
 from model.ids_all_to_all import HostTransfer
-from model.sharded_embeddings import ShardedEmbeddingCollection
+from model.sharded_embeddings import PendingBackward, ShardedEmbeddingCollection
 from model.sharding import Shard, TablePlan
 
 
@@ -65,26 +68,32 @@ def train(
     device: torch.device,
     recorder: RankRecorder | None,
     plan: list[TablePlan],
-    effective: dict[str, bool] | None = None,
+    flags: ResolvedFlags | None = None,
     group: dist.ProcessGroup | None = None,
     keep_weights: bool = False,
 ) -> TrainResult:
-    """Train this rank. `effective`: the optimization flags that take effect (the manifest's
-    resolution); None means the requested ones, for callers that resolved nothing.
+    """Train this rank. `flags`: what takes effect (the manifest's resolution); None resolves the
+    config here, for callers that launched nothing (tests).
     keep_weights: return the final weights (tests compare them with a reference)."""
     if cfg.run.engine == "torchrec":  # imported here: torchrec is needed only by runs that ask for it
         from harness.engine_torchrec import train_torchrec
 
         return train_torchrec(cfg, rank=rank, device=device, recorder=recorder, plan=plan, keep_weights=keep_weights)
-    on = effective if effective is not None else cfg.optimizations.requested()
+    if flags is None:
+        flags = resolve(cfg.optimizations, cuda=device.type == "cuda", plan_kinds=[tp.kind for tp in plan],
+                        precision=cfg.precision)
+    on = flags.effective
+    wait = WAITS[flags.collective_wait.effective]
     world = cfg.run.world_size
     local_batch = cfg.local_batch_size
     data = SyntheticCriteo(cfg.model, cfg.data)
     dense = build_dense(cfg, device)
-    grads = FlatGradients(dense, world_size=world, group=group)
+    grads = FlatGradients(dense, world_size=world, group=group, wait=wait)
     # fused: one pass over each tensor (the for-loop Adagrad makes several over 64 MB on small);
     # it differs from that loop in the last bits only (measured), and every run uses it, flags or not.
-    dense_opt = torch.optim.Adagrad(dense.parameters(), lr=cfg.optimizer.learning_rate, eps=cfg.optimizer.eps, fused=True)
+    # It updates the parameters as one flat tensor (FlatGradients.flat_parameter): one kernel call.
+    dense_opt = torch.optim.Adagrad([grads.flat_parameter()], lr=cfg.optimizer.learning_rate, eps=cfg.optimizer.eps,
+                                    fused=True)
     host = HostCopies(device=device, pinned=on["pinned_d2h"])
     # The ids exchange gets a process group of its own (see ShardingContext.ids_pg). (A third one
     # for the pooled embeddings' exchanges was tried, so the embedding backward's all-to-all would
@@ -107,6 +116,7 @@ def train(
         init_seed=cfg.data.seed,
         multi_hot=cfg.model.multi_hot,
         transfer=HostTransfer(start=host.copy, non_blocking=host.active),
+        wait=wait,
     )
     step = DenseStep(
         dense=dense, grads=grads, world_size=world, local_batch=local_batch, num_dense=cfg.model.num_dense,
@@ -132,10 +142,14 @@ def train(
             with timeline.stage("emb_fwd"):
                 pooled, emb_fwd = embeddings.forward(ids, local_batch)
             feeder.after_forward()  # the next batch's ids exchange, launched to overlap what follows
+            emb_bwd: list[PendingBackward] = []
             with timeline.stage("dense_fwd_bwd"):
-                loss, pooled_grad = step.run(batch.dense, pooled, batch.labels)
+                # The pooled gradient's exchange is launched the moment backward produces it, so it
+                # runs under the rest of the dense backward (its launch is timed in this stage).
+                loss, _ = step.run(batch.dense, pooled, batch.labels,
+                                   on_pooled_grad=lambda g: emb_bwd.append(embeddings.start_backward(emb_fwd, g)))
             with timeline.stage("emb_bwd"):
-                embeddings.backward(emb_fwd, pooled_grad)
+                emb_bwd.pop().wait()
             with timeline.stage("dense_update"):
                 step.finish_gradients()
                 dense_opt.step()

@@ -50,8 +50,8 @@ def run_rank(run_dir: str) -> dict:
     try:
         torch.set_num_threads(threads_per_rank(local_world))
         device, backend = resolve_device(cfg.run.device, local_rank)
-        effective = manifest.optimizations.effective
-        maybe_avoid_record_streams(effective["avoid_record_streams"])
+        flags = manifest.optimizations
+        maybe_avoid_record_streams(flags.effective["avoid_record_streams"])
         dist.init_process_group(backend, timeout=dt.timedelta(seconds=cfg.run.collective_timeout_s))
         info = RankInfo(
             run_id=manifest.run_id, rank=rank, node=node, host=socket.gethostname(), pid=os.getpid(),
@@ -59,8 +59,7 @@ def run_rank(run_dir: str) -> dict:
             gemm_gflops=measure_gemm_gflops(device), copy_gbps=measure_copy_gbps(device),
         )
         recorder.write_info(info)
-        result = train(cfg, rank=rank, device=device, recorder=recorder, plan=list(manifest.plan),
-                       effective=effective)
+        result = train(cfg, rank=rank, device=device, recorder=recorder, plan=list(manifest.plan), flags=flags)
         info = dataclasses.replace(
             info, peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             peak_gpu_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,

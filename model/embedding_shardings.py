@@ -4,8 +4,9 @@ Every sharding takes its features' ids (local batch) and gives back its features
 embeddings for the local batch, (B, n_features * dim) in its feature order, through one
 protocol (`EmbeddingSharding`): `start_input_dist` (bucketize, launch the splits exchange or use
 known splits) returns a pending object whose `launch()` starts the ids exchange and whose
-`wait()` gives the ids; `forward` (lookup + output distribution); `backward` (gradient
-distribution + fused update); `shard_weights`. "Group" is kept for process groups (`pg`).
+`wait()` gives the ids; `forward` (lookup + output distribution); `start_backward` (gradient
+distribution, launched) and `finish_backward` (its wait + fused update); `shard_weights`.
+"Group" is kept for process groups (`pg`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from model.collective_wait import WaitFn, block
 from model.embeddings import build_dense_tbe, build_fused_tbe, init_shard_
 from model.features import FeatureOrder, SparseFeatures
 from model.ids_all_to_all import PLAIN_TRANSFER, HostTransfer, IdsAllToAll, PendingIds, Ready
@@ -37,6 +39,9 @@ class ShardingContext:
     device: torch.device
     transfer: HostTransfer = PLAIN_TRANSFER
     """How the splits reach the host (plain copies, or non-blocking through pinned buffers)."""
+    wait: WaitFn = block
+    """How the host waits for a collective (model/collective_wait.py): every exchange here is
+    launched async and waited for through this."""
     dim: int
     optimizer: str
     learning_rate: float
@@ -50,6 +55,15 @@ class ShardForward:
 
     pooled: torch.Tensor
     local_batch: int
+
+
+@dataclass
+class BackwardInFlight:
+    """A sharding's gradient exchange launched (async): `received` fills in once `work` is done."""
+
+    fwd: ShardForward
+    received: torch.Tensor
+    work: dist.Work | None
 
 
 class PooledAllToAllSharding:
@@ -66,7 +80,7 @@ class PooledAllToAllSharding:
         self.widths = [sum(s[2].cols for s in r_slots) for r_slots in by_rank]
         self.send_order = FeatureOrder.of([s[0] for r_slots in by_rank for s in r_slots], ctx.device)
         self.ids = IdsAllToAll(send_slots=[len(s) for s in by_rank], recv_slots=len(self.local),
-                               world_size=w, group=ctx.ids_pg, device=ctx.device, transfer=ctx.transfer)
+                               world_size=w, group=ctx.ids_pg, device=ctx.device, transfer=ctx.transfer, wait=ctx.wait)
         # With fixed hotness every rank knows what any rank sends anyone: ids per sample per slot.
         self.hot_to = [sum(multi_hot[self.features[p]] for p, _, _ in r_slots) for r_slots in by_rank]
         self.slots_to = [len(r_slots) for r_slots in by_rank]
@@ -106,29 +120,35 @@ class PooledAllToAllSharding:
             pooled = torch.zeros(local_batch * ctx.world_size, 0, device=ctx.device)
         # pooled is (global batch, local columns) row-major: each batch owner's rows are contiguous.
         received = torch.empty(local_batch * sum(self.widths), device=ctx.device)
-        dist.all_to_all_single(
+        ctx.wait(dist.all_to_all_single(
             received, pooled.detach().reshape(-1),
             output_split_sizes=[local_batch * wd for wd in self.widths],
             input_split_sizes=[local_batch * self.widths[ctx.rank]] * ctx.world_size,
-            group=ctx.pg,
-        )
+            group=ctx.pg, async_op=True,
+        ))
         by_rank = [c.view(local_batch, -1) for c in received.split([local_batch * wd for wd in self.widths])]
         out = torch.cat(by_rank, dim=1).index_select(1, self.in_cols)
         return out, ShardForward(pooled=pooled, local_batch=local_batch)
 
-    def backward(self, fwd: ShardForward, grad: torch.Tensor) -> None:
+    def start_backward(self, fwd: ShardForward, grad: torch.Tensor) -> BackwardInFlight:
+        """Send each shard's owner its columns of the pooled gradient (async)."""
         ctx, b = self.ctx, fwd.local_batch
         grouped = grad.index_select(1, self.out_cols)
         send = torch.cat([c.reshape(-1) for c in grouped.split(self.widths, dim=1)])
         received = torch.empty(b * ctx.world_size * self.widths[ctx.rank], device=ctx.device)
-        dist.all_to_all_single(
+        work = dist.all_to_all_single(
             received, send,
             output_split_sizes=[b * self.widths[ctx.rank]] * ctx.world_size,
             input_split_sizes=[b * wd for wd in self.widths],
-            group=ctx.pg,
+            group=ctx.pg, async_op=True,
         )
+        return BackwardInFlight(fwd, received, work)
+
+    def finish_backward(self, flight: BackwardInFlight) -> None:
+        """Wait for the gradients of this rank's shards, then the fused backward-and-update."""
+        self.ctx.wait(flight.work)
         if self.tbe is not None:
-            fwd.pooled.backward(received.view(b * ctx.world_size, -1))
+            flight.fwd.pooled.backward(flight.received.view(flight.fwd.local_batch * self.ctx.world_size, -1))
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
         if self.tbe is None:
@@ -150,7 +170,7 @@ class RowWiseSharding:
         # the TBE's layout one table per feature; no id is ever routed to it.
         self.local = [Shard(r, min(n, r * b), min(n, (r + 1) * b), 0, ctx.dim) for n, b in zip(rows, self.blocks)]
         self.ids = IdsAllToAll(send_slots=[len(self.features)] * w, recv_slots=len(self.features),
-                               world_size=w, group=ctx.ids_pg, device=ctx.device, transfer=ctx.transfer)
+                               world_size=w, group=ctx.ids_pg, device=ctx.device, transfer=ctx.transfer, wait=ctx.wait)
         self.tbe = build_fused_tbe(rows=[max(1, s.rows) for s in self.local], dims=[ctx.dim] * len(self.local),
                                    device=ctx.device, optimizer=ctx.optimizer,
                                    learning_rate=ctx.learning_rate, eps=ctx.eps)
@@ -173,14 +193,20 @@ class RowWiseSharding:
         ctx = self.ctx
         pooled = self.tbe(local_ids.values, local_ids.offsets())  # partial sums, (global batch, F * dim)
         out = torch.empty(local_batch, pooled.shape[1], device=ctx.device)
+        # Blocking whatever ctx.wait is: gloo's reduce_scatter work never reports completion to a
+        # poll (is_completed() stays False, it has no future).
         dist.reduce_scatter_single(out, pooled.detach(), group=ctx.pg)
         return out, ShardForward(pooled=pooled, local_batch=local_batch)
 
-    def backward(self, fwd: ShardForward, grad: torch.Tensor) -> None:
-        """Every rank holding rows a sample used needs that sample's gradient: all-gather it."""
+    def start_backward(self, fwd: ShardForward, grad: torch.Tensor) -> BackwardInFlight:
+        """Every rank holding rows a sample used needs that sample's gradient: all-gather it (async)."""
         full = torch.empty(self.ctx.world_size * fwd.local_batch, grad.shape[1], device=self.ctx.device)
-        dist.all_gather_single(full, grad.contiguous(), group=self.ctx.pg)
-        fwd.pooled.backward(full)
+        work = dist.all_gather_single(full, grad.contiguous(), group=self.ctx.pg, async_op=True)
+        return BackwardInFlight(fwd, full, work)
+
+    def finish_backward(self, flight: BackwardInFlight) -> None:
+        self.ctx.wait(flight.work)
+        flight.fwd.pooled.backward(flight.received)
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
         return [(t, s, w) for t, s, w in zip(self.features, self.local, self.tbe.split_embedding_weights()) if s.rows]
@@ -212,10 +238,17 @@ class DataParallelSharding:
         pooled = self.tbe(local_ids.values, local_ids.offsets())
         return pooled.detach(), ShardForward(pooled=pooled, local_batch=local_batch)
 
-    def backward(self, fwd: ShardForward, grad: torch.Tensor) -> None:
+    def start_backward(self, fwd: ShardForward, grad: torch.Tensor) -> BackwardInFlight:
+        """The local table gradient, then its all-reduce launched (async)."""
         fwd.pooled.backward(grad)
+        work = None
         if self.ctx.world_size > 1:
-            dist.all_reduce(self.tbe.weights.grad, group=self.ctx.pg)
+            work = dist.all_reduce(self.tbe.weights.grad, group=self.ctx.pg, async_op=True)
+        return BackwardInFlight(fwd, self.tbe.weights.grad, work)
+
+    def finish_backward(self, flight: BackwardInFlight) -> None:
+        if flight.work is not None:
+            self.ctx.wait(flight.work)
         self.opt.step()
         self.tbe.weights.grad = None
 
@@ -236,6 +269,8 @@ class EmbeddingSharding(Protocol):
 
     def forward(self, local_ids: SparseFeatures, local_batch: int) -> tuple[torch.Tensor, ShardForward]: ...
 
-    def backward(self, fwd: ShardForward, grad: torch.Tensor) -> None: ...
+    def start_backward(self, fwd: ShardForward, grad: torch.Tensor) -> BackwardInFlight: ...
+
+    def finish_backward(self, flight: BackwardInFlight) -> None: ...
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]: ...

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from model.collective_wait import WaitFn, block
 from model.features import FeatureOrder, SparseFeatures
 
 Splits = list[list[int]]
@@ -73,9 +74,10 @@ class IdsInFlight:
 class IdsAllToAll:
     def __init__(
         self, *, send_slots: Sequence[int], recv_slots: int, world_size: int, group, device: torch.device,
-        transfer: HostTransfer = PLAIN_TRANSFER,
+        transfer: HostTransfer = PLAIN_TRANSFER, wait: WaitFn = block,
     ) -> None:
         self.world_size, self.group, self.device, self.transfer = world_size, group, device, transfer
+        self.wait = wait
         self.recv_slots = recv_slots
         self.send_slots = torch.tensor(list(send_slots), dtype=torch.int64, device=device)
         self.dest_of_slot = torch.repeat_interleave(
@@ -102,7 +104,7 @@ class IdsAllToAll:
         if self.transfer.non_blocking:
             # On NCCL wait() only makes the current stream wait for the collective, so the copy
             # queued after it starts the moment the splits land, and the host goes on.
-            work.wait()
+            self.wait(work)
             flight.read = self.transfer.start(torch.stack([counts, received]))
         return flight
 
@@ -110,7 +112,7 @@ class IdsAllToAll:
         """([lengths, values] sent to each rank, [lengths, values] received from each), on the host:
         the host sync TorchRec pays for the splits, in one device-to-host copy."""
         if flight.read is None:
-            flight.work.wait()
+            self.wait(flight.work)
             flight.read = self.transfer.start(torch.stack([flight.counts, flight.received]))
         sent, recv = flight.read.tolist()
         return sent, recv
@@ -138,7 +140,7 @@ class IdsAllToAll:
 
     def finish(self, flight: IdsInFlight) -> SparseFeatures:
         """Wait, then lay the ids out slot-major over the global batch (sources in rank order)."""
-        flight.work.wait()
+        self.wait(flight.work)
         parts = flight.received.split([n for s in flight.received_splits for n in s])
         lengths = torch.cat(parts[0::2]).to(flight.lengths_dtype)
         values = torch.cat(parts[1::2])

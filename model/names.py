@@ -9,5 +9,8 @@ SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
 EMBEDDING_OPTIMIZERS = ("exact_adagrad", "exact_rowwise_adagrad", "exact_sgd")
 """The fused optimizers fbgemm's CPU and CUDA kernels both support (Adam is CUDA-only)."""
 
+COLLECTIVE_WAITS = ("poll", "block")
+"""How the host waits for a collective it launched (model/collective_wait.py)."""
+
 STATE_PER_ELEMENT = {"exact_adagrad": 1.0, "exact_rowwise_adagrad": 0.0, "exact_sgd": 0.0}
 """Optimizer state a weight element carries, in floats per element (for memory planning)."""

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from model.collective_wait import WaitFn, block
 from model.embedding_shardings import (
-    DataParallelSharding, EmbeddingSharding, PooledAllToAllSharding, RowWiseSharding, ShardForward, ShardingContext,
+    BackwardInFlight, DataParallelSharding, EmbeddingSharding, PooledAllToAllSharding, RowWiseSharding, ShardForward, ShardingContext,
 )
 from model.features import FeatureOrder, SparseFeatures
 from model.ids_all_to_all import PLAIN_TRANSFER, HostTransfer, PendingIds, Ready
@@ -49,6 +50,18 @@ class EmbeddingForward:
     local_batch: int
 
 
+@dataclass
+class PendingBackward:
+    """The pooled gradient's exchanges launched, one per sharding; `wait()` applies the updates."""
+
+    shardings: list[EmbeddingSharding]
+    flights: list[BackwardInFlight]
+
+    def wait(self) -> None:
+        for s, flight in zip(self.shardings, self.flights):
+            s.finish_backward(flight)
+
+
 class ShardedEmbeddingCollection:
     def __init__(
         self,
@@ -67,12 +80,13 @@ class ShardedEmbeddingCollection:
         init_seed: int,
         multi_hot: Sequence[int],
         transfer: HostTransfer = PLAIN_TRANSFER,
+        wait: WaitFn = block,
     ) -> None:
         """multi_hot: ids a sample has in each feature when hotness is fixed (what makes splits
         computable in advance); ids_pg: the process group of the ids exchange."""
         check_plan(plan, table_rows, embedding_dim, world_size)
         ctx = ShardingContext(rank=rank, world_size=world_size, pg=pg, ids_pg=ids_pg, device=device,
-                              transfer=transfer, dim=embedding_dim, optimizer=optimizer,
+                              transfer=transfer, wait=wait, dim=embedding_dim, optimizer=optimizer,
                               learning_rate=learning_rate, eps=eps, init_seed=init_seed)
         self.num_features, self.dim, self.device = len(table_rows), embedding_dim, device
         kinds = [tp.kind for tp in plan]
@@ -119,12 +133,19 @@ class ShardedEmbeddingCollection:
         pooled = grouped.index_select(1, self.to_feature_order).reshape(local_batch, -1)
         return pooled.requires_grad_(True), EmbeddingForward(shards=fwds, local_batch=local_batch)
 
-    def backward(self, fwd: EmbeddingForward, grad: torch.Tensor) -> None:
+    def start_backward(self, fwd: EmbeddingForward, grad: torch.Tensor) -> PendingBackward:
+        """Launch the exchanges of the pooled gradient (`grad`, (local_batch, F * dim) in feature
+        order); nothing waits here, so the caller may launch this as soon as the gradient exists
+        (from a hook inside the dense backward) and wait when it has nothing else to do."""
         b = fwd.local_batch
         grouped = grad.view(b, self.num_features, self.dim).index_select(1, self.sharding_order)
         parts = grouped.split([len(s.features) for s in self.shardings], dim=1)
-        for s, s_fwd, part in zip(self.shardings, fwd.shards, parts):
-            s.backward(s_fwd, part.reshape(b, -1))
+        flights = [s.start_backward(s_fwd, part.reshape(b, -1)) for s, s_fwd, part in zip(self.shardings, fwd.shards, parts)]
+        return PendingBackward(self.shardings, flights)
+
+    def backward(self, fwd: EmbeddingForward, grad: torch.Tensor) -> None:
+        """The embedding backward at once: exchanges, then the fused updates."""
+        self.start_backward(fwd, grad).wait()
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
         """(table, shard, live weights) for every shard this rank holds."""

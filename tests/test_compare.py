@@ -52,10 +52,12 @@ def test_runs_interleave_link_and_report(tmp_path, capsys):
     assert all(m.status.state == "completed" for m in manifests)
     assert manifests[0].timed_stages == ("dense_update",)
     assert manifests[1].timed_stages == ("input_dist", "emb_fwd", "dense_fwd_bwd", "emb_bwd", "dense_update")
-    # The engines' configs differ in the engine alone.
+    # The engines' configs differ in the engine alone, and in how hosts wait (stock TorchRec blocks).
+    assert [m.config.optimizations.collective_wait for m in manifests] == ["block", "poll"] * 2
     for m in manifests:
         assert dataclasses.replace(m.config.run, engine="harness") == manifests[1].config.run
-        assert m.config.replace(run=manifests[1].config.run) == manifests[1].config
+        assert m.config.replace(run=manifests[1].config.run,
+                                optimizations=manifests[1].config.optimizations) == manifests[1].config
 
     ((groups, out_dir),) = calls
     assert out_dir == reports / f"compare-{folder.name}"

@@ -45,6 +45,27 @@ def test_grads_are_views_of_the_buffer_and_buckets_cover_it():
         FlatGradients(make_model(), world_size=2, group=None, bucket_mib=0)
 
 
+def test_flat_parameter_updates_the_module_as_the_per_parameter_optimizer_does():
+    """One fused Adagrad over the flat parameter: the module's parameters (views of it) end with
+    the bits the per-parameter fused Adagrad gives them, step after step."""
+    torch.manual_seed(0)
+    flat_model, ref_model = make_model(), make_model()
+    grads = FlatGradients(flat_model, world_size=1, group=None)
+    flat_opt = torch.optim.Adagrad([grads.flat_parameter()], lr=0.1, eps=1e-8, fused=True)
+    ref_params = list(ref_model.parameters())
+    ref_opt = torch.optim.Adagrad(ref_params, lr=0.1, eps=1e-8, fused=True)
+    assert all(torch.equal(a, b) for a, b in zip(flat_model.parameters(), ref_params))  # same init kept
+    for _ in range(5):
+        g = torch.randn(grads.buffer.numel())
+        grads.buffer.copy_(g)
+        for p, chunk in zip(ref_params, g.split([p.numel() for p in ref_params])):
+            p.grad = chunk.view_as(p).clone()
+        flat_opt.step()
+        ref_opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(flat_model.parameters(), ref_params))
+    assert not any(torch.equal(a, b) for a, b in zip(ref_params, make_model().parameters()))  # they did move
+
+
 def _two_bucketings(rank: int, world: int, device: torch.device) -> dict:
     """Trains two copies of the model on this rank's share: small buckets and one bucket."""
     runs = {}

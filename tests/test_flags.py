@@ -71,6 +71,12 @@ def test_no_flag_changes_the_math(tmp_path):
         out = tmp_path / f"p{pipeline:d}t{threaded:d}s{skip:d}"
         out.mkdir()
         results[(pipeline, threaded, skip)] = run_ranks(_config(pipeline, threaded, skip), plan, out)
+    # The way hosts wait for collectives (poll by default here) is not a flag but must not change
+    # the math either: the plain loop once more, blocking.
+    blocking = _config(False, False, False)
+    blocking = blocking.replace(optimizations=OptimizationsConfig(pipeline=False, collective_wait="block"))
+    (tmp_path / "block").mkdir()
+    results["block"] = run_ranks(blocking, plan, tmp_path / "block")
     base = results.pop((False, False, False))
     assert len(base[0]["losses"]) == 10
     for key, ranks in results.items():
