@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness import engine_torchrec, records, report
 from harness.config import BenchConfig
-from harness.device import describe_device, uses_cuda
+from harness.device import check_cuda_layout, cuda_device_count, describe_device, uses_cuda
 from harness.launch import LaunchFailed, choose_launch, node_commands
 from harness.launch import run as launch_run
 from harness.manifest import PlanEstimate, ResolvedFlags, RunManifest
@@ -77,7 +77,10 @@ def plan_and_flags(cfg: BenchConfig, *, ranks_per_host: int) -> tuple[tuple[Tabl
     plan, estimate = make_plan(cfg, ranks_per_host=ranks_per_host)
     if cfg.run.engine == "torchrec":
         engine_torchrec.check_config(cfg, [tp.kind for tp in plan])
-    flags = resolve(cfg.optimizations, cuda=uses_cuda(cfg.run.device), plan_kinds=[tp.kind for tp in plan],
+    cuda = uses_cuda(cfg.run.device)
+    if cuda:
+        check_cuda_layout(plan, ranks_per_host=ranks_per_host, device_count=cuda_device_count())
+    flags = resolve(cfg.optimizations, cuda=cuda, plan_kinds=[tp.kind for tp in plan],
                     precision=cfg.precision, engine=cfg.run.engine)
     return plan, estimate, flags
 

@@ -8,16 +8,33 @@ one reading site and nothing is dropped silently.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from importlib import metadata
 
 from harness.config import OptimizationsConfig, PrecisionConfig
 from harness.manifest import PrecisionEntry, ResolvedFlags, WaitEntry
 from harness.names import OPTIMIZATION_FLAGS
 
 
+AVOID_RECORD_STREAMS_DEFAULT_SINCE = (2, 8)
+"""The torch release from which ProcessGroupNCCL always stashes a collective's tensors until the
+user stream syncs with it (what TORCH_NCCL_AVOID_RECORD_STREAMS=1 used to switch on) and answers
+the variable with "TORCH_NCCL_AVOID_RECORD_STREAMS is the default now, this environment variable
+is thus deprecated" (ProcessGroupNCCL.cpp; pytorch/pytorch#194701 later removed the stale
+mentions). torch 2.13's ProcessGroupNCCL.hpp still documents the variable; the .cpp decides."""
+
+
+def torch_avoids_record_streams(torch_version: str) -> bool:
+    """Whether this torch (its version string, e.g. "2.13.0+cu128") avoids recordStream anyway."""
+    major, minor = (int(part) for part in torch_version.split("+")[0].split(".")[:2])
+    return (major, minor) >= AVOID_RECORD_STREAMS_DEFAULT_SINCE
+
+
 def resolve(
     opts: OptimizationsConfig, *, cuda: bool, plan_kinds: Sequence[str], precision: PrecisionConfig = PrecisionConfig(),
-    engine: str = "harness",
+    engine: str = "harness", torch_version: str | None = None,
 ) -> ResolvedFlags:
+    """torch_version: the installed torch's when None (a seam for tests)."""
+    torch_version = torch_version or metadata.version("torch")
     requested = opts.requested()
     reasons: dict[str, str] = {}
     notes: dict[str, str] = {}
@@ -28,6 +45,9 @@ def resolve(
         reasons["pinned_d2h"] = f"CUDA only (pinned host memory and async copies): this run is on {device}"
     if requested["avoid_record_streams"] and not cuda:
         reasons["avoid_record_streams"] = "NCCL only: this run uses gloo"
+    elif requested["avoid_record_streams"] and torch_avoids_record_streams(torch_version):
+        reasons["avoid_record_streams"] = (f"torch {torch_version} already avoids recordStream in ProcessGroupNCCL "
+                                           "and ignores the variable (deprecated since torch 2.8)")
     if requested["threaded_input_dist"] and cuda:
         # The input thread's collectives (ids group) and the main thread's (default and embedding
         # groups) would both run on the current stream, in an order that depends on thread timing

@@ -122,7 +122,7 @@ class ShardedEmbeddingCollection:
         """Pooled embeddings of this rank's samples, (local_batch, F * dim) in feature order.
 
         The returned tensor is a leaf that requires grad: the dense backward fills its .grad,
-        which `backward` sends back to the tables.
+        which `start_backward` sends back to the tables.
         """
         outs, fwds = [], []
         for s, s_ids in zip(self.shardings, ids):
@@ -142,10 +142,6 @@ class ShardedEmbeddingCollection:
         parts = grouped.split([len(s.features) for s in self.shardings], dim=1)
         flights = [s.start_backward(s_fwd, part.reshape(b, -1)) for s, s_fwd, part in zip(self.shardings, fwd.shards, parts)]
         return PendingBackward(self.shardings, flights)
-
-    def backward(self, fwd: EmbeddingForward, grad: torch.Tensor) -> None:
-        """The embedding backward at once: exchanges, then the fused updates."""
-        self.start_backward(fwd, grad).wait()
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
         """(table, shard, live weights) for every shard this rank holds."""

@@ -182,3 +182,28 @@ def test_injected_fault_fails_run_and_keeps_records(tmp_path, capsys):
     for rank in (0, 1):  # iterations before the fault were flushed and stay readable
         assert set(iters.loc[iters["rank"] == rank, "iteration"]) >= {0, 1, 2}
     assert 3 not in set(iters.loc[iters["rank"] == 1, "iteration"])
+
+
+def test_cuda_layout_refused_before_launch():
+    """More ranks than GPUs, or a shard dim fbgemm's CUDA kernels reject: one line, nothing started."""
+    from harness.device import check_cuda_layout
+    from model.sharding import Shard, TablePlan
+
+    plan = [TablePlan("table_wise", (Shard(0, 0, 10, 0, 16),)),
+            TablePlan("column_wise", (Shard(0, 0, 10, 0, 6), Shard(1, 0, 10, 6, 12)))]
+    with pytest.raises(ValueError, match="2 ranks on this host need a GPU each and it has 1"):
+        check_cuda_layout(plan[:1], ranks_per_host=2, device_count=1)
+    with pytest.raises(ValueError, match=r"multiples of 4; this plan has \[6\]"):
+        check_cuda_layout(plan, ranks_per_host=2, device_count=8)
+    check_cuda_layout(plan[:1], ranks_per_host=8, device_count=8)  # fits: no error
+
+
+def test_more_ranks_than_gpus_is_refused_by_the_cli(tmp_path, monkeypatch, capsys):
+    import harness.cli
+
+    monkeypatch.setattr(harness.cli, "uses_cuda", lambda requested: True)  # a 1-GPU host, seen from a CPU one
+    monkeypatch.setattr(harness.cli, "cuda_device_count", lambda: 1)
+    runs = tmp_path / "runs"
+    assert main(["bench", "--preset", "tiny", "--iters", "1", "--runs-root", str(runs)]) == 2
+    assert "2 ranks on this host need a GPU each and it has 1" in capsys.readouterr().err
+    assert not runs.exists()

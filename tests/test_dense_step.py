@@ -140,3 +140,20 @@ def test_graphed_matches_eager_over_several_steps(precision):
 
     for a, b in zip(eager_model.parameters(), graphed_model.parameters()):
         torch.testing.assert_close(a, b, **tol)
+
+
+def test_pooled_gradient_is_handed_over_inside_backward_before_the_bottom_layers():
+    """on_pooled_grad gets the pooled gradient as soon as it exists: before the bottom MLP's
+    weights have theirs (so a collective launched from it precedes their bucket), and equal to
+    what run returns."""
+    model = make_model()
+    grads = FlatGradients(model, world_size=1, group=None)
+    step = DenseStep(dense=model, grads=grads, world_size=1, local_batch=B, num_dense=ND, pooled_width=PW,
+                     device=torch.device("cpu"), graphed=False, precision="fp32")
+    events: list[tuple[str, torch.Tensor | None]] = []
+    model.bottom.weight.register_post_accumulate_grad_hook(lambda p: events.append(("bottom", None)))
+    dense_x, pooled, labels = make_inputs(0)
+    _, pooled_grad = step.run(dense_x, pooled.requires_grad_(True), labels,
+                              on_pooled_grad=lambda g: events.append(("pooled", g.clone())))
+    assert [name for name, _ in events] == ["pooled", "bottom"]
+    assert torch.equal(events[0][1], pooled_grad)

@@ -36,9 +36,23 @@ def test_cuda_only_flags_are_inactive_on_cpu_with_reasons():
     assert text.count("INACTIVE") == 3 and "threaded_input_dist: on" in text
     only_rw = resolve(OptimizationsConfig(skip_splits_a2a=True), cuda=False, plan_kinds=["row_wise"])
     assert not only_rw.effective["skip_splits_a2a"] and "skip_splits_a2a" in only_rw.inactive_reasons
-    on_gpu = resolve(OptimizationsConfig(**{f: True for f in OPTIMIZATION_FLAGS}), cuda=True, plan_kinds=["table_wise"])
+    on_gpu = resolve(OptimizationsConfig(**{f: True for f in OPTIMIZATION_FLAGS}), cuda=True, plan_kinds=["table_wise"],
+                     torch_version="2.7.1+cu126")
     assert {f for f, on in on_gpu.effective.items() if not on} == {"threaded_input_dist"}
     assert "NCCL" in on_gpu.inactive_reasons["threaded_input_dist"]
+
+
+def test_avoid_record_streams_is_inactive_where_torch_already_avoids_them():
+    """torch >= 2.8 stashes collective tensors unconditionally and deprecates the variable."""
+    def resolved(version):
+        return resolve(OptimizationsConfig(avoid_record_streams=True), cuda=True, plan_kinds=["table_wise"],
+                       torch_version=version)
+    for version in ("2.8.0", "2.13.0+cu128", "3.0.0"):
+        res = resolved(version)
+        assert not res.effective["avoid_record_streams"]
+        assert f"torch {version} already avoids recordStream" in res.inactive_reasons["avoid_record_streams"]
+    for version in ("2.5.1", "2.7.1+cu126"):
+        assert resolved(version).effective["avoid_record_streams"]
 
 
 def test_dependent_flags_are_checked_when_built():
