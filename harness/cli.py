@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness import engine_torchrec, records, report
 from harness.config import BenchConfig
-from harness.device import check_cuda_layout, cuda_device_count, describe_device, uses_cuda
+from harness.device import check_gpus_per_host, check_shard_dims, cuda_device_count, describe_device, uses_cuda
 from harness.launch import LaunchFailed, choose_launch, node_commands
 from harness.launch import run as launch_run
 from harness.manifest import PlanEstimate, ResolvedFlags, RunManifest
@@ -79,7 +79,7 @@ def plan_and_flags(cfg: BenchConfig, *, ranks_per_host: int) -> tuple[tuple[Tabl
         engine_torchrec.check_config(cfg, [tp.kind for tp in plan])
     cuda = uses_cuda(cfg.run.device)
     if cuda:
-        check_cuda_layout(plan, ranks_per_host=ranks_per_host, device_count=cuda_device_count())
+        check_shard_dims(plan)
     flags = resolve(cfg.optimizations, cuda=cuda, plan_kinds=[tp.kind for tp in plan],
                     precision=cfg.precision, engine=cfg.run.engine)
     return plan, estimate, flags
@@ -124,6 +124,8 @@ def bench(cfg: BenchConfig, how: Invocation) -> int:
             raise ValueError("a multi-host launch needs the same --run-id (make: RUN_ID=...) on every host")
         ranks_per_host = cfg.run.world_size if launch.mode == "local-simulation" else cfg.run.gpus_per_node
         plan, estimate, flags = plan_and_flags(cfg, ranks_per_host=ranks_per_host)
+        if uses_cuda(cfg.run.device) and not how.dry_run:  # a dry run may plan a cluster from a smaller host
+            check_gpus_per_host(ranks_per_host=ranks_per_host, device_count=cuda_device_count())
         device = describe_device(cfg.run.device)
     except ValueError as exc:
         return _error(exc)

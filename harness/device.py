@@ -21,13 +21,17 @@ def cuda_device_count() -> int:
     return torch.cuda.device_count()
 
 
-def check_cuda_layout(plan: Sequence[TablePlan], *, ranks_per_host: int, device_count: int) -> None:
-    """One-line refusals, before launch, of what a CUDA run would otherwise hit on its ranks."""
+def check_gpus_per_host(*, ranks_per_host: int, device_count: int) -> None:
+    """One-line refusal, before launch, of more ranks on this host than it has GPUs."""
     if ranks_per_host > device_count:
         # Each rank takes GPU LOCAL_RANK: past the last one set_device fails ("invalid device
         # ordinal"), and two ranks on one GPU make NCCL fail ("Duplicate GPU detected").
         raise ValueError(f"{ranks_per_host} ranks on this host need a GPU each and it has {device_count}: "
                          "lower GPUS_PER_NODE (and NODES), or use --device cpu")
+
+
+def check_shard_dims(plan: Sequence[TablePlan]) -> None:
+    """One-line refusal of a plan fbgemm's CUDA embeddings would reject on the ranks."""
     odd = sorted({s.cols for tp in plan for s in tp.shards if s.cols % 4})
     if odd:
         # fbgemm's CUDA table-batched embeddings assert that every table's dim is a multiple of 4.
@@ -38,7 +42,7 @@ def check_cuda_layout(plan: Sequence[TablePlan], *, ranks_per_host: int, device_
 def resolve_device(requested: str, local_rank: int) -> tuple[torch.device, str]:
     """(device, backend) for this rank: NCCL on CUDA, gloo on CPU."""
     if uses_cuda(requested):
-        if local_rank >= cuda_device_count():  # a launch that bypassed the CLI's check_cuda_layout
+        if local_rank >= cuda_device_count():  # a launch that bypassed the CLI's check_gpus_per_host
             raise RuntimeError(f"LOCAL_RANK {local_rank} has no GPU: this host has {cuda_device_count()}")
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank), "nccl"

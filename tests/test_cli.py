@@ -64,7 +64,7 @@ def test_bad_bench_input_is_one_line_and_leaves_nothing(case, tmp_path, capsys, 
         if torch.cuda.is_available():
             pytest.skip("this machine has CUDA")
     args, message = BAD_BENCH[case]
-    code = exit_code(["bench", "--runs-root", str(tmp_path / "runs"), *args])
+    code = exit_code(["bench", "--device", "cpu", "--runs-root", str(tmp_path / "runs"), *args])
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and message in err, err
@@ -95,7 +95,7 @@ def only_run(runs):
 
 def test_bench_tiny_two_simulated_nodes_end_to_end(tmp_path, capsys):
     runs = tmp_path / "runs"
-    code = main(["bench", "--preset", "tiny", "--nodes", "2", "--gpus-per-node", "1", "--iters", "4",
+    code = main(["bench", "--device", "cpu", "--preset", "tiny", "--nodes", "2", "--gpus-per-node", "1", "--iters", "4",
                  "--warmup", "2", "--flush-every", "3", "--runs-root", str(runs)])
     out = capsys.readouterr().out
     assert code == 0
@@ -149,7 +149,7 @@ def test_bench_tiny_two_simulated_nodes_end_to_end(tmp_path, capsys):
 
 def test_plain_loop_keeps_every_stage_inside_its_iteration(tmp_path, capsys):
     runs = tmp_path / "runs"
-    assert main(["bench", "--preset", "tiny", "--iters", "3", "--warmup", "1", "--no-pipeline",
+    assert main(["bench", "--device", "cpu", "--preset", "tiny", "--iters", "3", "--warmup", "1", "--no-pipeline",
                  "--runs-root", str(runs)]) == 0
     run = load_run(only_run(runs))
     merged = run.stages.merge(run.iterations[["rank", "iteration", "start_ns", "end_ns"]],
@@ -160,7 +160,7 @@ def test_plain_loop_keeps_every_stage_inside_its_iteration(tmp_path, capsys):
 
 def test_no_timeline_records_iterations_only(tmp_path, capsys):
     runs = tmp_path / "runs"
-    assert main(["bench", "--preset", "tiny", "--iters", "3", "--warmup", "1", "--no-timeline",
+    assert main(["bench", "--device", "cpu", "--preset", "tiny", "--iters", "3", "--warmup", "1", "--no-timeline",
                  "--runs-root", str(runs)]) == 0
     run = load_run(only_run(runs))
     assert run.stages.empty and len(run.iterations) == 2 * 4
@@ -169,7 +169,7 @@ def test_no_timeline_records_iterations_only(tmp_path, capsys):
 
 def test_injected_fault_fails_run_and_keeps_records(tmp_path, capsys):
     runs = tmp_path / "runs"
-    code = main(["bench", "--preset", "tiny", "--iters", "6", "--warmup", "0", "--flush-every", "1",
+    code = main(["bench", "--device", "cpu", "--preset", "tiny", "--iters", "6", "--warmup", "0", "--flush-every", "1",
                  "--fail-at", "1:3", "--collective-timeout", "30", "--runs-root", str(runs)])
     err = capsys.readouterr().err
     assert code == 1
@@ -186,16 +186,17 @@ def test_injected_fault_fails_run_and_keeps_records(tmp_path, capsys):
 
 def test_cuda_layout_refused_before_launch():
     """More ranks than GPUs, or a shard dim fbgemm's CUDA kernels reject: one line, nothing started."""
-    from harness.device import check_cuda_layout
+    from harness.device import check_gpus_per_host, check_shard_dims
     from model.sharding import Shard, TablePlan
 
     plan = [TablePlan("table_wise", (Shard(0, 0, 10, 0, 16),)),
             TablePlan("column_wise", (Shard(0, 0, 10, 0, 6), Shard(1, 0, 10, 6, 12)))]
     with pytest.raises(ValueError, match="2 ranks on this host need a GPU each and it has 1"):
-        check_cuda_layout(plan[:1], ranks_per_host=2, device_count=1)
+        check_gpus_per_host(ranks_per_host=2, device_count=1)
     with pytest.raises(ValueError, match=r"multiples of 4; this plan has \[6\]"):
-        check_cuda_layout(plan, ranks_per_host=2, device_count=8)
-    check_cuda_layout(plan[:1], ranks_per_host=8, device_count=8)  # fits: no error
+        check_shard_dims(plan)
+    check_gpus_per_host(ranks_per_host=8, device_count=8)  # fits: no error
+    check_shard_dims(plan[:1])
 
 
 def test_more_ranks_than_gpus_is_refused_by_the_cli(tmp_path, monkeypatch, capsys):
@@ -207,3 +208,5 @@ def test_more_ranks_than_gpus_is_refused_by_the_cli(tmp_path, monkeypatch, capsy
     assert main(["bench", "--preset", "tiny", "--iters", "1", "--runs-root", str(runs)]) == 2
     assert "2 ranks on this host need a GPU each and it has 1" in capsys.readouterr().err
     assert not runs.exists()
+    # A dry run may plan a bigger job than this host could run: it is not refused.
+    assert main(["bench", "--preset", "tiny", "--nodes", "2", "--dry-run", "--runs-root", str(runs)]) == 0

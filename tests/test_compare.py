@@ -32,7 +32,7 @@ def test_runs_interleave_link_and_report(tmp_path, capsys):
 
     runs, reports = tmp_path / "runs", tmp_path / "reports"
     args = build_parser().parse_args([
-        "compare", "--preset", "tiny", "--iters", "2", "--warmup", "1", "--sharding", "table_wise",
+        "compare", "--device", "cpu", "--preset", "tiny", "--iters", "2", "--warmup", "1", "--sharding", "table_wise",
         "--repeats", "2", "--runs-root", str(runs), "--reports-root", str(reports)])
     code = harness.cli.compare(config_from_args(args), harness.cli.Invocation.from_args(args),
                                repeats=args.repeats, reports_root=args.reports_root, report=report)

@@ -104,7 +104,7 @@ def test_no_flag_changes_the_math(tmp_path):
 
 def test_skip_splits_counts_the_fallback(tmp_path, capsys):
     runs = tmp_path / "runs"
-    assert main(["bench", "--preset", "tiny", "--iters", "6", "--warmup", "0", "--sharding", "table_wise",
+    assert main(["bench", "--device", "cpu", "--preset", "tiny", "--iters", "6", "--warmup", "0", "--sharding", "table_wise",
                  "--skip-splits-a2a", "--ragged-every", "3", "--runs-root", str(runs)]) == 0
     (run_dir,) = runs.iterdir()
     its = pd.concat(pd.read_parquet(p) for p in run_dir.glob("rank*/iterations-*.parquet"))

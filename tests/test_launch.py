@@ -72,7 +72,7 @@ def test_two_hosts_by_rendezvous_on_loopback(tmp_path):
 
 def test_hung_rank_fails_the_job_within_the_timeout(tmp_path, capsys):
     start = time.monotonic()
-    code = main(["bench", "--preset", "tiny", "--iters", "6", "--warmup", "0", "--flush-every", "1",
+    code = main(["bench", "--device", "cpu", "--preset", "tiny", "--iters", "6", "--warmup", "0", "--flush-every", "1",
                  "--stall-at", "1:2", "--collective-timeout", "5", "--runs-root", str(tmp_path / "runs")])
     elapsed = time.monotonic() - start
     assert code == 1
@@ -86,7 +86,7 @@ def test_hung_rank_fails_the_job_within_the_timeout(tmp_path, capsys):
 
 
 def test_four_simulated_nodes(tmp_path, capsys):
-    assert main(["bench", "--preset", "tiny", "--nodes", "4", "--gpus-per-node", "1", "--iters", "2",
+    assert main(["bench", "--device", "cpu", "--preset", "tiny", "--nodes", "4", "--gpus-per-node", "1", "--iters", "2",
                  "--warmup", "1", "--runs-root", str(tmp_path / "runs")]) == 0
     (run_dir,) = (tmp_path / "runs").iterdir()
     st = pd.concat(pd.read_parquet(p) for p in run_dir.glob("rank*/stages-*.parquet"))

@@ -165,7 +165,7 @@ def test_roofline_of_a_real_tiny_run(tmp_path, capsys):
     from model.dense import dense_flops_per_sample
 
     runs = tmp_path / "runs"
-    assert main(["bench", "--preset", "tiny", "--iters", "3", "--warmup", "1", "--runs-root", str(runs)]) == 0
+    assert main(["bench", "--device", "cpu", "--preset", "tiny", "--iters", "3", "--warmup", "1", "--runs-root", str(runs)]) == 0
     run = load_run(next(runs.iterdir()))
     m = tiny().model
     G, W = tiny().data.global_batch_size, run.manifest.world_size
