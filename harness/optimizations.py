@@ -29,6 +29,12 @@ def torch_avoids_record_streams(torch_version: str) -> bool:
     return (major, minor) >= AVOID_RECORD_STREAMS_DEFAULT_SINCE
 
 
+def input_thread_launches(cuda: bool) -> bool:
+    """Whether the threaded input dist's thread launches collectives: on gloo only, whose process
+    groups each keep their own order; NCCL needs one order over all (harness/input_pipeline.py)."""
+    return not cuda
+
+
 def resolve(
     opts: OptimizationsConfig, *, cuda: bool, plan_kinds: Sequence[str], precision: PrecisionConfig = PrecisionConfig(),
     engine: str = "harness", torch_version: str | None = None,
@@ -48,13 +54,11 @@ def resolve(
     elif requested["avoid_record_streams"] and torch_avoids_record_streams(torch_version):
         reasons["avoid_record_streams"] = (f"torch {torch_version} already avoids recordStream in ProcessGroupNCCL "
                                            "and ignores the variable (deprecated since torch 2.8)")
-    if requested["threaded_input_dist"] and cuda:
-        # The input thread's collectives (ids group) and the main thread's (default and embedding
-        # groups) would both run on the current stream, in an order that depends on thread timing
-        # and may differ per rank; NCCL needs one order of collectives across ranks (torch's
-        # new_group notes, NCCL's thread-safety notes). gloo keeps each group on its own threads.
-        reasons["threaded_input_dist"] = ("not yet safe on NCCL: the input thread's collectives could be "
-                                          "ordered differently per rank on the shared stream (gloo only)")
+    if requested["threaded_input_dist"]:
+        notes["threaded_input_dist"] = (
+            "the input thread also launches the splits and ids exchanges, on a process group of its own"
+            if input_thread_launches(cuda) else
+            "the input thread loads and prepares batches; the main thread launches every collective")
     if requested["skip_splits_a2a"]:
         static = sum(k in ("table_wise", "column_wise") for k in plan_kinds)
         if not static:

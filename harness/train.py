@@ -17,7 +17,8 @@ from harness.dense_gradients import FlatGradients
 from harness.flush import RecordFlusher
 from harness.input_pipeline import InputFeeder
 from harness.manifest import ResolvedFlags
-from harness.optimizations import resolve
+from harness.input_streams import input_streams
+from harness.optimizations import input_thread_launches, resolve
 from harness.pinned_d2h import HostCopies
 from harness.records import RankRecorder
 from harness.timeline import Timeline
@@ -129,7 +130,7 @@ def train(
     feeder = InputFeeder(
         embeddings=embeddings, data=data, rank=rank, world_size=world, device=device, total=total,
         pipeline=cfg.optimizations.pipeline, threaded=on["threaded_input_dist"], skip_splits=on["skip_splits_a2a"],
-        timeline=timeline,
+        timeline=timeline, thread_launches=input_thread_launches(device.type == "cuda"), streams=input_streams(device),
     )
     records = RecordFlusher(timeline=timeline, host=host, recorder=recorder)
     flush = records.flush

@@ -2,9 +2,9 @@
 
 Every sharding takes its features' ids (local batch) and gives back its features' pooled
 embeddings for the local batch, (B, n_features * dim) in its feature order, through one
-protocol (`EmbeddingSharding`): `start_input_dist` (bucketize, launch the splits exchange or use
-known splits) returns a pending object whose `launch()` starts the ids exchange and whose
-`wait()` gives the ids; `forward` (lookup + output distribution); `start_backward` (gradient
+protocol (`EmbeddingSharding`): `prepare_input_dist` (bucketize, count the splits or take them as
+known; no collective) returns a pending object whose `start_splits()` launches the splits
+exchange, `launch()` the ids exchange, and whose `wait()` gives the ids; `forward` (lookup + output distribution); `start_backward` (gradient
 distribution, launched) and `finish_backward` (its wait + fused update); `shard_weights`.
 "Group" is kept for process groups (`pg`).
 """
@@ -34,8 +34,10 @@ class ShardingContext:
     pg: dist.ProcessGroup | None
     """The process group of the pooled embeddings' exchanges (forward and backward)."""
     ids_pg: dist.ProcessGroup | None
-    """A process group of its own for the ids exchange, so it may run on another thread (threaded
-    input dist) without interleaving with the other collectives: each group keeps its own order."""
+    """A process group of its own for the ids exchange. On gloo an input thread may issue on it
+    alone while the main thread uses `pg` (each group keeps its own order); on NCCL it is a
+    communicator with a stream of its own, so the ids exchange runs beside the pooled exchanges
+    and gradient all-reduces (all issued by one thread, in one order on every rank)."""
     device: torch.device
     transfer: HostTransfer = PLAIN_TRANSFER
     """How the splits reach the host (plain copies, or non-blocking through pinned buffers)."""
@@ -103,14 +105,12 @@ class PooledAllToAllSharding:
         me = self.ctx.rank
         return sent, [[self.slots_to[me] * local_batch, self.hot_to[me] * local_batch]] * self.ctx.world_size
 
-    def start_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> PendingIds:
+    def prepare_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> PendingIds:
         """Ids regrouped by destination rank (a column-wise feature goes to each of its ranks),
-        with the splits exchange launched, or `splits_known`: every rank's batch has the fixed
-        hotness, so the splits are computed here and no exchange runs."""
+        or with `splits_known` (every rank's batch has the fixed hotness) the splits computed
+        here, so that no splits exchange runs."""
         grouped = ids.permute(self.send_order)
-        if splits_known:
-            return PendingIds(self.ids, grouped, known=self.static_splits(ids.batch_size))
-        return PendingIds(self.ids, grouped, splits=self.ids.start_splits(grouped))
+        return PendingIds(self.ids, grouped, known=self.static_splits(ids.batch_size) if splits_known else None)
 
     def forward(self, local_ids: SparseFeatures, local_batch: int) -> tuple[torch.Tensor, ShardForward]:
         ctx = self.ctx
@@ -179,15 +179,14 @@ class RowWiseSharding:
                 init_shard_(w_t, table=t, table_rows=table_rows[t], table_dim=ctx.dim, row_start=s.row_start,
                             col_start=0, seed=ctx.init_seed)
 
-    def start_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> PendingIds:
-        """Ids by destination rank (its row block), rebased to the block's first row, with the
-        splits exchange launched: values per row block depend on the ids, so `splits_known`
-        cannot apply here."""
+    def prepare_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> PendingIds:
+        """Ids by destination rank (its row block), rebased to the block's first row: values
+        per row block depend on the ids, so `splits_known` cannot apply here."""
         lengths, values, *_ = torch.ops.fbgemm.block_bucketize_sparse_features(
             ids.lengths.reshape(-1), ids.values, False, False, self.block_sizes, self.ctx.world_size, None
         )
         grouped = SparseFeatures(lengths=lengths.view(-1, ids.batch_size), values=values)
-        return PendingIds(self.ids, grouped, splits=self.ids.start_splits(grouped))
+        return PendingIds(self.ids, grouped)
 
     def forward(self, local_ids: SparseFeatures, local_batch: int) -> tuple[torch.Tensor, ShardForward]:
         ctx = self.ctx
@@ -230,7 +229,7 @@ class DataParallelSharding:
         self.offsets = offsets
         self.opt = torch.optim.Adagrad([self.tbe.weights], lr=ctx.learning_rate, eps=ctx.eps)
 
-    def start_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> Ready:
+    def prepare_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> Ready:
         """Every rank holds the whole table: its own ids are all it needs."""
         return Ready(ids)
 
@@ -265,7 +264,7 @@ class EmbeddingSharding(Protocol):
 
     features: list[int]
 
-    def start_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> PendingIds | Ready: ...
+    def prepare_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> PendingIds | Ready: ...
 
     def forward(self, local_ids: SparseFeatures, local_batch: int) -> tuple[torch.Tensor, ShardForward]: ...
 

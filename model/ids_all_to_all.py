@@ -8,7 +8,10 @@ their values. Phase 1 exchanges the sizes (the "splits") and reads them on the h
 
 Both phases are asynchronous and split into launch and wait, so a pipeline can launch the
 splits exchange of batch i+1 before batch i's forward, read them after it, and wait for the
-ids before batch i+1's forward (TorchRec's TrainPipelineSparseDist does the same).
+ids before batch i+1's forward (TorchRec's TrainPipelineSparseDist does the same). What comes
+before the first collective (regrouping the ids, counting what goes where) is kept apart from
+it (`PendingIds` is made with nothing launched), so one thread may prepare a batch while
+another issues its collectives.
 """
 
 from __future__ import annotations
@@ -95,9 +98,8 @@ class IdsAllToAll:
         counts[:, 1].index_add_(0, self.dest_of_slot, grouped.lengths.sum(dim=1))
         return counts
 
-    def start_splits(self, grouped: SparseFeatures) -> SplitsInFlight:
-        """Launch the splits all-to-all; nothing here waits for it."""
-        counts = self.counts(grouped)
+    def start_splits(self, counts: torch.Tensor) -> SplitsInFlight:
+        """Launch the splits all-to-all of `counts` (from `counts()`); nothing here waits for it."""
         received = torch.empty_like(counts)
         work = dist.all_to_all_single(received, counts, group=self.group, async_op=True)
         flight = SplitsInFlight(counts=counts, received=received, work=work)
@@ -157,23 +159,31 @@ class IdsAllToAll:
 class PendingIds:
     """One group's input distribution of one batch, from the splits to the ids ready for lookup.
 
-    Made with the splits either in flight (`splits`) or known on the host (`known`). `launch()`
-    reads the splits and launches the ids exchange; `wait()` launches if needed and returns the
-    ids. Callers choose when each happens; the order of collectives per process group is the
-    same on every rank as long as every rank calls these in the same order.
+    Made with nothing launched: the ids regrouped by destination and, unless the splits are
+    `known` on the host, what this rank sends each rank counted on the device (no collective, so
+    any thread may make it). `start_splits()` launches the splits exchange; `launch()` reads the
+    splits and launches the ids exchange; `wait()` returns the ids. Each step does the earlier
+    ones it finds undone. Callers choose when each happens; the order of collectives per process
+    group is the same on every rank as long as every rank calls these in the same order.
     """
 
-    def __init__(self, a2a: IdsAllToAll, grouped: SparseFeatures, *, splits: SplitsInFlight | None = None,
-                 known: tuple[Splits, Splits] | None = None) -> None:
-        if (splits is None) == (known is None):
-            raise ValueError("PendingIds needs either splits in flight or known splits")
-        self._a2a, self._grouped, self._splits, self._known = a2a, grouped, splits, known
+    def __init__(self, a2a: IdsAllToAll, grouped: SparseFeatures, *, known: tuple[Splits, Splits] | None = None) -> None:
+        self._a2a, self._grouped, self._known = a2a, grouped, known
+        self._counts = a2a.counts(grouped) if known is None else None
+        self._splits: SplitsInFlight | None = None
         self._ids: IdsInFlight | None = None
-        self.splits_exchanged = int(splits is not None)
+        self.splits_exchanged = int(known is None)
+
+    def start_splits(self) -> None:
+        """Launch the splits all-to-all (nothing to launch when the splits are known); idempotent."""
+        if self._counts is not None:
+            self._splits = self._a2a.start_splits(self._counts)
+            self._counts = None
 
     def launch(self) -> None:
         if self._ids is not None:
             return
+        self.start_splits()
         sent, received = self._known if self._known is not None else self._a2a.finish_splits(self._splits)
         self._ids = self._a2a.start(self._grouped, sent, received)
         self._grouped = self._splits = None  # the send buffers are the collectives' now
@@ -190,6 +200,9 @@ class Ready:
 
     def __init__(self, ids: SparseFeatures) -> None:
         self._ids = ids
+
+    def start_splits(self) -> None:
+        pass
 
     def launch(self) -> None:
         pass

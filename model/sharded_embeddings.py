@@ -34,6 +34,11 @@ class PendingInputDist:
         """Shardings that ran the splits all-to-all for this batch (0 when all were known in advance)."""
         return sum(p.splits_exchanged for p in self.pending)
 
+    def start_splits(self) -> None:
+        """Launch the splits all-to-alls (the batch's first collectives); idempotent."""
+        for p in self.pending:
+            p.start_splits()
+
     def launch(self) -> None:
         """Read the splits (the host sync) and launch the ids all-to-alls; idempotent."""
         for p in self.pending:
@@ -108,12 +113,13 @@ class ShardedEmbeddingCollection:
         self.to_feature_order = torch.argsort(self.sharding_order)
 
     # ---- input distribution: bucketize, splits all-to-all (host sync), ids all-to-alls ---
-    def start_input_dist(self, features: SparseFeatures, *, splits_known: bool = False) -> PendingInputDist:
-        """Bucketize and launch the splits exchanges (or take the splits as computed locally when
-        `splits_known`: every rank's batch has the fixed hotness, which the caller knows without
-        asking the others). Nothing here waits on another rank."""
+    def prepare_input_dist(self, features: SparseFeatures, *, splits_known: bool = False) -> PendingInputDist:
+        """Bucketize and count the splits (or take them as computed locally when `splits_known`:
+        every rank's batch has the fixed hotness, which the caller knows without asking the
+        others). Device work only, no collective: any thread may call it; the caller then
+        launches the collectives through the returned object."""
         return PendingInputDist([
-            s.start_input_dist(features.permute(sel), splits_known=splits_known)
+            s.prepare_input_dist(features.permute(sel), splits_known=splits_known)
             for s, sel in zip(self.shardings, self.select)
         ])
 

@@ -3,6 +3,10 @@ and the two-phase ids exchange's hand-off of the splits to the host."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -15,33 +19,41 @@ from model.ids_all_to_all import HostTransfer, IdsAllToAll, PendingIds
 
 
 class _LoggedPending:
-    def __init__(self, log: list[str], batch: int) -> None:
-        self.log, self.batch, self.launched = log, batch, False
+    def __init__(self, log: list[str], batch: int, where) -> None:
+        self.log, self.batch, self.started, self.launched, self.where = log, batch, False, False, where
         self.splits_exchanged = 1
 
+    def start_splits(self) -> None:
+        if not self.started:
+            self.log.append(f"start {self.batch}{self.where()}")
+            self.started = True
+
     def launch(self) -> None:
+        self.start_splits()
         if not self.launched:
-            self.log.append(f"launch {self.batch}")
+            self.log.append(f"launch {self.batch}{self.where()}")
             self.launched = True
 
     def wait(self) -> list:
         self.launch()
-        self.log.append(f"wait {self.batch}")
+        self.log.append(f"wait {self.batch}{self.where()}")
         return []
 
 
 class _LoggedEmbeddings:
-    """Stands in for the sharded collection: records the order of input-dist phases by batch."""
+    """Stands in for the sharded collection: records the order of input-dist phases by batch
+    (`where()`: what to add to each entry, e.g. the thread and stream it was issued from)."""
 
-    def __init__(self) -> None:
+    def __init__(self, where=lambda: "") -> None:
         self.log: list[str] = []
         self.batches = 0
+        self.where = where
 
-    def start_input_dist(self, features, *, splits_known):
+    def prepare_input_dist(self, features, *, splits_known):
         b = self.batches
         self.batches += 1
-        self.log.append(f"start {b}")
-        return _LoggedPending(self.log, b)
+        self.log.append(f"prepare {b}{self.where()}")
+        return _LoggedPending(self.log, b, self.where)
 
 
 def _drive(*, pipeline: bool, iters: int = 3) -> list[str]:
@@ -57,7 +69,7 @@ def _drive(*, pipeline: bool, iters: int = 3) -> list[str]:
         emb.log.append(f"forward {it}")
         feeder.after_forward()
     feeder.close()
-    return emb.log
+    return [e for e in emb.log if not e.startswith("prepare")]
 
 
 def test_pipelined_loop_overlaps_like_train_pipeline_sparse_dist():
@@ -76,6 +88,73 @@ def test_plain_loop_runs_each_input_dist_whole_before_its_forward():
         "start 1", "launch 1", "wait 1", "forward 1",
         "start 2", "launch 2", "wait 2", "forward 2",
     ]
+
+
+class _RecordingStreams:
+    """Stands in for input dist's CUDA stream: entries made inside `input()` are marked, per thread
+    as a current stream is, and each hand-over to the compute stream is logged."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log, self._local = log, threading.local()
+
+    @contextlib.contextmanager
+    def input(self):
+        outer = getattr(self._local, "inside", False)
+        self._local.inside = True
+        try:
+            yield
+        finally:
+            self._local.inside = outer
+
+    def where(self) -> str:
+        stream = "input stream" if getattr(self._local, "inside", False) else "compute stream"
+        return f" ({threading.current_thread().name}, {stream})"
+
+    def hand_over(self, tensors) -> None:
+        self.log.append(f"hand over {len(list(tensors))} tensors")
+
+
+def test_input_dist_runs_on_its_stream_and_the_thread_issues_no_collective():
+    """The NCCL design of the threaded input dist against the pipelined loop: the same collective
+    steps in the same places, all from the main thread; the input thread only prepares; every
+    step is issued on the input stream; the compute stream takes each batch over (the batch's
+    dense features and labels, no ids from this fake) between its wait and its forward."""
+    cfg, iters = tiny(), 3
+    logs = {}
+    for threaded in (False, True):
+        log: list[str] = []
+        streams = _RecordingStreams(log)
+        emb = _LoggedEmbeddings(where=streams.where)
+        emb.log = log
+        feeder = InputFeeder(embeddings=emb, data=SyntheticCriteo(cfg.model, cfg.data), rank=0, world_size=2,
+                             device=torch.device("cpu"), total=iters, pipeline=True, threaded=threaded,
+                             thread_launches=False, skip_splits=False, timeline=Timeline(cuda=False, stages=True),
+                             streams=streams)
+        for it in range(iters):
+            feeder.prepare(it)
+            feeder.next(it)
+            log.append(f"forward {it}")
+            feeder.after_forward()
+        feeder.close()
+        logs[threaded] = log
+    main, thread = "(MainThread, input stream)", "(input-dist, input stream)"
+    assert [e for e in logs[True] if e.startswith("prepare")] == [f"prepare {b} {thread}" for b in range(iters)]
+    assert [e for e in logs[False] if e.startswith("prepare")] == [f"prepare {b} {main}" for b in range(iters)]
+    steps = [[e for e in log if not e.startswith("prepare")] for log in logs.values()]
+    assert steps[0] == steps[1] == [
+        f"start 0 {main}", f"launch 0 {main}", f"wait 0 {main}", "hand over 2 tensors", f"start 1 {main}",
+        "forward 0", f"launch 1 {main}",
+        f"wait 1 {main}", "hand over 2 tensors", f"start 2 {main}", "forward 1", f"launch 2 {main}",
+        f"wait 2 {main}", "hand over 2 tensors", "forward 2",
+    ]
+
+
+def test_a_thread_that_launches_collectives_is_refused_on_cuda():
+    cfg = tiny()
+    with pytest.raises(ValueError, match="for gloo"):
+        InputFeeder(embeddings=_LoggedEmbeddings(), data=SyntheticCriteo(cfg.model, cfg.data), rank=0, world_size=2,
+                    device=torch.device("cuda", 0), total=2, pipeline=True, threaded=True, thread_launches=True,
+                    skip_splits=False, timeline=Timeline(cuda=False, stages=True))
 
 
 class _RecordedCopy:
@@ -97,13 +176,13 @@ def test_non_blocking_transfer_starts_the_splits_copy_when_the_exchange_is_launc
             log: list[str] = []
             a2a = IdsAllToAll(send_slots=[2], recv_slots=2, world_size=1, group=None, device=torch.device("cpu"),
                               transfer=HostTransfer(start=lambda t: _RecordedCopy(t, log), non_blocking=non_blocking))
-            flight = a2a.start_splits(ids)
+            flight = a2a.start_splits(a2a.counts(ids))
             assert log == (["copy started"] if non_blocking else [])
             sent, received = a2a.finish_splits(flight)
             assert log == ["copy started"]
             # Hand-computed: 2 slots x 3 samples of lengths, 2 + 1 + 0 + 1 + 1 + 1 = 6 values.
             assert sent == [[6, 6]] and received == [[6, 6]]
-            pending = PendingIds(a2a, ids, splits=a2a.start_splits(ids))
+            pending = PendingIds(a2a, ids)
             out = pending.wait()
             assert pending.splits_exchanged == 1
             assert out.lengths.tolist() == ids.lengths.tolist() and out.values.tolist() == list(range(6))
@@ -125,9 +204,8 @@ def test_the_input_thread_sets_the_ranks_device_before_anything_else(monkeypatch
     feeder = InputFeeder(embeddings=_LoggedEmbeddings(), data=SyntheticCriteo(cfg.model, cfg.data), rank=1,
                          world_size=2, device=torch.device("cuda", 1), total=2, pipeline=True, threaded=True,
                          skip_splits=False, timeline=Timeline(cuda=False, stages=True))
-    feeder.prepare(0)
     try:
-        feeder.next(0)
+        feeder.prepare(0)  # takes batch 0 from the thread
     except RuntimeError:
         pass  # no CUDA here: the load after set_device fails, as it should
     finally:
