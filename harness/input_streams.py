@@ -58,6 +58,9 @@ class CudaInputStream:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device=device)
+        # The embeddings' index tensors (send slots, feature orders) were copied to the device on
+        # the compute stream when built; input dist reads them from now on.
+        self.stream.wait_stream(torch.cuda.current_stream(device))
 
     def input(self) -> contextlib.AbstractContextManager:
         return torch.cuda.stream(self.stream)

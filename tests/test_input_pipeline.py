@@ -211,3 +211,54 @@ def test_the_input_thread_sets_the_ranks_device_before_anything_else(monkeypatch
     finally:
         feeder.close()
     assert calls == [(torch.device("cuda", 1), "input-dist")]
+
+
+def test_every_permute_of_an_iteration_is_sized_on_the_host(tmp_path, monkeypatch):
+    """fbgemm's permute reads its output size from the device when not given one (a host sync on a
+    GPU): a whole input dist over a plan of every kind, ragged batch included, gives every call
+    its size, and each size is the true one."""
+    from harness.config import ShardingConfig
+    from harness.planning import make_plan
+    from model.sharded_embeddings import ShardedEmbeddingCollection
+    from tests.test_sharded_training import MIXED
+
+    cfg = tiny(nodes=1, gpus_per_node=1, iters=2, warmup_iters=0)
+    cfg = cfg.replace(sharding=ShardingConfig(kind="auto", per_table=MIXED),
+                      data=type(cfg.data)(global_batch_size=cfg.data.global_batch_size, ragged_every=2))
+    plan, _ = make_plan(cfg, ranks_per_host=1)
+    assert {tp.kind for tp in plan} == {"row_wise", "column_wise", "table_wise", "data_parallel"}
+    sizes: list[tuple[int | None, int]] = []
+    real = torch.ops.fbgemm.permute_2D_sparse_data
+
+    def spy(order, lengths, values, weights, total_values):
+        out = real(order, lengths, values, weights, total_values)
+        sizes.append((total_values, out[1].numel()))
+        return out
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        emb = ShardedEmbeddingCollection(
+            table_rows=cfg.model.table_rows, embedding_dim=cfg.model.embedding_dim, plan=plan, rank=0, world_size=1,
+            pg=None, ids_pg=None, device=torch.device("cpu"), optimizer="exact_adagrad", learning_rate=0.1, eps=1e-8,
+            init_seed=0, multi_hot=cfg.model.multi_hot)
+        data = SyntheticCriteo(cfg.model, cfg.data)
+        monkeypatch.setattr(torch.ops.fbgemm, "permute_2D_sparse_data", spy)
+        for it in range(2):  # iteration 1 is ragged
+            batch = data.local_batch(it, 0, 1)
+            pending = emb.prepare_input_dist(batch.sparse)
+            pending.start_splits()
+            pending.wait()
+    finally:
+        dist.destroy_process_group()
+    assert len(sizes) >= 2 * 4  # the collection's select per sharding, the send order, the receive order
+    assert all(given == actual for given, actual in sizes), sizes
+
+
+def test_a_cpu_rank_issues_input_dist_on_the_current_stream():
+    from harness.input_streams import SameStream, input_streams
+
+    streams = input_streams(torch.device("cpu"))
+    assert isinstance(streams, SameStream)
+    with streams.input(), streams.input():  # reusable and reentrant: one shared do-nothing context
+        pass
+    streams.hand_over([torch.zeros(1)])
