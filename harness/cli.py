@@ -72,12 +72,14 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     add_config_options(bench)
 
 
-def plan_and_flags(cfg: BenchConfig, *, ranks_per_host: int) -> tuple[tuple[TablePlan, ...], PlanEstimate, ResolvedFlags]:
-    """The sharding plan, its estimate and the resolved optimization flags (raises ValueError)."""
-    plan, estimate = make_plan(cfg, ranks_per_host=ranks_per_host)
+def plan_and_flags(cfg: BenchConfig, *, ranks_per_host: int,
+                   dry_run: bool = False) -> tuple[tuple[TablePlan, ...], PlanEstimate, ResolvedFlags]:
+    """The sharding plan, its estimate and the resolved optimization flags (raises ValueError).
+    A CPU run that will start is planned within this host's RAM; a dry run plans the profile's."""
+    cuda = uses_cuda(cfg.run.device)
+    plan, estimate = make_plan(cfg, ranks_per_host=ranks_per_host, on_this_host=not cuda and not dry_run)
     if cfg.run.engine == "torchrec":
         engine_torchrec.check_config(cfg, [tp.kind for tp in plan])
-    cuda = uses_cuda(cfg.run.device)
     if cuda:
         check_shard_dims(plan)
     flags = resolve(cfg.optimizations, cuda=cuda, plan_kinds=[tp.kind for tp in plan],
@@ -123,7 +125,7 @@ def bench(cfg: BenchConfig, how: Invocation) -> int:
         if launch.mode == "torchrun" and not how.run_id:
             raise ValueError("a multi-host launch needs the same --run-id (make: RUN_ID=...) on every host")
         ranks_per_host = cfg.run.world_size if launch.mode == "local-simulation" else cfg.run.gpus_per_node
-        plan, estimate, flags = plan_and_flags(cfg, ranks_per_host=ranks_per_host)
+        plan, estimate, flags = plan_and_flags(cfg, ranks_per_host=ranks_per_host, dry_run=how.dry_run)
         if uses_cuda(cfg.run.device) and not how.dry_run:  # a dry run may plan a cluster from a smaller host
             check_gpus_per_host(ranks_per_host=ranks_per_host, device_count=cuda_device_count())
         device = describe_device(cfg.run.device)

@@ -14,8 +14,10 @@ Every way ends in the same rank entry point, `python -m harness worker` / harnes
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.config import BenchConfig
-from harness.records import rank_errors
+from harness.records import exit_description, rank_errors
 
 DEFAULT_PORT = 29500
 
@@ -133,10 +135,36 @@ def run(launch: Launch, run_dir: Path, *, run_id: str) -> None:
                 *torchrun_argv(launch, run_dir, run_id, None)]
     else:
         argv = torchrun_argv(launch, run_dir, run_id, launch.node_rank)
-    code = subprocess.run(argv, env={**os.environ, **launch.env}).returncode
+    code, tail = run_teeing_stderr(argv, env={**os.environ, **launch.env})
     if code != 0:
         errors = rank_errors(run_dir)
-        raise LaunchFailed("; ".join(errors) if errors else f"{launch.mode} exited with code {code}")
+        cause = last_exception_line(tail)
+        raise LaunchFailed("; ".join(errors) if errors else
+                           f"{launch.mode} exited with code {code}" + (f": {cause}" if cause else ""))
+
+
+def run_teeing_stderr(argv: list[str], *, env: Mapping[str, str], keep: int = 200) -> tuple[int, list[str]]:
+    """Run `argv`; its stderr goes on to ours line by line as it comes, and its last `keep` lines
+    come back, so a launcher that fails before any rank starts (a port in use, a rendezvous
+    timeout) can be named by its own error."""
+    tail: collections.deque[str] = collections.deque(maxlen=keep)
+    with subprocess.Popen(argv, env=dict(env), stderr=subprocess.PIPE, text=True, errors="replace") as proc:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            tail.append(line.rstrip("\n"))
+    return proc.returncode, list(tail)
+
+
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*")
+
+
+def last_exception_line(lines: list[str]) -> str | None:
+    """The last line that reads as a Python exception ('torch.distributed.DistNetworkError: ...')."""
+    for line in reversed(lines):
+        if EXCEPTION_LINE.match(line.strip()):
+            return line.strip()
+    return None
 
 
 def _run_local(launch: Launch, run_dir: Path, run_id: str) -> None:
@@ -155,7 +183,8 @@ def _run_local(launch: Launch, run_dir: Path, run_id: str) -> None:
     try:
         elastic_launch(config, run_rank)(str(run_dir))
     except ChildFailedError as exc:
-        # The ranks' own error files say what happened; the agent's text only says which exited.
-        errors = rank_errors(run_dir)
-        failures = "; ".join(f"rank {r}: exit code {f.exitcode}" for r, f in sorted(exc.failures.items()))
+        # The ranks' own error files say what happened; the agent's exit codes name a rank that
+        # died without writing one (killed), which is the cause the others' errors follow from.
+        errors = rank_errors(run_dir, {r: f.exitcode for r, f in exc.failures.items()})
+        failures = "; ".join(f"rank {r}: {exit_description(f.exitcode)}" for r, f in sorted(exc.failures.items()))
         raise LaunchFailed("; ".join(errors) if errors else failures) from None

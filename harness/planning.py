@@ -11,7 +11,7 @@ import os
 from harness.config import BenchConfig
 from harness.manifest import PlanEstimate, RankEstimate
 from model.names import STATE_PER_ELEMENT
-from model.planner import Topology, TableSpec, plan_tables
+from model.planner import PlanError, Topology, TableSpec, plan_tables
 from model.sharding import SHARDING_TYPES, TablePlan
 
 GB = 1e9
@@ -32,9 +32,13 @@ def host_memory_share_gib(ranks_per_host: int) -> float:
     return total / 2 / ranks_per_host / 2**30
 
 
-def topology(cfg: BenchConfig, *, ranks_per_host: int) -> Topology:
+def topology(cfg: BenchConfig, *, ranks_per_host: int, on_this_host: bool = False) -> Topology:
+    """on_this_host: the ranks will run here on CPU, so the tables must fit this host's RAM,
+    whatever the hardware profile or --memory-gib say (those plan a cluster's GPUs)."""
     sh, prof = cfg.sharding, PROFILES[cfg.sharding.hardware]
     memory_gib = sh.memory_gib or prof["memory_gib"] or host_memory_share_gib(ranks_per_host)
+    if on_this_host:
+        memory_gib = min(memory_gib, host_memory_share_gib(ranks_per_host))
     return Topology(
         world_size=cfg.run.world_size,
         ranks_per_node=cfg.run.gpus_per_node,
@@ -45,8 +49,10 @@ def topology(cfg: BenchConfig, *, ranks_per_host: int) -> Topology:
     )
 
 
-def make_plan(cfg: BenchConfig, *, ranks_per_host: int) -> tuple[tuple[TablePlan, ...], PlanEstimate]:
+def make_plan(cfg: BenchConfig, *, ranks_per_host: int,
+              on_this_host: bool = False) -> tuple[tuple[TablePlan, ...], PlanEstimate]:
     """The plan and what the planner assumed and estimated (per-rank memory and cost).
+    on_this_host: see topology().
 
     Raises model.planner.PlanError (a ValueError) when no plan fits.
     """
@@ -54,12 +60,18 @@ def make_plan(cfg: BenchConfig, *, ranks_per_host: int) -> tuple[tuple[TablePlan
     tables = [TableSpec(rows=r, dim=m.embedding_dim, pooling=h) for r, h in zip(m.table_rows, m.multi_hot)]
     forced = {t: cfg.sharding.kind for t in range(m.num_sparse)} if cfg.sharding.kind != "auto" else {}
     forced.update(dict(cfg.sharding.per_table))
-    topo = topology(cfg, ranks_per_host=ranks_per_host)
-    plan, loads = plan_tables(
-        tables, topo, global_batch=cfg.data.global_batch_size,
-        state_per_row=STATE_PER_ELEMENT[cfg.optimizer.embedding_optimizer],
-        forced=forced, column_shards=cfg.sharding.column_shards,
-    )
+    topo = topology(cfg, ranks_per_host=ranks_per_host, on_this_host=on_this_host)
+    try:
+        plan, loads = plan_tables(
+            tables, topo, global_batch=cfg.data.global_batch_size,
+            state_per_row=STATE_PER_ELEMENT[cfg.optimizer.embedding_optimizer],
+            forced=forced, column_shards=cfg.sharding.column_shards,
+        )
+    except PlanError as exc:
+        if not on_this_host:
+            raise
+        raise PlanError(f"{exc} (on CPU a rank gets half this host's RAM over its {ranks_per_host} local ranks; "
+                        "--dry-run plans for the hardware profile without starting)") from None
     estimate = PlanEstimate(
         hardware=cfg.sharding.hardware,
         memory_gib=topo.memory_bytes / 2**30, memory_gbps=topo.memory_bw / GB,
@@ -88,8 +100,25 @@ def format_plan(plan: tuple[TablePlan, ...], est: PlanEstimate, *, max_rows: int
         lines.append(f"{r.rank:>5} {r.node:>5} {r.memory_gib:>10.3f} {r.est_ms:>8.3f}  {' '.join(r.shards) or '-'}")
     if len(rows) < len(est.ranks):
         lines.append(f"  ... {len(est.ranks) - len(rows)} more ranks (all in the manifest)")
+    empty = [r.rank for r in est.ranks if not r.shards]
+    if empty:
+        # A ratio over an empty rank's zero cost means nothing: say what is going on instead.
+        spread = (f"{len(empty)} of {len(est.ranks)} ranks hold no shard (ranks {_ranges(empty)}): "
+                  "they only run the dense part")
+    else:
+        spread = f"spread {est.est_ms_max / est.est_ms_min:.2f}x" if est.est_ms_min > 0 else "spread n/a (zero cost)"
     lines.append(
         f"estimated cost a rank: max {est.est_ms_max:.3f} ms, min {est.est_ms_min:.3f} ms "
-        f"(spread {est.est_ms_max / max(est.est_ms_min, 1e-12):.2f}x); memory max {est.memory_gib_max:.3f} GiB"
+        f"({spread}); memory max {est.memory_gib_max:.3f} GiB"
     )
     return "\n".join(lines)
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
+    out, start = [], ranks[0]
+    for prev, cur in zip(ranks, [*ranks[1:], None]):
+        if cur != prev + 1:
+            out.append(f"{start}-{prev}" if prev > start else f"{start}")
+            start = cur
+    return ", ".join(out)

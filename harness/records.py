@@ -13,11 +13,13 @@ import datetime as dt
 import os
 import platform
 import secrets
+import signal
 import socket
 import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,18 +109,43 @@ def finish_run(run_dir: Path, *, error: str | None) -> RunManifest:
     return done
 
 
-def rank_errors(run_dir: Path) -> list[str]:
-    """'rank k: <what it said>' for each rank that noted a fault or wrote an error.
+def exit_description(exitcode: int) -> str:
+    """'killed by SIGKILL' for a negative (signal) exit code, else 'exit code N'."""
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def rank_errors(run_dir: Path, exit_codes: Mapping[int, int] | None = None) -> list[str]:
+    """'rank k: <what it said>' for each rank that noted a fault or wrote an error, the cause first.
 
     Injected faults come first: a stalled rank raises nothing itself, the others time out
-    waiting for it, so the note is what names the cause.
+    waiting for it, so the note is what names the cause. Next, ranks that ended without a word
+    (`exit_codes`, by rank, as the launcher saw them: a SIGKILL, an OOM kill, os._exit): every
+    rank that fails by an exception writes error.txt on its way out, so a silent one died of
+    something outside, before the others, whose errors are what losing it did to them. Then
+    the written errors, earliest first.
     """
-    out = []
-    for name in ("fault.txt", "error.txt"):
-        for path in sorted(Path(run_dir).glob(f"rank*/{name}")):
-            lines = path.read_text().strip().splitlines() or ["(empty error)"]
-            out.append(f"rank {int(path.parent.name[4:])}: {lines[-1]}")
-    return out
+    run_dir = Path(run_dir)
+
+    def rank_of(path: Path) -> int:
+        return int(path.parent.name[4:])
+
+    def last_line(path: Path) -> str:
+        return (path.read_text().strip().splitlines() or ["(empty error)"])[-1]
+
+    faults = sorted(run_dir.glob("rank*/fault.txt"))
+    errors = sorted(run_dir.glob("rank*/error.txt"), key=lambda p: (p.stat().st_mtime_ns, rank_of(p)))
+    spoke = {rank_of(p) for p in (*faults, *errors)}
+    # SIGTERM last: it is what a launcher sends the survivors when it tears the job down.
+    silent = [f"rank {r}: died without an error of its own ({exit_description(code)})"
+              for r, code in sorted((exit_codes or {}).items(), key=lambda rc: (rc[1] == -signal.SIGTERM, rc[0]))
+              if code != 0 and r not in spoke]
+    return ([f"rank {rank_of(p)}: {last_line(p)}" for p in faults] + silent
+            + [f"rank {rank_of(p)}: {last_line(p)}" for p in errors])
 
 
 def wait_for_manifest(run_dir: Path, *, timeout_s: float) -> bool:

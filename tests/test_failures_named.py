@@ -1,0 +1,104 @@
+"""Failures named by their cause (issue 12, rows 1, 3, 7 and 9): a CPU run that cannot fit this
+host's RAM, a rank killed from outside, a launcher that cannot bind its port, a plan with ranks
+that hold nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness.cli import main
+from harness.planning import host_memory_share_gib
+from harness.records import rank_errors
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_cpu_run_that_cannot_fit_this_hosts_ram_is_refused_before_start(tmp_path, capsys):
+    """mlperf's tables (tens of GiB each) planned against the h100 profile's 64 GiB a rank would start
+    here and eat the machine; on CPU the budget is this host's RAM over its ranks."""
+    runs = tmp_path / "runs"
+    code = main(["bench", "--device", "cpu", "--preset", "mlperf", "--gpus-per-node", "4", "--iters", "2",
+                 "--warmup", "0", "--runs-root", str(runs)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and not runs.exists()
+    assert len(err.splitlines()) == 1
+    assert f"of {host_memory_share_gib(4):.2f} GiB" in err and "a shard needs" in err and "4 local ranks" in err
+    # A dry run still plans the cluster the profile describes.
+    assert main(["bench", "--device", "cpu", "--preset", "mlperf", "--gpus-per-node", "4", "--dry-run",
+                 "--runs-root", str(runs)]) == 0
+
+
+def test_the_rank_that_died_first_is_named_before_the_others_errors(tmp_path):
+    """Rank files as a SIGKILL leaves them: the killed rank wrote nothing, a survivor wrote the
+    connection error losing it caused, another survivor was torn down by the launcher."""
+    for rank, text in ((0, "RuntimeError: Connection reset by peer"), (2, "RuntimeError: later")):
+        (tmp_path / f"rank{rank:05d}").mkdir()
+        (tmp_path / f"rank{rank:05d}" / "error.txt").write_text("Traceback ...\n" + text + "\n")
+        time.sleep(0.01)  # the mtimes order the written errors
+    exits = {0: 1, 1: -signal.SIGKILL, 2: 1, 3: -signal.SIGTERM}
+    assert rank_errors(tmp_path, exits) == [
+        "rank 1: died without an error of its own (killed by SIGKILL)",
+        "rank 3: died without an error of its own (killed by SIGTERM)",
+        "rank 0: RuntimeError: Connection reset by peer",
+        "rank 2: RuntimeError: later",
+    ]
+
+
+def test_a_rank_killed_mid_run_is_named_in_the_manifest(tmp_path):
+    """kill -9 of rank 1 while it trains: the run fails naming rank 1 and the signal first, and the
+    records flushed before stay."""
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "bench", "--device", "cpu", "--preset", "tiny",
+                             "--iters", "5000", "--warmup", "0", "--flush-every", "5", "--runs-root", str(runs)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            infos = list(runs.glob("*/rank00001/rank.json"))
+            if infos and list(runs.glob("*/rank00001/iterations-*.parquet")):
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("rank 1 never started recording")
+        os.kill(json.loads(infos[0].read_text())["pid"], signal.SIGKILL)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    (manifest_path,) = runs.glob("*/manifest.json")
+    status = json.loads(manifest_path.read_text())["status"]
+    assert status["state"] == "failed"
+    assert status["error"].startswith("rank 1: died without an error of its own (killed by SIGKILL)")
+    assert "killed by SIGKILL" in err
+    assert list(manifest_path.parent.glob("rank00001/iterations-*.parquet"))
+
+
+def test_a_launcher_that_cannot_bind_its_port_says_so(tmp_path):
+    """Two torchrun-per-host runs on one port: the second's manifest and screen name the cause."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(busy.getsockname()[1]), "NODE_RANK": "0"}
+        out = subprocess.run([sys.executable, "-m", "harness", "bench", "--device", "cpu", "--preset", "tiny",
+                              "--nodes", "1", "--gpus-per-node", "2", "--iters", "2", "--run-id", "second",
+                              "--runs-root", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert out.returncode == 1
+    status = json.loads((tmp_path / "second" / "manifest.json").read_text())["status"]
+    assert status["state"] == "failed" and "address already in use" in status["error"]
+    assert status["error"].startswith("torchrun exited with code 1: ")
+    assert "failed: torchrun exited with code 1: " in out.stderr and "EADDRINUSE" in out.stderr
+
+
+def test_a_plan_with_empty_ranks_says_so_instead_of_a_spread(capsys):
+    """mlperf on 2 x 8 leaves a rank without a table: no ratio over its zero cost."""
+    assert main(["bench", "--dry-run", "--preset", "mlperf", "--nodes", "2", "--gpus-per-node", "8"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "spread" not in last and "hold no shard (ranks 15)" in last
