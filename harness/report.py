@@ -106,7 +106,9 @@ def _header_lines(run: Run, its: dict) -> list[str]:
     if status != "completed":
         # Incomplete runs are still reported (records before the stop are valid), but
         # the numbers must not be mistaken for a finished run's.
-        word = "FAILED" if status == "failed" else f"INCOMPLETE (status {status})"
+        word = ("FAILED" if status == "failed" else
+                "DID NOT FINISH (status running: still going, or its launcher was killed before closing it)"
+                if status == "running" else f"INCOMPLETE (status {status})")
         error = run_error(run) or "no error recorded"
         lines.append(f"!! run {word}: {error}; numbers cover only the records written")
     # Ranks or stages with no records: the tables would silently lack them, so say which.

@@ -20,6 +20,14 @@ from harness.records import rank_errors
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _alive(pid: int) -> bool:
+    """Running or sleeping; a zombie (dead, not yet reaped by whoever adopted it) is not alive."""
+    try:
+        return "\tZ" not in Path(f"/proc/{pid}/status").read_text().split("State:")[1].splitlines()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+
+
 def test_a_cpu_run_that_cannot_fit_this_hosts_ram_is_refused_before_start(tmp_path, capsys):
     """mlperf's tables (tens of GiB each) planned against the h100 profile's 64 GiB a rank would start
     here and eat the machine; on CPU the budget is this host's RAM over its ranks."""
@@ -102,3 +110,30 @@ def test_a_plan_with_empty_ranks_says_so_instead_of_a_spread(capsys):
     assert main(["bench", "--dry-run", "--preset", "mlperf", "--nodes", "2", "--gpus-per-node", "8"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert "spread" not in last and "hold no shard (ranks 15)" in last
+
+
+def test_a_killed_launcher_leaves_a_running_run_that_the_report_calls_unfinished(tmp_path):
+    """kill -9 of the launcher: its ranks stop too (torch's spawn gives them SIGINT when their parent
+    dies), the manifest stays `running`, the flushed records load, and the report says the run did
+    not finish."""
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "bench", "--device", "cpu", "--preset", "tiny",
+                             "--iters", "5000", "--warmup", "0", "--flush-every", "5", "--runs-root", str(runs)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while not (len(list(runs.glob("*/rank*/rank.json"))) == 2 and list(runs.glob("*/rank0000[01]/iterations-*.parquet"))):
+        assert time.monotonic() < deadline, "the ranks never started recording"
+        time.sleep(0.2)
+    pids = [json.loads(p.read_text())["pid"] for p in runs.glob("*/rank*/rank.json")]
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 60
+    while any(_alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, "ranks outlived their launcher"
+        time.sleep(0.2)
+    (run_dir,) = runs.iterdir()
+    assert json.loads((run_dir / "manifest.json").read_text())["status"]["state"] == "running"
+    from harness.report import format_summary, load_run
+
+    summary = format_summary(load_run(run_dir))
+    assert "DID NOT FINISH (status running" in summary

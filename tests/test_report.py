@@ -187,8 +187,8 @@ def test_failed_run_reports_what_was_written(tmp_path):
 
 def test_running_run_is_flagged_incomplete(tmp_path):
     run = load_run(make_run(tmp_path, "r", status="running"))
-    assert "INCOMPLETE (status running)" in format_summary(run)
-    assert "INCOMPLETE" not in format_summary(load_run(make_run(tmp_path, "ok")))
+    assert "DID NOT FINISH (status running" in format_summary(run)
+    assert "DID NOT FINISH" not in format_summary(load_run(make_run(tmp_path, "ok")))
 
 
 def test_only_warmup_is_an_error(tmp_path):
