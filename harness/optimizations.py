@@ -62,10 +62,10 @@ def resolve(
     if requested["skip_splits_a2a"]:
         static = sum(k in ("table_wise", "column_wise") for k in plan_kinds)
         if not static:
-            reasons["skip_splits_a2a"] = ("no table/column-wise table: row-wise splits depend on the ids and "
+            reasons["skip_splits_a2a"] = ("no table/column-wise table: (table-)row-wise splits depend on the ids and "
                                           "data-parallel tables exchange none")
-        elif "row_wise" in plan_kinds:
-            notes["skip_splits_a2a"] = "row-wise tables still exchange their splits (they depend on the ids)"
+        elif "row_wise" in plan_kinds or "table_row_wise" in plan_kinds:
+            notes["skip_splits_a2a"] = "(table-)row-wise tables still exchange their splits (they depend on the ids)"
     effective = {f: requested[f] and f not in reasons for f in OPTIMIZATION_FLAGS}
     return ResolvedFlags(pipeline=opts.pipeline, requested=requested, effective=effective,
                          inactive_reasons=reasons, notes=notes, precision=_precision_entry(precision),

@@ -85,9 +85,13 @@ def dense_shape(model: ModelConfig) -> tuple[int, int, int]:
     return params, acts, 3 * 2 * macs
 
 
+ROW_KINDS = ("row_wise", "table_row_wise")
+"""Kinds whose shards hold a block of rows (and so a fraction of the ids) at full width."""
+
+
 def _shards(plan: tuple[TablePlan, ...], rows: list[int]) -> list[tuple[str, list[tuple[int, float, int]]]]:
     """Per table: (kind, [(rank, row fraction, columns), ...])."""
-    return [(tp.kind, [(sh.rank, sh.rows / R if tp.kind == "row_wise" else 1.0, sh.cols) for sh in tp.shards])
+    return [(tp.kind, [(sh.rank, sh.rows / R if tp.kind in ROW_KINDS else 1.0, sh.cols) for sh in tp.shards])
             for tp, R in zip(plan, rows)]
 
 
@@ -101,6 +105,7 @@ def stage_work(run: Run) -> pd.DataFrame:
         raise ReportError(f"run {run.run_id}: roofline n/a: no manifest (records from {run.source or 'elsewhere'})")
     model = m.config.model
     W, G = m.world_size, m.config.data.global_batch_size
+    L = m.config.run.gpus_per_node
     B = G // W
     D = model.embedding_dim
     hot, rows = list(model.multi_hot), list(model.table_rows)
@@ -129,8 +134,16 @@ def stage_work(run: Run) -> pd.DataFrame:
                 continue
             add(q, "input_dist", 0.0, 8 * G * (H * f + 1))
             everyone("input_dist", 8 * B * (H * f + 1))
-            state = state_bytes * (n * (D if kind == "row_wise" else c) if state_per == "element" else n)
-            if kind == "row_wise":
+            state = state_bytes * (n * (D if kind in ROW_KINDS else c) if state_per == "element" else n)
+            if kind == "table_row_wise":
+                # Partial sums reduce-scattered in the node (a ring of L), then each owner's summed
+                # rows sent across: a shard sends G/L rows, every owner takes B/L of its rows from it.
+                ring_node = 2 * (L - 1) / L * 4 * G * D
+                add(q, "emb_fwd", n * D, 4 * n * D + 8 * n + 4 * G * D + ring_node + 4 * G / L * D)
+                everyone("emb_fwd", 4 * B * D / L)
+                add(q, "emb_bwd", k_opt * n * D, 4 * G / L * D + ring_node + 4 * n * D + 8 * n * D + state + 8 * n)
+                everyone("emb_bwd", 4 * B * D / L)
+            elif kind == "row_wise":
                 add(q, "emb_fwd", n * D, 4 * n * D + 8 * n + 4 * G * D + ring(4 * G * D))
                 add(q, "emb_bwd", k_opt * n * D, ring(4 * G * D) + 4 * n * D + 8 * n * D + state + 8 * n)
             else:

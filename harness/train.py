@@ -103,6 +103,11 @@ def train(
     ids_pg = group
     if world > 1 and dist.is_initialized():  # new_group would otherwise wait 30 min on a hung peer
         ids_pg = dist.new_group(list(range(world)), timeout=dt.timedelta(seconds=cfg.run.collective_timeout_s))
+    node_pg = None
+    if any(tp.kind == "table_row_wise" for tp in plan) and world > 1 and dist.is_initialized():
+        # One group per node, made by every rank in the same order (new_subgroups does all of them).
+        node_pg, _ = dist.new_subgroups(group_size=cfg.run.gpus_per_node,
+                                        timeout=dt.timedelta(seconds=cfg.run.collective_timeout_s))
     embeddings = ShardedEmbeddingCollection(
         table_rows=cfg.model.table_rows,
         embedding_dim=cfg.model.embedding_dim,
@@ -119,6 +124,8 @@ def train(
         multi_hot=cfg.model.multi_hot,
         transfer=HostTransfer(start=host.copy, non_blocking=host.active),
         wait=wait,
+        ranks_per_node=cfg.run.gpus_per_node,
+        node_pg=node_pg,
     )
     step = DenseStep(
         dense=dense, grads=grads, world_size=world, local_batch=local_batch, num_dense=cfg.model.num_dense,

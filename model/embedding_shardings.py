@@ -39,6 +39,10 @@ class ShardingContext:
     communicator with a stream of its own, so the ids exchange runs beside the pooled exchanges
     and gradient all-reduces (all issued by one thread, in one order on every rank)."""
     device: torch.device
+    ranks_per_node: int | None = None
+    """Ranks of a node (a node's ranks are consecutive); None: one node of world_size ranks."""
+    node_pg: dist.ProcessGroup | None = None
+    """The process group of this rank's node (table-row-wise tables reduce inside it)."""
     transfer: HostTransfer = PLAIN_TRANSFER
     """How the splits reach the host (plain copies, or non-blocking through pinned buffers)."""
     wait: WaitFn = block
@@ -209,6 +213,117 @@ class RowWiseSharding:
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
         return [(t, s, w) for t, s, w in zip(self.features, self.local, self.tbe.split_embedding_weights()) if s.rows]
+
+
+class TableRowWiseSharding:
+    """Table-row-wise tables (TorchRec's TWRW): each table row-wise over the ranks of one node.
+
+    Ids go to the node's ranks by row block; each pools the rows it holds for the whole global
+    batch; the partial sums are reduce-scattered inside the node, leaving node rank j the full
+    sums of global-batch slice j (the local batches of ranks j*N .. j*N+N-1, N nodes); an
+    all-to-all then sends each batch owner its rows, one pooled row per sample and table across
+    nodes. Backward runs it in reverse: the gradient all-to-all to the slice holders, an
+    all-gather inside the node, the fused update.
+    """
+
+    def __init__(self, ctx: ShardingContext, *, features: Sequence[int], nodes: Sequence[int],
+                 table_rows: Sequence[int]) -> None:
+        """features: the tables, ordered by (node, table); nodes: the node each one lives on."""
+        if list(nodes) != sorted(nodes):
+            raise ValueError("table-row-wise features must be ordered by node")
+        self.ctx, self.features = ctx, list(features)
+        w = ctx.world_size
+        per_node = ctx.ranks_per_node or w
+        if w % per_node:
+            raise ValueError(f"world size {w} is not a whole number of nodes of {per_node} ranks")
+        self.per_node, self.nodes = per_node, w // per_node
+        node, self.slice = divmod(ctx.rank, per_node)
+        self.owner_slice = ctx.rank // self.nodes  # which node rank holds this rank's samples' sums
+        on_node = [[p for p, n in enumerate(nodes) if n == k] for k in range(self.nodes)]
+        self.node_widths = [len(ps) * ctx.dim for ps in on_node]
+        rows = [table_rows[t] for t in self.features]
+        blocks = [row_block(n, per_node) for n in rows]
+        self.block_sizes = torch.tensor(blocks, dtype=torch.int64, device=ctx.device)
+        f = len(self.features)
+        # Bucketized, row j * f + p holds feature p's ids for node rank j; rank r gets those of its
+        # node's features in its block.
+        order = [(r % per_node) * f + p for r in range(w) for p in on_node[r // per_node]]
+        self.send_order = FeatureOrder.of(order, ctx.device)
+        mine = on_node[node]
+        self.mine = [self.features[p] for p in mine]
+        # Empty blocks of small tables get a 1-row stand-in, as row-wise does.
+        self.local = [Shard(ctx.rank, min(rows[p], self.slice * blocks[p]), min(rows[p], (self.slice + 1) * blocks[p]),
+                            0, ctx.dim) for p in mine]
+        self.ids = IdsAllToAll(send_slots=[len(on_node[r // per_node]) for r in range(w)], recv_slots=len(mine),
+                               world_size=w, group=ctx.ids_pg, device=ctx.device, transfer=ctx.transfer, wait=ctx.wait)
+        self.tbe = None
+        if mine:
+            self.tbe = build_fused_tbe(rows=[max(1, s.rows) for s in self.local], dims=[ctx.dim] * len(mine),
+                                       device=ctx.device, optimizer=ctx.optimizer,
+                                       learning_rate=ctx.learning_rate, eps=ctx.eps)
+            for w_t, t, s in zip(self.tbe.split_embedding_weights(), self.mine, self.local):
+                if s.rows:
+                    init_shard_(w_t, table=t, table_rows=table_rows[t], table_dim=ctx.dim, row_start=s.row_start,
+                                col_start=0, seed=ctx.init_seed)
+
+    def prepare_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> PendingIds:
+        """Ids by destination rank (its node's features, its row block of each), rebased to the
+        block's first row; values per block depend on the ids, so `splits_known` cannot apply."""
+        lengths, values, *_ = torch.ops.fbgemm.block_bucketize_sparse_features(
+            ids.lengths.reshape(-1), ids.values, False, False, self.block_sizes, self.per_node, None
+        )
+        bucketed = SparseFeatures(lengths=lengths.view(-1, ids.batch_size), values=values)
+        # Every bucket goes to exactly one rank: the values keep their number (sized on the host).
+        return PendingIds(self.ids, bucketed.permute(self.send_order, total_values=values.numel()))
+
+    def _exchange_sizes(self, b: int) -> tuple[list[int], list[int]]:
+        """(what this rank sends each rank, what it receives from each) in the forward all-to-all:
+        a slice holder sends each owner of its slice that owner's rows of its node's tables."""
+        w, n, mine = self.ctx.world_size, self.nodes, self.node_widths[self.ctx.rank // self.per_node]
+        send = [b * mine if s // n == self.slice else 0 for s in range(w)]
+        recv = [b * self.node_widths[r // self.per_node] if r % self.per_node == self.owner_slice else 0 for r in range(w)]
+        return send, recv
+
+    def forward(self, local_ids: SparseFeatures, local_batch: int) -> tuple[torch.Tensor, ShardForward]:
+        ctx, b = self.ctx, local_batch
+        pooled, summed = None, torch.empty(0, device=ctx.device)
+        if self.tbe is not None:
+            pooled = self.tbe(local_ids.values, local_ids.offsets())  # partial sums, (global batch, mine * dim)
+            summed = torch.empty(self.nodes * b, pooled.shape[1], device=ctx.device)
+            # Blocking, as row-wise's: gloo's reduce_scatter work never reports completion to a poll.
+            dist.reduce_scatter_single(summed, pooled.detach(), group=ctx.node_pg)
+        send, recv = self._exchange_sizes(b)
+        received = torch.empty(sum(recv), device=ctx.device)
+        ctx.wait(dist.all_to_all_single(received, summed.reshape(-1), output_split_sizes=recv, input_split_sizes=send,
+                                        group=ctx.pg, async_op=True))
+        parts = [c.view(b, -1) for c, n in zip(received.split(recv), recv) if n]  # nodes in order
+        out = torch.cat(parts, dim=1) if parts else torch.zeros(b, 0, device=ctx.device)
+        return out, ShardForward(pooled=pooled, local_batch=b)
+
+    def start_backward(self, fwd: ShardForward, grad: torch.Tensor) -> BackwardInFlight:
+        """Each node's columns of the pooled gradient to the rank holding this rank's slice there (async)."""
+        b = fwd.local_batch
+        send_back, recv_back = self._exchange_sizes(b)  # the forward's sizes, the other way round
+        send = torch.cat([c.reshape(-1) for c in grad.split(self.node_widths, dim=1)])
+        received = torch.empty(sum(send_back), device=self.ctx.device)
+        work = dist.all_to_all_single(received, send, output_split_sizes=send_back, input_split_sizes=recv_back,
+                                      group=self.ctx.pg, async_op=True)
+        return BackwardInFlight(fwd, received, work)
+
+    def finish_backward(self, flight: BackwardInFlight) -> None:
+        """Wait for this rank's slice of the gradients, gather the node's slices, the fused update."""
+        self.ctx.wait(flight.work)
+        if self.tbe is None:
+            return
+        pooled = flight.fwd.pooled
+        full = torch.empty_like(pooled)
+        dist.all_gather_into_tensor(full, flight.received.view(-1, pooled.shape[1]), group=self.ctx.node_pg)
+        pooled.backward(full)
+
+    def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
+        if self.tbe is None:
+            return []
+        return [(t, s, w) for t, s, w in zip(self.mine, self.local, self.tbe.split_embedding_weights()) if s.rows]
 
 
 class DataParallelSharding:

@@ -3,7 +3,7 @@
 model/embeddings.py maps the optimizer names to fbgemm's enum; model/sharding.py builds the kinds.
 """
 
-SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
+SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
 """How one embedding table is spread over ranks (model/sharding.py)."""
 
 EMBEDDING_OPTIMIZERS = ("exact_adagrad", "exact_rowwise_adagrad", "exact_sgd")

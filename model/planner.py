@@ -6,13 +6,16 @@ Cost model (bytes a rank moves per iteration, turned into seconds with the given
               plus, row-wise, the partial sums of the whole batch written and their gradients read
     comm    = the remote share (w-1)/w of: ids in + pooled rows out + their gradients back
               (table/column-wise), reduce-scatter + all-gather of pooled rows (row-wise),
-              all-reduce of the whole table's gradient (data-parallel)
+              all-reduce of the whole table's gradient (data-parallel); table-row-wise:
+              ids in + the node's share of summed rows out and gradients back, plus the
+              in-node reduce-scatter and all-gather charged to the intra-node link
     seconds = lookup / memory bandwidth + comm / link bandwidth
 
 The link is the inter-node one when the job spans nodes (the all-to-alls then cross them),
 else the intra-node one. Tables are placed largest first; for each, every allowed kind and
 placement that fits the remaining memory is tried and the one with the smallest resulting
 maximum rank cost wins (ties: table_wise, column_wise, row_wise, data_parallel, in that order).
+table_row_wise is planned only where forced (one candidate per node: the least loaded wins).
 A table is only split (column- or row-wise) when it alone costs more than a balanced rank's
 share, or fits on no rank whole: splitting adds work in total and only pays for balance.
 """
@@ -22,7 +25,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from model.sharding import SHARDING_TYPES, Shard, TablePlan, column_wise, data_parallel, row_wise, table_wise
+from model.sharding import (
+    SHARDING_TYPES, Shard, TablePlan, column_wise, data_parallel, row_wise, table_row_wise, table_wise,
+)
 
 ID_BYTES = 8
 FLOAT_BYTES = 4
@@ -65,7 +70,7 @@ class PlanError(ValueError):
     """No plan: a table fits nowhere, or a forced type cannot work."""
 
 
-ABBREVIATIONS = {"table_wise": "TW", "column_wise": "CW", "row_wise": "RW", "data_parallel": "DP"}
+ABBREVIATIONS = {"table_wise": "TW", "column_wise": "CW", "row_wise": "RW", "table_row_wise": "TRW", "data_parallel": "DP"}
 
 
 def shard_label(t: int, tp: TablePlan, s: Shard) -> str:
@@ -93,6 +98,14 @@ def shard_cost(tp: TablePlan, shard: Shard, spec: TableSpec, topo: Topology, glo
         # Every rank writes partial sums for the whole batch and reads every sample's gradient.
         lookup = 3 * b * p * share * row_bytes + 2 * b * row_bytes
         comm = remote * (b * p * share * ID_BYTES + 2 * b * row_bytes)
+    elif tp.kind == "table_row_wise":
+        share, local = shard.rows / spec.rows, topo.ranks_per_node
+        # As row-wise, but the partial sums are reduce-scattered and the gradients all-gathered
+        # inside the node, and only each sample's summed row crosses to its owner's node.
+        lookup = 3 * b * p * share * row_bytes + 2 * b * row_bytes
+        intra = 2 * b * row_bytes * (local - 1) / local
+        comm = remote * (b * p * share * ID_BYTES + 2 * (b / local) * row_bytes)
+        return lookup / topo.memory_bw + intra / topo.intra_node_bw + comm / topo.link_bw
     else:  # data_parallel
         lookup = 3 * (b / w) * p * row_bytes
         comm = 2 * spec.rows * row_bytes * remote
@@ -112,6 +125,9 @@ def _candidates(kind: str, t: int, spec: TableSpec, topo: Topology, loads: list[
         return [column_wise(spec.rows, spec.dim, sorted(lightest))]
     if kind == "row_wise":
         return [row_wise(spec.rows, spec.dim, topo.world_size)]
+    if kind == "table_row_wise":
+        per_node = topo.ranks_per_node
+        return [table_row_wise(spec.rows, spec.dim, node, per_node) for node in range(topo.world_size // per_node)]
     return [data_parallel(spec.rows, spec.dim, topo.world_size)]
 
 

@@ -17,10 +17,11 @@ import torch.distributed as dist
 from model.collective_wait import WaitFn, block
 from model.embedding_shardings import (
     BackwardInFlight, DataParallelSharding, EmbeddingSharding, PooledAllToAllSharding, RowWiseSharding, ShardForward, ShardingContext,
+    TableRowWiseSharding,
 )
 from model.features import FeatureOrder, SparseFeatures
 from model.ids_all_to_all import PLAIN_TRANSFER, HostTransfer, PendingIds, Ready
-from model.sharding import Shard, TablePlan, check_plan
+from model.sharding import Shard, TablePlan, check_plan, table_row_wise
 
 
 @dataclass
@@ -86,17 +87,27 @@ class ShardedEmbeddingCollection:
         multi_hot: Sequence[int],
         transfer: HostTransfer = PLAIN_TRANSFER,
         wait: WaitFn = block,
+        ranks_per_node: int | None = None,
+        node_pg: dist.ProcessGroup | None = None,
     ) -> None:
         """multi_hot: ids a sample has in each feature when hotness is fixed (what makes splits
-        computable in advance); ids_pg: the process group of the ids exchange."""
+        computable in advance); ids_pg: the process group of the ids exchange; ranks_per_node and
+        node_pg (this rank's node's group): what table-row-wise tables need (None: one node)."""
         check_plan(plan, table_rows, embedding_dim, world_size)
         ctx = ShardingContext(rank=rank, world_size=world_size, pg=pg, ids_pg=ids_pg, device=device,
+                              ranks_per_node=ranks_per_node, node_pg=node_pg,
                               transfer=transfer, wait=wait, dim=embedding_dim, optimizer=optimizer,
                               learning_rate=learning_rate, eps=eps, init_seed=init_seed)
         self.num_features, self.dim, self.device = len(table_rows), embedding_dim, device
         kinds = [tp.kind for tp in plan]
         pooled = [t for t, k in enumerate(kinds) if k in ("table_wise", "column_wise")]
         row_wise = [t for t, k in enumerate(kinds) if k == "row_wise"]
+        per_node = ranks_per_node or world_size
+        table_row = sorted((plan[t].shards[0].rank // per_node, t) for t, k in enumerate(kinds) if k == "table_row_wise")
+        for node, t in table_row:  # the sharding derives the blocks from the rows: the plan must agree
+            if plan[t] != table_row_wise(table_rows[t], embedding_dim, node, per_node):
+                raise ValueError(f"table {t}: a table_row_wise plan needs row blocks over node {node}'s "
+                                 f"{per_node} ranks, as model.sharding.table_row_wise makes them")
         replicated = [t for t, k in enumerate(kinds) if k == "data_parallel"]
         self.shardings: list[EmbeddingSharding] = []
         if pooled:
@@ -105,6 +116,9 @@ class ShardedEmbeddingCollection:
                                                          multi_hot=multi_hot))
         if row_wise:
             self.shardings.append(RowWiseSharding(ctx, features=row_wise, table_rows=table_rows))
+        if table_row:
+            self.shardings.append(TableRowWiseSharding(ctx, features=[t for _, t in table_row],
+                                                       nodes=[n for n, _ in table_row], table_rows=table_rows))
         if replicated:
             self.shardings.append(DataParallelSharding(ctx, features=replicated, table_rows=table_rows))
         self.select = [FeatureOrder.of(s.features, device) for s in self.shardings]

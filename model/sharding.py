@@ -7,6 +7,9 @@ times a column range on one rank), so placement, memory and cost are computed on
 - column_wise:   k shards, all rows, a column block each, on k distinct ranks;
 - row_wise:      one shard per rank holding a block of ceil(rows / world) rows (the last
                  blocks may be short or, for tiny tables, empty and then absent);
+- table_row_wise: row-wise over the ranks of one node only (TorchRec's TWRW): ids go to that
+                 node's ranks, partial sums are reduced inside the node, and each sample's
+                 pooled row crosses between nodes once;
 - data_parallel: the whole table replicated on every rank.
 """
 
@@ -63,6 +66,16 @@ def row_wise(rows: int, dim: int, world_size: int) -> TablePlan:
         Shard(r, r * b, min(rows, (r + 1) * b), 0, dim) for r in range(world_size) if r * b < rows
     )
     return TablePlan("row_wise", shards)
+
+
+def table_row_wise(rows: int, dim: int, node: int, ranks_per_node: int) -> TablePlan:
+    """Row blocks of ceil(rows / ranks_per_node) over node `node`'s ranks (empty blocks absent)."""
+    b = row_block(rows, ranks_per_node)
+    first = node * ranks_per_node
+    shards = tuple(
+        Shard(first + j, j * b, min(rows, (j + 1) * b), 0, dim) for j in range(ranks_per_node) if j * b < rows
+    )
+    return TablePlan("table_row_wise", shards)
 
 
 def data_parallel(rows: int, dim: int, world_size: int) -> TablePlan:

@@ -77,3 +77,18 @@ def test_config_rejects_unknown_kinds_and_tables():
         ShardingConfig(kind="diagonal")
     with pytest.raises(ValueError, match="names table 30"):
         tiny().replace(sharding=ShardingConfig(per_table=((30, "row_wise"),)))
+
+
+def test_forced_table_row_wise_goes_to_the_least_loaded_node():
+    """Two nodes of two ranks: the first forced table lands on node 0, the next (as big) on node 1;
+    each table's row blocks stay on its node's ranks."""
+    from model.planner import Topology, TableSpec, plan_tables
+
+    topo = Topology(world_size=4, ranks_per_node=2, memory_bytes=2**30, memory_bw=1e10, intra_node_bw=1e10,
+                    inter_node_bw=1e9)
+    tables = [TableSpec(rows=1000, dim=8, pooling=2.0), TableSpec(rows=1000, dim=8, pooling=2.0)]
+    plan, loads = plan_tables(tables, topo, global_batch=64, state_per_row=1.0,
+                              forced={0: "table_row_wise", 1: "table_row_wise"})
+    assert [sorted(s.rank for s in tp.shards) for tp in plan] == [[0, 1], [2, 3]]
+    assert [(s.row_start, s.row_end) for s in plan[0].shards] == [(0, 500), (500, 1000)]
+    assert all(ld.shards for ld in loads)

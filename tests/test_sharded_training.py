@@ -58,15 +58,17 @@ def assemble(ranks: list[dict], table: int, rows: int, dim: int) -> torch.Tensor
     return full
 
 
-def check_against_reference(world: int, sharding: ShardingConfig, tmp_path, device: str = "cpu") -> None:
-    cfg = tiny(nodes=1, gpus_per_node=world, iters=STEPS, warmup_iters=0, device=device)
+def check_against_reference(world: int, sharding: ShardingConfig, tmp_path, device: str = "cpu",
+                            nodes: int = 1) -> None:
+    """world: ranks of each of `nodes` simulated nodes (a node's ranks are consecutive)."""
+    cfg = tiny(nodes=nodes, gpus_per_node=world, iters=STEPS, warmup_iters=0, device=device)
     # Learning rate raised from MLPerf's 0.005 so that 5 steps move weights well past float noise.
     # eps raised from 1e-8: Adagrad's step g / (sqrt(sum g^2) + eps) divides float32 summation
     # noise by |g| where a gradient nearly cancels, so with eps 1e-8 even one rank against the
     # reference differs by ~3e-3 of a table's scale (measured); eps 1e-2 caps that gain at
     # lr/eps and leaves sharding bugs, which move weights by O(lr), in plain sight.
     cfg = cfg.replace(optimizer=OptimizerConfig(learning_rate=0.05, eps=1e-2), sharding=sharding)
-    plan, _ = make_plan(cfg, ranks_per_host=world)
+    plan, _ = make_plan(cfg, ranks_per_host=world * nodes)
     forced = dict(sharding.per_table) if sharding.kind == "auto" else {t: sharding.kind for t in range(26)}
     for t, kind in forced.items():
         assert plan[t].kind == kind
@@ -92,6 +94,18 @@ def check_against_reference(world: int, sharding: ShardingConfig, tmp_path, devi
 @pytest.mark.parametrize("kind", ["table_wise", "column_wise", "row_wise", "data_parallel"])
 def test_each_sharding_type_matches_unsharded_reference(kind, world, tmp_path):
     check_against_reference(world, ShardingConfig(kind=kind), tmp_path)
+
+
+@pytest.mark.parametrize("nodes, per_node", [(2, 2), (1, 2), (3, 1)])
+def test_table_row_wise_matches_unsharded_reference(nodes, per_node, tmp_path):
+    """Row blocks inside one node each, reduced in the node, rows sent across: 2 simulated nodes of
+    2 ranks, and the edge cases of one node (row-wise in it) and one rank a node (table-wise)."""
+    check_against_reference(per_node, ShardingConfig(kind="table_row_wise"), tmp_path, nodes=nodes)
+
+
+def test_table_row_wise_beside_every_other_kind_on_two_nodes(tmp_path):
+    mixed = (*MIXED, (3, "table_row_wise"), (12, "table_row_wise"), (2, "table_row_wise"))
+    check_against_reference(2, ShardingConfig(kind="auto", per_table=mixed), tmp_path, nodes=2)
 
 
 @pytest.mark.parametrize("world", [2, 3])
