@@ -86,7 +86,7 @@ class InputFeeder:
         self.total, self.pipeline, self.threaded, self.skip = total, pipeline, threaded, skip_splits
         self.timeline, self.thread_launches = timeline, threaded and thread_launches
         self.streams = streams or SameStream()
-        self._loaded: dict[int, Prepared] = {}
+        self._loaded: dict[int, Batch] = {}
         self._ahead: Started | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._stop = threading.Event()

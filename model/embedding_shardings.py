@@ -317,7 +317,7 @@ class TableRowWiseSharding:
             return
         pooled = flight.fwd.pooled
         full = torch.empty_like(pooled)
-        dist.all_gather_into_tensor(full, flight.received.view(-1, pooled.shape[1]), group=self.ctx.node_pg)
+        dist.all_gather_single(full, flight.received.view(-1, pooled.shape[1]), group=self.ctx.node_pg)
         pooled.backward(full)
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
