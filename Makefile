@@ -17,6 +17,7 @@ RUN_ID        ?=
 ABLATION      ?=
 NSYS          ?=
 ENGINE        ?=
+LAYOUTS       ?=
 
 PYTHON        ?= $(shell command -v python3.11 || command -v python3)
 # Valid names come from harness/names.py, which imports neither torch nor anything else outside
@@ -32,7 +33,7 @@ HAS_CUDA      := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_REQS    := $(if $(HAS_CUDA),requirements-cuda.txt,requirements-cpu.txt)
 STAMP         := $(VENV)/.installed-$(basename $(TORCH_REQS))
 
-.PHONY: help bench ablation report test perf check-bench-knobs venv clean-venv browser compare
+.PHONY: help bench ablation report test perf check-bench-knobs venv clean-venv browser compare plan-compare
 
 help:
 	@echo "make bench  [PRESET=$(subst $() ,|,$(VALID_PRESETS))] [NODES=n] [GPUS_PER_NODE=n] [ITERS=n] [WARMUP=n]"
@@ -46,6 +47,7 @@ help:
 	@echo "make report [RUN=latest|<run_id>|<baseline_id>,<candidate_id>] | [ABLATION=latest|<id>] | [NSYS=<file.sqlite>]"
 	@echo "make test"
 	@echo "make perf   [PRESET=tiny|small (tiny)]   (timeline on vs off: the instrumentation's cost)"
+	@echo "make plan-compare [LAYOUTS=1x8,2x8,16x8]  (mlperf tables: this planner vs TorchRec's, planning only)"
 	@echo "OPTS passes extra flags to 'python -m harness bench' (see: $(PY) -m harness bench --help)"
 
 # Knobs the user set are checked before anything is installed or started.
@@ -110,6 +112,10 @@ test: $(STAMP) browser
 # The instrumentation's own cost: timeline on vs off, interleaved runs (PRESET=tiny|small).
 perf: $(STAMP)
 	$(PY) -m harness.perf --preset $(or $(PRESET),tiny) $(if $(GPUS_PER_NODE),--gpus-per-node $(GPUS_PER_NODE))
+
+# Planning only: the harness's sharding plan of the mlperf tables against TorchRec's planner.
+plan-compare: $(STAMP)
+	$(PY) -m harness.plan_compare $(if $(LAYOUTS),--layouts $(LAYOUTS))
 
 clean-venv:
 	rm -rf $(VENV)

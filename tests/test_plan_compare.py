@@ -1,0 +1,42 @@
+"""The analytic plan traffic by hand, and the planner comparison against TorchRec's (planning only)."""
+
+from __future__ import annotations
+
+import pytest
+
+from model.plan_traffic import plan_traffic
+from model.sharding import row_wise, table_wise
+
+
+def test_traffic_of_a_table_wise_table_by_hand():
+    # 2 nodes of 1 rank, global batch 4 (2 a rank), one id a sample, dim 4, the table on rank 0.
+    t = plan_traffic([table_wise(10, 4, 0)], table_rows=[10], pooling=[1.0], dim=4, world_size=2, ranks_per_node=1,
+                     global_batch=4, optimizer="exact_adagrad")
+    # Rank 1 sends its ids (2 values + 2 lengths, 8 B each = 32 B) and its 2 rows' gradients
+    # (2 x 4 floats = 32 B); rank 0 sends rank 1 its 2 pooled rows (32 B). All between nodes.
+    assert t.inter_out.tolist() == [32, 64] and t.inter_in.tolist() == [64, 32]
+    assert t.intra_out.tolist() == [0, 0]
+    # Rank 0: 10 x 4 weights + Adagrad state (320 B), all ids (4 values + 4 lengths: 64 B), pooled
+    # rows and gradients of the global batch (2 x 4 x 16 = 128 B), its own rows in and out (64 B).
+    assert t.memory.tolist() == [320 + 64 + 128 + 64, 64]
+
+
+def test_row_wise_traffic_is_charged_to_both_ends_by_link_level():
+    # 4 ranks, 2 a node: rank 0 exchanges with rank 1 inside its node and with 2, 3 across.
+    t = plan_traffic([row_wise(8, 4, 4)], table_rows=[8], pooling=[2.0], dim=4, world_size=4, ranks_per_node=2,
+                     global_batch=8, optimizer="exact_sgd")
+    assert t.intra_out.sum() == t.intra_in.sum() and t.inter_out.sum() == t.inter_in.sum()
+    # Per pair (s, q), s != q: ids 8 * (2 * 2 * 1/4 + 2) = 24 B, partial sums 2 * 4 * 4 = 32 B, gradients 32 B.
+    assert t.intra_out[0] == 24 + 32 + 32 and t.inter_out[0] == 2 * (24 + 32 + 32)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_plan_compare_prints_both_plans_scored_three_ways(capsys):
+    from harness.plan_compare import main
+
+    assert main(["--layouts", "2x8"]) == 0
+    out = capsys.readouterr().out
+    for label in ("inter-node MB, busiest rank (analytic)", "TorchRec perf model, ms, busiest rank",
+                  "harness cost model, ms, busiest rank", "ranks holding no shard"):
+        assert label in out
+    assert "harness plan" in out and "TorchRec plan" in out
