@@ -183,7 +183,8 @@ def plan_tables(
                     cost[s.rank] += shard_cost(tp, s, spec, topo, global_batch)
                 if max(mem) > topo.memory_bytes:
                     continue
-                key = (max(cost), sum(cost), pref)
+                touched = max(cost[s.rank] for s in tp.shards)  # load-aware: the lightest ranks win ties
+                key = (max(max(cost), balanced_share), touched, sum(cost), pref)
                 if best is None or key < best[0]:
                     best = (key, tp)
         if best is None:

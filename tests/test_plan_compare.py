@@ -40,3 +40,22 @@ def test_plan_compare_prints_both_plans_scored_three_ways(capsys):
                   "harness cost model, ms, busiest rank", "ranks holding no shard"):
         assert label in out
     assert "harness plan" in out and "TorchRec plan" in out
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_at_16x8_this_plan_is_no_worse_than_torchrecs_and_at_2x8_no_rank_is_empty():
+    """Issue 11's bar, planning only: busiest rank's memory and bytes between nodes, and TorchRec's
+    own cost model, no worse than TorchRec's plan; at 2 x 8 every rank holds a shard."""
+    from harness.plan_compare import _silence_torchrec, score, torchrec_plan
+    from harness.planning import make_plan
+    from harness.presets import mlperf
+
+    _silence_torchrec()
+    cfg = mlperf(nodes=16, gpus_per_node=8)
+    ours, _ = make_plan(cfg, ranks_per_host=8)
+    mine, theirs = score(cfg, ours, 16, 8), score(cfg, torchrec_plan(cfg, 16, 8), 16, 8)
+    for field in ("memory_gib_max", "inter_mb_max", "torchrec_ms_max"):
+        assert getattr(mine, field) <= getattr(theirs, field) * (1 + 1e-9), (field, mine, theirs)
+    cfg2 = mlperf(nodes=2, gpus_per_node=8)
+    plan2, _ = make_plan(cfg2, ranks_per_host=8)
+    assert score(cfg2, plan2, 2, 8).empty_ranks == 0
