@@ -122,11 +122,19 @@ class RankEstimate:
     node: int
     """Node of the rank (rank // gpus_per_node)."""
     memory_gib: float
-    """Embedding weights and optimizer state placed on the rank."""
+    """Embedding weights, optimizer state and the exchange buffers held for them (model/planner.py)."""
     est_ms: float
     """Estimated embedding cost of one iteration on the rank (model/planner.py's cost model)."""
     shards: tuple[str, ...]
     """The shards it holds, as the planner describes them."""
+    intra_in_mb: float = 0.0
+    """MB an iteration it receives from ranks of its node (model/plan_traffic.py's count)."""
+    intra_out_mb: float = 0.0
+    """MB an iteration it sends to ranks of its node."""
+    inter_in_mb: float = 0.0
+    """MB an iteration it receives from other nodes."""
+    inter_out_mb: float = 0.0
+    """MB an iteration it sends to other nodes."""
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -10,7 +10,8 @@ import os
 
 from harness.config import BenchConfig
 from harness.manifest import PlanEstimate, RankEstimate
-from model.names import STATE_PER_ELEMENT
+from model.names import STATE_PER_ELEMENT, STATE_PER_ROW
+from model.plan_traffic import plan_traffic
 from model.planner import PlanError, Topology, TableSpec, plan_tables
 from model.sharding import SHARDING_TYPES, TablePlan
 
@@ -64,7 +65,8 @@ def make_plan(cfg: BenchConfig, *, ranks_per_host: int,
     try:
         plan, loads = plan_tables(
             tables, topo, global_batch=cfg.data.global_batch_size,
-            state_per_row=STATE_PER_ELEMENT[cfg.optimizer.embedding_optimizer],
+            state_per_element=STATE_PER_ELEMENT[cfg.optimizer.embedding_optimizer],
+            state_per_row=STATE_PER_ROW[cfg.optimizer.embedding_optimizer],
             forced=forced, column_shards=cfg.sharding.column_shards,
         )
     except PlanError as exc:
@@ -72,6 +74,9 @@ def make_plan(cfg: BenchConfig, *, ranks_per_host: int,
             raise
         raise PlanError(f"{exc} (on CPU a rank gets half this host's RAM over its {ranks_per_host} local ranks; "
                         "--dry-run plans for the hardware profile without starting)") from None
+    traffic = plan_traffic(plan, table_rows=m.table_rows, pooling=m.multi_hot, dim=m.embedding_dim,
+                           world_size=topo.world_size, ranks_per_node=topo.ranks_per_node,
+                           global_batch=cfg.data.global_batch_size, optimizer=cfg.optimizer.embedding_optimizer)
     estimate = PlanEstimate(
         hardware=cfg.sharding.hardware,
         memory_gib=topo.memory_bytes / 2**30, memory_gbps=topo.memory_bw / GB,
@@ -79,7 +84,9 @@ def make_plan(cfg: BenchConfig, *, ranks_per_host: int,
         link="inter-node" if topo.world_size > topo.ranks_per_node else "intra-node",
         ranks=tuple(
             RankEstimate(rank=r, node=r // cfg.run.gpus_per_node, memory_gib=ld.memory_bytes / 2**30,
-                         est_ms=ld.cost_s * 1e3, shards=tuple(ld.shards))
+                         est_ms=ld.cost_s * 1e3, shards=tuple(ld.shards),
+                         intra_in_mb=float(traffic.intra_in[r] / 1e6), intra_out_mb=float(traffic.intra_out[r] / 1e6),
+                         inter_in_mb=float(traffic.inter_in[r] / 1e6), inter_out_mb=float(traffic.inter_out[r] / 1e6))
             for r, ld in enumerate(loads)
         ),
     )
@@ -93,13 +100,22 @@ def format_plan(plan: tuple[TablePlan, ...], est: PlanEstimate, *, max_rows: int
     lines = [
         f"sharding plan ({est.hardware} profile: {est.memory_gib:.1f} GiB a rank, memory {est.memory_gbps:.0f} GB/s, "
         f"{est.link} link {est.link_gbps:.2f} GB/s): {kinds}",
-        f"{'rank':>5} {'node':>5} {'memory_gib':>10} {'est_ms':>8}  shards",
+        f"{'rank':>5} {'node':>5} {'memory_gib':>10} {'est_ms':>8} {'intra_in':>9} {'intra_out':>9} "
+        f"{'inter_in':>9} {'inter_out':>9}  shards   (MB an iteration on each link level)",
     ]
     rows = est.ranks if max_rows is None else est.ranks[:max_rows]
     for r in rows:
-        lines.append(f"{r.rank:>5} {r.node:>5} {r.memory_gib:>10.3f} {r.est_ms:>8.3f}  {' '.join(r.shards) or '-'}")
+        lines.append(f"{r.rank:>5} {r.node:>5} {r.memory_gib:>10.3f} {r.est_ms:>8.3f} {r.intra_in_mb:>9.2f} "
+                     f"{r.intra_out_mb:>9.2f} {r.inter_in_mb:>9.2f} {r.inter_out_mb:>9.2f}  {' '.join(r.shards) or '-'}")
     if len(rows) < len(est.ranks):
         lines.append(f"  ... {len(est.ranks) - len(rows)} more ranks (all in the manifest)")
+    nodes = sorted({r.node for r in est.ranks})
+    if len(nodes) > 1:
+        for n in nodes:
+            on = [r for r in est.ranks if r.node == n]
+            lines.append(f"  node {n} in all: memory {sum(r.memory_gib for r in on):.3f} GiB over {len(on)} ranks, est_ms max "
+                         f"{max(r.est_ms for r in on):.3f}, between nodes in {sum(r.inter_in_mb for r in on):.2f} MB "
+                         f"out {sum(r.inter_out_mb for r in on):.2f} MB")
     empty = [r.rank for r in est.ranks if not r.shards]
     if empty:
         # A ratio over an empty rank's zero cost means nothing: say what is going on instead.

@@ -14,3 +14,6 @@ COLLECTIVE_WAITS = ("poll", "block")
 
 STATE_PER_ELEMENT = {"exact_adagrad": 1.0, "exact_rowwise_adagrad": 0.0, "exact_sgd": 0.0}
 """Optimizer state a weight element carries, in floats per element (for memory planning)."""
+
+STATE_PER_ROW = {"exact_adagrad": 0.0, "exact_rowwise_adagrad": 1.0, "exact_sgd": 0.0}
+"""Optimizer state a weight row carries, in floats per row (row-wise Adagrad keeps one a row)."""

@@ -29,12 +29,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.names import STATE_PER_ELEMENT, STATE_PER_ROW
 from model.sharding import TablePlan
 
 ID_BYTES = 8
 FLOAT_BYTES = 4
-STATE_FLOATS = {"exact_adagrad": (1.0, 0.0), "exact_rowwise_adagrad": (0.0, 1.0), "exact_sgd": (0.0, 0.0)}
-"""Optimizer state of an embedding shard: (floats per element, floats per row)."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ def plan_traffic(plan: Sequence[TablePlan], *, table_rows: Sequence[int], poolin
     b = g / w
     node = np.arange(w) // per_node
     out = {k: np.zeros(w) for k in ("intra_out", "intra_in", "inter_out", "inter_in", "memory")}
-    per_element, per_row = STATE_FLOATS[optimizer]
+    per_element, per_row = STATE_PER_ELEMENT[optimizer], STATE_PER_ROW[optimizer]
 
     def move(src: int, dst: int, nbytes: float) -> None:
         if src == dst or nbytes == 0:

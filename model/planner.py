@@ -80,9 +80,31 @@ def shard_label(t: int, tp: TablePlan, s: Shard) -> str:
     return f"t{t}:{ABBREVIATIONS[tp.kind]}"
 
 
-def shard_memory(shard: Shard, state_per_row: float) -> float:
-    """Weights plus optimizer state (state_per_row floats per weight row element count)."""
-    return shard.rows * shard.cols * FLOAT_BYTES + shard.rows * state_per_row * shard.cols * FLOAT_BYTES
+@dataclass(frozen=True, kw_only=True)
+class MemoryModel:
+    """What a shard costs its rank in memory besides its weights."""
+
+    state_per_element: float
+    """Optimizer state floats per weight element (Adagrad: 1)."""
+    state_per_row: float = 0.0
+    """Optimizer state floats per row (row-wise Adagrad: 1)."""
+    global_batch: int = 0
+    """Samples an iteration: sizes the exchange buffers the shard's rank holds (0: none counted)."""
+
+
+def shard_memory(tp: TablePlan, shard: Shard, spec: TableSpec, mem: MemoryModel) -> float:
+    """Weights, optimizer state and the exchange buffers its rank holds for it an iteration: the
+    ids it receives (values and lengths), and the pooled rows and their gradients of the whole
+    global batch (table/column-wise), or the partial sums and gathered gradients (row-wise kinds)."""
+    weights = shard.rows * shard.cols * FLOAT_BYTES
+    state = (mem.state_per_element * shard.rows * shard.cols + mem.state_per_row * shard.rows) * FLOAT_BYTES
+    g = mem.global_batch
+    if tp.kind == "data_parallel":  # a dense gradient of the table; no exchange buffers of ids
+        return weights + state + weights
+    share = shard.rows / spec.rows if tp.kind in ("row_wise", "table_row_wise") else 1.0
+    width = spec.dim if tp.kind in ("row_wise", "table_row_wise") else shard.cols
+    buffers = ID_BYTES * g * (spec.pooling * share + 1) + 2 * g * width * FLOAT_BYTES
+    return weights + state + buffers
 
 
 def shard_cost(tp: TablePlan, shard: Shard, spec: TableSpec, topo: Topology, global_batch: int) -> float:
@@ -132,12 +154,13 @@ def _candidates(kind: str, t: int, spec: TableSpec, topo: Topology, loads: list[
 
 
 def _kinds_to_try(t: int, spec: TableSpec, whole_cost: float, balanced_share: float, topo: Topology,
-                  loads: list[RankLoad], state_per_row: float) -> list[str]:
+                  loads: list[RankLoad], mem: MemoryModel) -> list[str]:
     """Split a table (column- or row-wise) only when it alone costs more than a balanced rank's
     share of all the work, or no rank has room for it whole: splitting always costs more in
     total (every rank pays partial outputs and extra collectives), it only wins on balance."""
     kinds = ["table_wise", "data_parallel"]
-    full = shard_memory(table_wise(spec.rows, spec.dim, 0).shards[0], state_per_row)
+    whole = table_wise(spec.rows, spec.dim, 0)
+    full = shard_memory(whole, whole.shards[0], spec, mem)
     room = max(topo.memory_bytes - ld.memory_bytes for ld in loads)
     if whole_cost > balanced_share or full > room:
         # Across nodes, row blocks inside one node keep each sample's row crossing once: at 16 x 8
@@ -153,12 +176,15 @@ def plan_tables(
     topo: Topology,
     *,
     global_batch: int,
-    state_per_row: float,
+    state_per_element: float,
+    state_per_row: float = 0.0,
     forced: dict[int, str] | None = None,
     column_shards: int = 2,
 ) -> tuple[list[TablePlan], list[RankLoad]]:
-    """A plan for every table and each rank's resulting load. Raises PlanError with the reason."""
+    """A plan for every table and each rank's resulting load. Raises PlanError with the reason.
+    state_per_element / state_per_row: optimizer state floats (see MemoryModel)."""
     forced = forced or {}
+    mem = MemoryModel(state_per_element=state_per_element, state_per_row=state_per_row, global_batch=global_batch)
     for t, kind in forced.items():
         if kind not in SHARDING_TYPES:
             raise PlanError(f"table {t}: unknown sharding type {kind!r}; types are {', '.join(SHARDING_TYPES)}")
@@ -172,33 +198,34 @@ def plan_tables(
     balanced_share = sum(whole) / topo.world_size
     for t in order:
         spec = tables[t]
-        kinds = [forced[t]] if t in forced else _kinds_to_try(t, spec, whole[t], balanced_share, topo, loads, state_per_row)
+        kinds = [forced[t]] if t in forced else _kinds_to_try(t, spec, whole[t], balanced_share, topo, loads, mem)
         best = None
         for pref, kind in enumerate(kinds):
             for tp in _candidates(kind, t, spec, topo, loads, column_shards):
-                mem = [loads[r].memory_bytes for r in range(topo.world_size)]
+                held = [loads[r].memory_bytes for r in range(topo.world_size)]
                 cost = [loads[r].cost_s for r in range(topo.world_size)]
                 for s in tp.shards:
-                    mem[s.rank] += shard_memory(s, state_per_row)
+                    held[s.rank] += shard_memory(tp, s, spec, mem)
                     cost[s.rank] += shard_cost(tp, s, spec, topo, global_batch)
-                if max(mem) > topo.memory_bytes:
+                if max(held) > topo.memory_bytes:
                     continue
                 touched = max(cost[s.rank] for s in tp.shards)  # load-aware: the lightest ranks win ties
                 key = (max(max(cost), balanced_share), touched, sum(cost), pref)
                 if best is None or key < best[0]:
                     best = (key, tp)
         if best is None:
-            need = max(shard_memory(s, state_per_row) for s in _candidates(kinds[0], t, spec, topo, loads, column_shards)[0].shards)
+            first = _candidates(kinds[0], t, spec, topo, loads, column_shards)[0]
+            need = max(shard_memory(first, s, spec, mem) for s in first.shards)
             free = max(topo.memory_bytes - ld.memory_bytes for ld in loads)
             raise PlanError(
                 f"table {t} ({spec.rows} x {spec.dim}) fits on no rank as {'/'.join(kinds)}: a shard needs "
-                f"{need / 2**30:.2f} GiB with optimizer state, the most any rank has left is {free / 2**30:.2f} GiB "
+                f"{need / 2**30:.2f} GiB with optimizer state and exchange buffers, the most any rank has left is {free / 2**30:.2f} GiB "
                 f"of {topo.memory_bytes / 2**30:.2f} GiB; add ranks, raise the memory budget or allow row_wise"
             )
         tp = best[1]
         plan[t] = tp
         for s in tp.shards:
-            loads[s.rank].memory_bytes += shard_memory(s, state_per_row)
+            loads[s.rank].memory_bytes += shard_memory(tp, s, spec, mem)
             loads[s.rank].cost_s += shard_cost(tp, s, spec, topo, global_batch)
             loads[s.rank].shards.append(shard_label(t, tp, s))
     return plan, loads  # type: ignore[return-value]

@@ -106,10 +106,11 @@ def test_a_launcher_that_cannot_bind_its_port_says_so(tmp_path):
 
 
 def test_a_plan_with_empty_ranks_says_so_instead_of_a_spread(capsys):
-    """mlperf on 2 x 8 leaves a rank without a table: no ratio over its zero cost."""
-    assert main(["bench", "--dry-run", "--preset", "mlperf", "--nodes", "2", "--gpus-per-node", "8"]) == 0
+    """26 tables, each whole on one of 32 ranks: 6 ranks hold nothing, and no ratio over their zero
+    cost is printed. (mlperf on 2 x 8 used to leave rank 15 empty; the planner now fills it.)"""
+    assert main(["bench", "--dry-run", "--preset", "tiny", "--gpus-per-node", "32", "--sharding", "table_wise"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert "spread" not in last and "hold no shard (ranks 15)" in last
+    assert "spread" not in last and "6 of 32 ranks hold no shard (ranks 26-31)" in last
 
 
 def test_a_killed_launcher_leaves_a_running_run_that_the_report_calls_unfinished(tmp_path):

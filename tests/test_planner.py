@@ -33,26 +33,26 @@ def test_cost_model_by_hand():
 def test_small_tables_stay_whole():
     # Nine equal tables on 3 ranks: none costs more than a rank's share, so none is split.
     plan, loads = plan_tables([TableSpec(rows=1000, dim=16, pooling=1)] * 9, topo(world=3, per_node=3),
-                              global_batch=64, state_per_row=1.0)
+                              global_batch=64, state_per_element=1.0)
     assert {tp.kind for tp in plan} <= {"table_wise", "data_parallel"}
 
 
 def test_memory_budget_is_respected_and_big_tables_split():
     tables = [TableSpec(rows=4_000_000, dim=64, pooling=1)] + [TableSpec(rows=1000, dim=64, pooling=1)] * 6
     # The big table is 1 GiB of weights + 1 GiB of Adagrad state: no rank of 0.75 GiB holds it whole.
-    plan, loads = plan_tables(tables, topo(memory_gib=0.75), global_batch=256, state_per_row=1.0)
+    plan, loads = plan_tables(tables, topo(memory_gib=0.75), global_batch=256, state_per_element=1.0)
     assert plan[0].kind in ("row_wise", "column_wise") and len(plan[0].shards) >= 3
     assert all(ld.memory_bytes <= 0.75 * GIB for ld in loads)
 
 
 def test_forced_kinds_and_impossible_plans():
     tables = [TableSpec(rows=100, dim=6, pooling=1)] * 3
-    plan, _ = plan_tables(tables, topo(), global_batch=8, state_per_row=1.0, forced={1: "row_wise", 2: "data_parallel"})
+    plan, _ = plan_tables(tables, topo(), global_batch=8, state_per_element=1.0, forced={1: "row_wise", 2: "data_parallel"})
     assert [tp.kind for tp in plan][1:] == ["row_wise", "data_parallel"]
     with pytest.raises(PlanError, match="column_wise into 4 shards needs a dim divisible by 4"):
-        plan_tables(tables, topo(), global_batch=8, state_per_row=1.0, forced={0: "column_wise"}, column_shards=4)
+        plan_tables(tables, topo(), global_batch=8, state_per_element=1.0, forced={0: "column_wise"}, column_shards=4)
     with pytest.raises(PlanError, match="table 0 .* fits on no rank"):
-        plan_tables([TableSpec(rows=10**9, dim=128, pooling=1)], topo(), global_batch=8, state_per_row=1.0,
+        plan_tables([TableSpec(rows=10**9, dim=128, pooling=1)], topo(), global_batch=8, state_per_element=1.0,
                     forced={0: "table_wise"})
 
 
@@ -87,8 +87,21 @@ def test_forced_table_row_wise_goes_to_the_least_loaded_node():
     topo = Topology(world_size=4, ranks_per_node=2, memory_bytes=2**30, memory_bw=1e10, intra_node_bw=1e10,
                     inter_node_bw=1e9)
     tables = [TableSpec(rows=1000, dim=8, pooling=2.0), TableSpec(rows=1000, dim=8, pooling=2.0)]
-    plan, loads = plan_tables(tables, topo, global_batch=64, state_per_row=1.0,
+    plan, loads = plan_tables(tables, topo, global_batch=64, state_per_element=1.0,
                               forced={0: "table_row_wise", 1: "table_row_wise"})
     assert [sorted(s.rank for s in tp.shards) for tp in plan] == [[0, 1], [2, 3]]
     assert [(s.row_start, s.row_end) for s in plan[0].shards] == [(0, 500), (500, 1000)]
     assert all(ld.shards for ld in loads)
+
+
+def test_shard_memory_counts_row_state_and_exchange_buffers_by_hand():
+    from model.planner import MemoryModel, shard_memory
+
+    spec = TableSpec(rows=100, dim=8, pooling=2)
+    tw = table_wise(100, 8, 0)
+    # Row-wise Adagrad: 100 x 8 weights (3200 B) + one float a row (400 B); global batch 10: ids
+    # 8 B x 10 x (2 values + 1 length) = 240 B, pooled rows and gradients 2 x 10 x 8 x 4 = 640 B.
+    mem = MemoryModel(state_per_element=0.0, state_per_row=1.0, global_batch=10)
+    assert shard_memory(tw, tw.shards[0], spec, mem) == 3200 + 400 + 240 + 640
+    rw = row_wise(100, 8, 4)  # 25 rows a rank: a quarter of the values, full-width partial sums
+    assert shard_memory(rw, rw.shards[1], spec, mem) == 800 + 100 + 8 * 10 * (2 * 0.25 + 1) + 640
