@@ -259,7 +259,7 @@ def train_torchrec(
 
     check_config(cfg, [tp.kind for tp in plan])
     world = cfg.run.world_size
-    timeline = Timeline(cuda=device.type == "cuda", stages=cfg.run.timeline)
+    timeline = Timeline(cuda=device.type == "cuda", stages=cfg.run.timeline, device=device)
     dmp, optimizer, harness_names = build(cfg, device=device, plan=plan, timeline=timeline)
     pipeline = TrainPipelineSparseDist(dmp, optimizer, device, execute_all_batches=True)  # type: ignore[arg-type]
     total = cfg.run.warmup_iters + cfg.run.iters

@@ -15,17 +15,28 @@ import time
 from pathlib import Path
 
 from harness import cli, report
+from harness.device import uses_cuda
 from harness.timeline import Timeline
 
 
-def stage_cost_ns(n: int = 200_000) -> float:
-    tl = Timeline(cuda=False, stages=True)
+def stage_cost_ns(n: int = 200_000, *, cuda: bool = False) -> float:
+    """Host time of one timed stage, averaged over n. On CUDA the marks are CUDA events (what a
+    CUDA run records), and the device is synchronized before and after so the loop is timed whole."""
+    import torch
+
+    tl = Timeline(cuda=cuda, stages=True)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     tl.begin_iteration(0)
+    sync()
     start = time.perf_counter_ns()
     for _ in range(n):
         with tl.stage("emb_fwd"):
             pass
-    return (time.perf_counter_ns() - start) / n
+    sync()
+    cost = (time.perf_counter_ns() - start) / n
+    tl.end_iteration()
+    tl.drain()
+    return cost
 
 
 def run_p50_ms(argv: list[str], runs_root: Path) -> tuple[str, float]:
@@ -46,8 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs-root", type=Path, default=Path("runs"))
     args = p.parse_args(argv)
 
-    cost = stage_cost_ns()
-    print(f"one timed stage (NVTX range + 2 clock reads): {cost / 1000:.2f} us; 5 an iteration = {5 * cost / 1000:.1f} us")
+    cuda = uses_cuda("auto")
+    cost = stage_cost_ns(20_000 if cuda else 200_000, cuda=cuda)
+    marks = "2 CUDA events" if cuda else "2 clock reads"
+    print(f"one timed stage (NVTX range + {marks}): {cost / 1000:.2f} us; 5 an iteration = {5 * cost / 1000:.1f} us")
     base = ["--preset", args.preset, "--gpus-per-node", str(args.gpus_per_node),
             "--iters", str(args.iters), "--warmup", "10"]
     on, off = [], []

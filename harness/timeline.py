@@ -1,15 +1,21 @@
 """Stage timing of every iteration: NVTX ranges plus timers, resolved without a sync per stage.
 
 On CPU the clock is perf_counter_ns. On CUDA each boundary is a CUDA event recorded on the
-current stream; events are resolved to nanoseconds only when the records are drained
-(between iterations, outside the timed region), anchored to one host/device clock pair.
+rank's device's current stream; events are resolved to nanoseconds only when the records are
+drained (between iterations, outside the timed region). A span's start is placed against an
+anchor (a host/device clock pair) and its length is the start-to-end event difference, so the
+float32 milliseconds `elapsed_time` returns cost at most a rounding of each (1 us at a second,
+about 60 us at ten minutes from one anchor); the anchor is taken again at every drain, so the
+offsets stay as short as a flush interval however long the run.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 import nvtx
 import torch
@@ -29,28 +35,69 @@ class _HostClock:
     def mark(self) -> int:
         return time.perf_counter_ns()
 
-    def resolve(self, mark: int) -> int:
-        return mark
+    def resolve(self, start: int, end: int) -> tuple[int, int]:
+        return start, end
+
+    def drained(self) -> None:
+        pass
 
 
-class _CudaClock:
-    """CUDA events; times are host-clock ns via an anchor event recorded right after a sync."""
+class DeviceEvent(Protocol):
+    """What the event clock needs of an event (torch.cuda.Event; a fake in tests)."""
 
-    def __init__(self) -> None:
-        torch.cuda.synchronize()
-        self.anchor = torch.cuda.Event(enable_timing=True)
-        self.anchor.record()
-        torch.cuda.synchronize()
-        self.anchor_ns = time.perf_counter_ns()
+    def record(self) -> None: ...
 
-    def mark(self) -> torch.cuda.Event:
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        return ev
+    def synchronize(self) -> None: ...
 
-    def resolve(self, mark: torch.cuda.Event) -> int:
-        mark.synchronize()
-        return self.anchor_ns + int(self.anchor.elapsed_time(mark) * 1e6)
+    def elapsed_time(self, end: "DeviceEvent") -> float: ...
+
+
+@dataclass(frozen=True)
+class _Anchor:
+    event: DeviceEvent
+    host_ns: int
+
+
+class EventClock:
+    """Device events resolved to host-clock ns: each mark keeps the anchor current when it was
+    recorded, so a span begun before a drain and ended after it still resolves forward in time."""
+
+    def __init__(self, *, new_event: Callable[[], DeviceEvent], synchronize: Callable[[], None],
+                 now_ns: Callable[[], int] = time.perf_counter_ns) -> None:
+        self._new_event, self._synchronize, self._now_ns = new_event, synchronize, now_ns
+        self._anchor = self._take_anchor()
+
+    def _take_anchor(self) -> _Anchor:
+        self._synchronize()
+        event = self._new_event()
+        event.record()
+        event.synchronize()
+        return _Anchor(event, self._now_ns())
+
+    def mark(self) -> tuple[DeviceEvent, _Anchor]:
+        event = self._new_event()
+        event.record()
+        return event, self._anchor
+
+    def resolve(self, start: tuple[DeviceEvent, _Anchor], end: tuple[DeviceEvent, _Anchor]) -> tuple[int, int]:
+        (s, anchor), (e, _) = start, end
+        e.synchronize()
+        start_ns = anchor.host_ns + round(anchor.event.elapsed_time(s) * 1e6)
+        return start_ns, start_ns + round(s.elapsed_time(e) * 1e6)
+
+    def drained(self) -> None:
+        """Take a new anchor (after a drain: the device is idle up to the last mark anyway)."""
+        self._anchor = self._take_anchor()
+
+
+def cuda_clock(device: torch.device) -> EventClock:
+    """Events on `device`, which must be the calling thread's current device: an event records on
+    the current device's stream, and one made on another GPU would time that GPU's work."""
+    if torch.cuda.current_device() != device.index:
+        raise RuntimeError(f"the timeline of a rank on {device} was made while cuda:{torch.cuda.current_device()} "
+                           "is current: its events would be recorded on another GPU")
+    return EventClock(new_event=lambda: torch.cuda.Event(enable_timing=True),
+                      synchronize=lambda: torch.cuda.synchronize(device))
 
 
 class Timeline:
@@ -60,8 +107,13 @@ class Timeline:
     which is how the instrumentation's own cost is measured.
     """
 
-    def __init__(self, *, cuda: bool, stages: bool) -> None:
-        self.clock = _CudaClock() if cuda else _HostClock()
+    def __init__(self, *, cuda: bool, stages: bool, device: torch.device | None = None,
+                 clock: EventClock | None = None) -> None:
+        """device: the rank's CUDA device (None: the current one); clock: stands in for the
+        CUDA event clock (tests)."""
+        if clock is None and cuda:
+            clock = cuda_clock(device or torch.device("cuda", torch.cuda.current_device()))
+        self.clock = clock or _HostClock()
         self.stages_on = stages
         self._stage_marks: list[tuple[int, str, object, object]] = []
         self._iter_marks: list[tuple[int, object, object]] = []
@@ -110,7 +162,8 @@ class Timeline:
     def drain(self) -> tuple[list[StageSpan], list[StageSpan]]:
         """(stage spans, iteration spans) since the last drain. On CUDA this waits for the marked work."""
         r = self.clock.resolve
-        stages = [StageSpan(i, n, r(a), r(b)) for i, n, a, b in self._stage_marks]
-        iters = [StageSpan(i, "iteration", r(a), r(b)) for i, a, b in self._iter_marks]
+        stages = [StageSpan(i, n, *r(a, b)) for i, n, a, b in self._stage_marks]
+        iters = [StageSpan(i, "iteration", *r(a, b)) for i, a, b in self._iter_marks]
         self._stage_marks, self._iter_marks = [], []
+        self.clock.drained()
         return stages, iters

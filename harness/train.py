@@ -132,7 +132,7 @@ def train(
         pooled_width=cfg.model.num_sparse * cfg.model.embedding_dim, device=device, graphed=on["cuda_graphs"],
         precision=cfg.precision.dense,
     )
-    timeline = Timeline(cuda=device.type == "cuda", stages=cfg.run.timeline)
+    timeline = Timeline(cuda=device.type == "cuda", stages=cfg.run.timeline, device=device)
     total = cfg.run.warmup_iters + cfg.run.iters
     feeder = InputFeeder(
         embeddings=embeddings, data=data, rank=rank, world_size=world, device=device, total=total,

@@ -86,3 +86,92 @@ def test_cuda_events_resolve_to_host_time():
     t1 = time.perf_counter_ns()
     (s,) = stages
     assert s.end_ns > s.start_ns and t0 - 1_000_000 <= iters[0].start_ns <= s.start_ns and s.end_ns <= t1
+
+
+class _FakeDevice:
+    """A device clock in ns that tests move by hand."""
+
+    def __init__(self) -> None:
+        self.now_ns = 0
+
+
+class _FakeEvent:
+    """An event on the fake device; elapsed_time rounds to float32 milliseconds as CUDA's does."""
+
+    def __init__(self, device: _FakeDevice) -> None:
+        self.device, self.at_ns = device, None
+
+    def record(self) -> None:
+        self.at_ns = self.device.now_ns
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: "_FakeEvent") -> float:
+        return float(torch.tensor((end.at_ns - self.at_ns) / 1e6, dtype=torch.float32))
+
+
+def test_event_times_keep_microseconds_ten_minutes_into_a_run():
+    """float32 ms from one anchor would be off by tens of microseconds after 10 minutes; spans
+    measured start to end, against an anchor taken again at each drain, stay within 1 us."""
+    from harness.timeline import EventClock
+
+    device = _FakeDevice()
+    host_offset = 5_000_000_000  # the host clock reads the device clock + 5 s
+    clock = EventClock(new_event=lambda: _FakeEvent(device), synchronize=lambda: None,
+                       now_ns=lambda: device.now_ns + host_offset)
+    tl = Timeline(cuda=True, stages=True, clock=clock)
+    spans = []
+    for minute in range(1, 11):
+        device.now_ns = minute * 60_000_000_000  # a minute later each time, a flush a second before
+        tl.drain()
+        device.now_ns += 1_000_123_457
+        tl.begin_iteration(minute)
+        device.now_ns += 1_000
+        with tl.stage("emb_fwd"):
+            device.now_ns += 1_234_567  # 1.234567 ms of work
+        device.now_ns += 2_000
+        tl.end_iteration()
+        stages, iters = tl.drain()
+        spans.append((stages[0], iters[0], device.now_ns))
+    for stage, it, end in spans:
+        assert abs((stage.end_ns - stage.start_ns) - 1_234_567) <= 1_000
+        assert abs(it.end_ns - (end + host_offset)) <= 1_000  # absolute placement, too
+    # What one anchor at time 0 gives at the 10th minute (the old way): tens of microseconds off.
+    first = _FakeEvent(device)
+    first.at_ns = 0
+    last = _FakeEvent(device)
+    last.at_ns = spans[-1][2]
+    assert abs(first.elapsed_time(last) * 1e6 - spans[-1][2]) > 10_000
+
+
+def test_a_span_open_across_a_drain_resolves_against_its_own_anchor():
+    from harness.timeline import EventClock
+
+    device = _FakeDevice()
+    clock = EventClock(new_event=lambda: _FakeEvent(device), synchronize=lambda: None, now_ns=lambda: device.now_ns)
+    tl = Timeline(cuda=True, stages=True, clock=clock)
+    token = tl.open_span("input_dist", 1)  # a pipelined input dist: begun before the flush
+    device.now_ns = 7_000_000
+    tl.drain()  # re-anchors at 7 ms
+    device.now_ns = 9_000_000
+    tl.close_span(token)
+    (span,), _ = tl.drain()
+    assert (span.start_ns, span.end_ns) == (0, 9_000_000)
+
+
+def test_perf_times_a_stage_with_the_clock_a_run_uses(monkeypatch):
+    """make perf's per-stage cost: host clock on CPU; on CUDA the events a CUDA run records, with the
+    device synchronized around the loop (a stand-in clock and sync record that here)."""
+    import harness.perf as perf
+    from harness.timeline import EventClock
+
+    assert 0 < perf.stage_cost_ns(1000) < 1e6
+    syncs = []
+    device = _FakeDevice()
+    monkeypatch.setattr(perf, "Timeline", lambda cuda, stages: Timeline(
+        cuda=cuda, stages=stages, clock=EventClock(new_event=lambda: _FakeEvent(device), synchronize=lambda: None)
+        if cuda else None))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: syncs.append("sync"))
+    assert perf.stage_cost_ns(100, cuda=True) > 0
+    assert syncs == ["sync", "sync"]
