@@ -149,7 +149,7 @@ def train(
             timeline.begin_iteration(it)
             batch, ids, records.exchanged[it] = feeder.next(it)  # times itself: its input_dist span may start earlier
             with timeline.stage("emb_fwd"):
-                pooled, emb_fwd = embeddings.forward(ids, local_batch)
+                pooled, emb_fwd = embeddings.forward(ids, local_batch, out=step.pooled_input())
             feeder.after_forward()  # the next batch's ids exchange, launched to overlap what follows
             emb_bwd: list[PendingBackward] = []
             with timeline.stage("dense_fwd_bwd"):

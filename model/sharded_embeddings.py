@@ -138,20 +138,27 @@ class ShardedEmbeddingCollection:
         ])
 
     # ---- lookup, output distribution, and back ------------------------------------------
-    def forward(self, ids: list[SparseFeatures], local_batch: int) -> tuple[torch.Tensor, EmbeddingForward]:
+    def forward(self, ids: list[SparseFeatures], local_batch: int,
+                out: torch.Tensor | None = None) -> tuple[torch.Tensor, EmbeddingForward]:
         """Pooled embeddings of this rank's samples, (local_batch, F * dim) in feature order.
 
         The returned tensor is a leaf that requires grad: the dense backward fills its .grad,
-        which `start_backward` sends back to the tables.
+        which `start_backward` sends back to the tables. `out`: a (local_batch, F * dim) buffer
+        to write them into and return instead (a CUDA graph's static input: no copy a step).
         """
         outs, fwds = [], []
         for s, s_ids in zip(self.shardings, ids):
-            out, fwd = s.forward(s_ids, local_batch)
-            outs.append(out)
-            fwds.append(fwd)
+            s_out, s_fwd = s.forward(s_ids, local_batch)
+            outs.append(s_out)
+            fwds.append(s_fwd)
         grouped = torch.cat(outs, dim=1).view(local_batch, self.num_features, self.dim)
+        fwd = EmbeddingForward(shards=fwds, local_batch=local_batch)
+        if out is not None:
+            with torch.no_grad():  # out may be a leaf that requires grad (the graph's static input)
+                torch.index_select(grouped, 1, self.to_feature_order, out=out.view(local_batch, self.num_features, self.dim))
+            return out, fwd
         pooled = grouped.index_select(1, self.to_feature_order).reshape(local_batch, -1)
-        return pooled.requires_grad_(True), EmbeddingForward(shards=fwds, local_batch=local_batch)
+        return pooled.requires_grad_(True), fwd
 
     def start_backward(self, fwd: EmbeddingForward, grad: torch.Tensor) -> PendingBackward:
         """Launch the exchanges of the pooled gradient (`grad`, (local_batch, F * dim) in feature

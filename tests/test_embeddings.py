@@ -34,3 +34,43 @@ def test_dense_tbe_forward_and_grad_match_embedding_bag():
     ref.backward(grad)
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(tbe.weights.grad, torch.cat([b.weight.grad.flatten() for b in bags]))
+
+
+def test_pooled_output_written_into_a_given_buffer_matches_embedding_bag(tmp_path):
+    """The graphed dense step's static input is filled by the embedding forward itself (out=):
+    the same values as torch.nn.EmbeddingBag over each full table, and the buffer is what comes back."""
+    import torch.distributed as dist
+
+    from harness.data import SyntheticCriteo
+    from harness.presets import tiny
+    from model.sharded_embeddings import ShardedEmbeddingCollection
+    from model.sharding import table_wise
+
+    cfg = tiny(nodes=1, gpus_per_node=1)
+    m = cfg.model
+    plan = [table_wise(r, m.embedding_dim, 0) for r in m.table_rows]
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        emb = ShardedEmbeddingCollection(
+            table_rows=m.table_rows, embedding_dim=m.embedding_dim, plan=plan, rank=0, world_size=1, pg=None,
+            ids_pg=None, device=torch.device("cpu"), optimizer="exact_adagrad", learning_rate=0.1, eps=1e-8,
+            init_seed=0, multi_hot=m.multi_hot)
+        batch = SyntheticCriteo(m, cfg.data).local_batch(0, 0, 1)
+        pending = emb.prepare_input_dist(batch.sparse)
+        pending.start_splits()
+        ids = pending.wait()
+        b = batch.dense.shape[0]
+        static = torch.zeros(b, m.num_sparse * m.embedding_dim).requires_grad_(True)
+        written, _ = emb.forward(ids, b, out=static)
+        fresh, _ = emb.forward(ids, b)
+    finally:
+        dist.destroy_process_group()
+    assert written is static and static.requires_grad
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), batch.sparse.lengths.reshape(-1).cumsum(0)])
+    expected = []
+    for t, (_, shard, weights) in enumerate(sorted(emb.shard_weights(), key=lambda x: x[0])):
+        bag = torch.nn.EmbeddingBag.from_pretrained(weights.detach(), mode="sum")
+        lo, hi = offsets[t * b], offsets[(t + 1) * b]
+        expected.append(bag(batch.sparse.values[lo:hi], offsets[t * b:(t + 1) * b] - lo))
+    torch.testing.assert_close(static.detach(), torch.cat(expected, dim=1))
+    assert torch.equal(static.detach(), fresh.detach())
