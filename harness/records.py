@@ -200,8 +200,12 @@ class RankRecorder:
             df["duration_ms"] = (df["end_ns"] - df["start_ns"]) / 1e6
             df["warmup"] = df["iteration"] < self.warmup_iters
         it = it.rename(columns={"duration_ms": "iter_ms"})
-        st.to_parquet(self.dir / f"stages-{self.part:05d}.parquet", index=False)
-        it.to_parquet(self.dir / f"iterations-{self.part:05d}.parquet", index=False)
+        for kind, frame in (("stages", st), ("iterations", it)):
+            # Written aside and renamed: a rank killed mid-write leaves no torn part for readers.
+            final = self.dir / f"{kind}-{self.part:05d}.parquet"
+            tmp = self.dir / f".{final.name}.tmp"
+            frame.to_parquet(tmp, index=False)
+            os.replace(tmp, final)
         self.part += 1
 
     def write_info(self, info: RankInfo) -> None:
