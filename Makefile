@@ -67,7 +67,11 @@ check-bench-knobs:
 	@case "$(DRY_RUN)" in 0|1) ;; \
 	  *) echo "make: DRY_RUN=$(DRY_RUN) is not valid; valid values: 0 1" >&2; exit 2;; esac
 
+# A venv holds one variant: pip would keep the other's torch (torch==2.13.0 accepts both builds),
+# so a .venv made for the other variant (a CPU login node's, reused on a GPU node) is refused.
 $(STAMP): requirements.txt $(TORCH_REQS) requirements-torchrec.txt requirements-torchrec-deps.txt constraints.txt
+	@for other in $(VENV)/.installed-*; do case "$$other" in "$(STAMP)"|"$(VENV)/.installed-*") ;; \
+	  *) echo "make: $(VENV) holds the $${other##*.installed-requirements-} variant, this machine needs the $(patsubst requirements-%,%,$(basename $(TORCH_REQS))) variant: run make clean-venv first" >&2; exit 2;; esac; done
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r $(TORCH_REQS) -r requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-torchrec.txt

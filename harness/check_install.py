@@ -1,10 +1,15 @@
-"""After `make venv`: exactly one fbgemm package (the one the machine's requirements name) and the
-pinned torch. TorchRec's metadata asks for fbgemm-gpu and a torch of its own; installing either would
-leave two fbgemm builds registering the same ops, or a torch the fbgemm build does not match."""
+"""After `make venv`: the torch/fbgemm pair the machine's requirements name, and only that one.
+
+TorchRec's metadata asks for fbgemm-gpu and a torch of its own; installing either would leave two
+fbgemm builds registering the same ops, or a torch the fbgemm build does not match. And the two
+variants must not mix: `torch==2.13.0` is satisfied by the CPU build as well as the CUDA one, so
+a venv made on a CPU login node and reused on a GPU node would keep CPU torch under CUDA fbgemm.
+"""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from importlib import metadata
 
 TORCH_VERSION = "2.13.0"
@@ -12,20 +17,46 @@ FBGEMM_PACKAGES = ("fbgemm-gpu", "fbgemm-gpu-cpu", "fbgemm-gpu-genai", "fbgemm-g
 EXPECTED_FBGEMM = {"requirements-cpu": "fbgemm-gpu-cpu", "requirements-cuda": "fbgemm-gpu"}
 
 
-def problems(expected_fbgemm: str) -> list[str]:
-    """What is wrong with the installed torch/fbgemm pair; empty when it is as pinned."""
-    found = []
-    for name in FBGEMM_PACKAGES:
+def installed_versions() -> dict[str, str]:
+    """Versions of torch and of every fbgemm package installed here."""
+    out = {}
+    for name in ("torch", *FBGEMM_PACKAGES):
         try:
-            found.append(f"{name}=={metadata.version(name)}")
+            out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             pass
+    return out
+
+
+def torch_cuda_build() -> str | None:
+    """The CUDA version torch was built for (None: a CPU build); imports torch."""
+    import torch
+
+    return torch.version.cuda
+
+
+_READ = object()
+
+
+def problems(variant: str, *, versions: Mapping[str, str] | None = None, torch_cuda: object = _READ) -> list[str]:
+    """What is wrong with the installed pair for `variant` (requirements-cpu or -cuda); empty when
+    it is as pinned. versions / torch_cuda (torch.version.cuda): the facts, injected by tests
+    (left out: read here)."""
+    versions = installed_versions() if versions is None else versions
+    expected = EXPECTED_FBGEMM[variant]
+    found = [f"{name}=={versions[name]}" for name in FBGEMM_PACKAGES if name in versions]
     out = []
-    if [f.split("==")[0] for f in found] != [expected_fbgemm]:
-        out.append(f"expected only {expected_fbgemm}, found fbgemm packages: {found or 'none'}")
-    torch_version = metadata.version("torch").split("+")[0]
-    if torch_version != TORCH_VERSION:
-        out.append(f"expected torch {TORCH_VERSION}, found {metadata.version('torch')}")
+    if [f.split("==")[0] for f in found] != [expected]:
+        out.append(f"expected only {expected}, found fbgemm packages: {found or 'none'}")
+    torch_version = versions.get("torch", "none")
+    if torch_version.split("+")[0] != TORCH_VERSION:
+        out.append(f"expected torch {TORCH_VERSION}, found {torch_version}")
+    cuda = torch_cuda_build() if torch_cuda is _READ else torch_cuda
+    if variant == "requirements-cuda" and cuda is None:
+        out.append(f"torch {torch_version} is a CPU build; the CUDA variant needs torch built for CUDA "
+                   "(a venv made on a CPU host? run make clean-venv, then make again)")
+    if variant == "requirements-cpu" and cuda is not None:
+        out.append(f"torch {torch_version} is built for CUDA {cuda}; the CPU variant pins the CPU build")
     return out
 
 
@@ -34,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1 or args[0] not in EXPECTED_FBGEMM:
         print(f"usage: python -m harness.check_install {{{','.join(EXPECTED_FBGEMM)}}}", file=sys.stderr)
         return 2
-    bad = problems(EXPECTED_FBGEMM[args[0]])
+    bad = problems(args[0])
     for line in bad:
         print(f"check_install: {line}", file=sys.stderr)
     return 1 if bad else 0

@@ -1,15 +1,35 @@
-"""The post-install check sees this environment's torch/fbgemm pair as pinned, and only that one."""
+"""The post-install check: this environment's pair passes as the CPU variant, and every way the
+two variants get mixed (the facts stood in for) is named."""
 
 from __future__ import annotations
 
-from harness.check_install import EXPECTED_FBGEMM, main, problems
+from harness.check_install import main, problems
+
+CPU_PAIR = {"torch": "2.13.0+cpu", "fbgemm-gpu-cpu": "1.8.0"}
+CUDA_PAIR = {"torch": "2.13.0+cu128", "fbgemm-gpu": "1.8.0+cu128"}
 
 
-def test_this_environment_passes_and_the_other_fbgemm_is_flagged():
-    # Tests run on the CPU pair here (fbgemm-gpu-cpu, torch 2.13.0).
-    assert problems(EXPECTED_FBGEMM["requirements-cpu"]) == []
-    (line,) = problems(EXPECTED_FBGEMM["requirements-cuda"])
-    assert "expected only fbgemm-gpu, found fbgemm packages: ['fbgemm-gpu-cpu==1.8.0']" == line
+def test_this_environment_passes_and_the_other_variant_is_flagged():
+    # Tests run on the CPU pair here (fbgemm-gpu-cpu, torch 2.13.0+cpu).
+    assert problems("requirements-cpu") == []
+    flagged = problems("requirements-cuda")
+    assert "expected only fbgemm-gpu, found fbgemm packages: ['fbgemm-gpu-cpu==1.8.0']" in flagged
+    assert any("is a CPU build; the CUDA variant needs torch built for CUDA" in line for line in flagged)
+
+
+def test_each_variant_checked_from_its_facts():
+    assert problems("requirements-cuda", versions=CUDA_PAIR, torch_cuda="12.8") == []
+    assert problems("requirements-cpu", versions=CPU_PAIR, torch_cuda=None) == []
+    # A venv made on a CPU host, then CUDA fbgemm installed over it on a GPU host: CPU torch stays.
+    (line,) = problems("requirements-cuda", versions={"torch": "2.13.0+cpu", "fbgemm-gpu": "1.8.0"}, torch_cuda=None)
+    assert "torch 2.13.0+cpu is a CPU build" in line
+    (line,) = problems("requirements-cpu", versions={"torch": "2.13.0+cu128", "fbgemm-gpu-cpu": "1.8.0"},
+                       torch_cuda="12.8")
+    assert "built for CUDA 12.8" in line
+    both = problems("requirements-cuda", versions={**CUDA_PAIR, "fbgemm-gpu-cpu": "1.8.0"}, torch_cuda="12.8")
+    assert both == ["expected only fbgemm-gpu, found fbgemm packages: ['fbgemm-gpu==1.8.0+cu128', 'fbgemm-gpu-cpu==1.8.0']"]
+    assert problems("requirements-cuda", versions={"torch": "2.14.1", "fbgemm-gpu": "1.8.0"},
+                    torch_cuda="13.0") == ["expected torch 2.13.0, found 2.14.1"]
 
 
 def test_bad_usage_is_exit_2():

@@ -54,3 +54,17 @@ def test_only_the_knobs_set_are_passed():
     assert "--preset tiny" in line and "--iters 4" in line
     for unset in ("--nodes", "--gpus-per-node", "--warmup", "--sharding"):
         assert unset not in line  # left to the preset, not repeated in the Makefile
+
+
+def test_a_venv_of_the_other_variant_is_refused_before_any_install(tmp_path):
+    """pip would keep a CUDA venv's torch under the CPU pair (and the other way round): make says so
+    in one line instead of installing over it. Here (no driver) the machine wants the CPU pair."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / ".installed-requirements-cuda").touch()
+    out = subprocess.run(["make", "-s", "--no-print-directory", "venv", f"VENV={venv}", "HAS_CUDA="],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines()[0] == (f"make: {venv} holds the cuda variant, this machine needs the cpu "
+                                                  "variant: run make clean-venv first")
+    assert not (venv / ".installed-requirements-cpu").exists() and list((venv / "bin").iterdir()) == []
