@@ -33,7 +33,7 @@ HAS_CUDA      := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_REQS    := $(if $(HAS_CUDA),requirements-cuda.txt,requirements-cpu.txt)
 STAMP         := $(VENV)/.installed-$(basename $(TORCH_REQS))
 
-.PHONY: help bench ablation report test perf check-bench-knobs venv clean-venv browser compare plan-compare
+.PHONY: help bench ablation report test perf check-bench-knobs venv clean-venv browser compare plan-compare gpu-check
 
 help:
 	@echo "make bench  [PRESET=$(subst $() ,|,$(VALID_PRESETS))] [NODES=n] [GPUS_PER_NODE=n] [ITERS=n] [WARMUP=n]"
@@ -48,6 +48,7 @@ help:
 	@echo "make test"
 	@echo "make perf   [PRESET=tiny|small (tiny)]   (timeline on vs off: the instrumentation's cost)"
 	@echo "make plan-compare [LAYOUTS=1x8,2x8,16x8]  (mlperf tables: this planner vs TorchRec's, planning only)"
+	@echo "make gpu-check  (on a GPU host: the CUDA battery, a line a check and a verdict; elsewhere one line)"
 	@echo "OPTS passes extra flags to 'python -m harness bench' (see: $(PY) -m harness bench --help)"
 
 # Knobs the user set are checked before anything is installed or started.
@@ -116,6 +117,10 @@ test: $(STAMP) browser
 # The instrumentation's own cost: timeline on vs off, interleaved runs (PRESET=tiny|small).
 perf: $(STAMP)
 	$(PY) -m harness.perf --preset $(or $(PRESET),tiny) $(if $(GPUS_PER_NODE),--gpus-per-node $(GPUS_PER_NODE))
+
+# The CUDA battery (every test marked cuda), one line a check; without a GPU, one line and exit 0.
+gpu-check: $(STAMP)
+	$(PY) -m harness.gpu_check
 
 # Planning only: the harness's sharding plan of the mlperf tables against TorchRec's planner.
 plan-compare: $(STAMP)

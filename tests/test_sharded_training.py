@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.config import OptimizerConfig, ShardingConfig
+from harness.config import OptimizationsConfig, OptimizerConfig, ShardingConfig
 from harness.data import SyntheticCriteo
 from harness.planning import make_plan
 from harness.presets import tiny
@@ -59,15 +59,17 @@ def assemble(ranks: list[dict], table: int, rows: int, dim: int) -> torch.Tensor
 
 
 def check_against_reference(world: int, sharding: ShardingConfig, tmp_path, device: str = "cpu",
-                            nodes: int = 1) -> None:
-    """world: ranks of each of `nodes` simulated nodes (a node's ranks are consecutive)."""
+                            nodes: int = 1, optimizations: OptimizationsConfig | None = None) -> None:
+    """world: ranks of each of `nodes` simulated nodes (a node's ranks are consecutive);
+    optimizations: the flags to run with (None: the preset's)."""
     cfg = tiny(nodes=nodes, gpus_per_node=world, iters=STEPS, warmup_iters=0, device=device)
     # Learning rate raised from MLPerf's 0.005 so that 5 steps move weights well past float noise.
     # eps raised from 1e-8: Adagrad's step g / (sqrt(sum g^2) + eps) divides float32 summation
     # noise by |g| where a gradient nearly cancels, so with eps 1e-8 even one rank against the
     # reference differs by ~3e-3 of a table's scale (measured); eps 1e-2 caps that gain at
     # lr/eps and leaves sharding bugs, which move weights by O(lr), in plain sight.
-    cfg = cfg.replace(optimizer=OptimizerConfig(learning_rate=0.05, eps=1e-2), sharding=sharding)
+    cfg = cfg.replace(optimizer=OptimizerConfig(learning_rate=0.05, eps=1e-2), sharding=sharding,
+                      optimizations=optimizations or cfg.optimizations)
     plan, _ = make_plan(cfg, ranks_per_host=world * nodes)
     forced = dict(sharding.per_table) if sharding.kind == "auto" else {t: sharding.kind for t in range(26)}
     for t, kind in forced.items():

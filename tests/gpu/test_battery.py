@@ -1,0 +1,242 @@
+"""GPU battery (`make gpu-check`): what a first run on a GPU cluster would hit, checked on real devices.
+
+Each test's one-line docstring names its check. Two-rank checks need 2 GPUs (one NCCL rank each)
+and skip with that reason on a 1-GPU host. None of these can run on the development machine (no
+GPU): they were written against torch 2.13's and fbgemm's documented behaviour and have not yet
+run; the first GPU run of `make gpu-check` is their first run.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+from harness.cli import main
+from harness.config import OPTIMIZATION_FLAGS, OptimizationsConfig, ShardingConfig
+from tests.distributed import spawn_ranks
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+needs_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (2 NCCL ranks)")
+
+
+def test_installed_variant():
+    """the installed torch/fbgemm pair is the CUDA variant (check_install)"""
+    from harness.check_install import problems
+
+    assert problems("requirements-cuda") == []
+
+
+def test_more_ranks_than_gpus_refused(tmp_path, capsys):
+    """more ranks than GPUs on this host refused in one line before launch"""
+    runs = tmp_path / "runs"
+    code = main(["bench", "--device", "cuda", "--preset", "tiny", "--gpus-per-node", str(torch.cuda.device_count() + 1),
+                 "--iters", "2", "--runs-root", str(runs)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "need a GPU each" in err[0]
+    assert not runs.exists()
+
+
+def _calibrated_sleep_cycles(target_ms: float) -> int:
+    """torch.cuda._sleep spins a given number of clock cycles: how many make about target_ms here."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 1_000_000
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return int(cycles * target_ms / start.elapsed_time(end))
+
+
+def test_timeline_accuracy_against_known_sleeps():
+    """the CUDA timeline times known device sleeps within 5%"""
+    from harness.timeline import Timeline
+
+    torch.cuda.synchronize()
+    cycles = _calibrated_sleep_cycles(20.0)
+    ref_start, ref_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ref_start.record()
+    torch.cuda._sleep(cycles)
+    ref_end.record()
+    ref_end.synchronize()
+    expected_ms = ref_start.elapsed_time(ref_end)
+    tl = Timeline(cuda=True, stages=True, device=torch.device("cuda", torch.cuda.current_device()))
+    for it in range(3):
+        tl.begin_iteration(it)
+        with tl.stage("emb_fwd"):
+            torch.cuda._sleep(cycles)
+        tl.end_iteration()
+        stages, iters = tl.drain()  # a drain each iteration: the anchor is retaken every time
+        (stage,), (span,) = stages, iters
+        assert stage.end_ns - stage.start_ns == pytest.approx(expected_ms * 1e6, rel=0.05)
+        assert span.start_ns <= stage.start_ns <= stage.end_ns <= span.end_ns
+
+
+def _train_rank(rank: int, world: int, device: torch.device, cfg, plan) -> dict:
+    from harness.train import train
+
+    result = train(cfg, rank=rank, device=device, recorder=None, plan=plan)
+    others = [i for i in range(torch.cuda.device_count()) if i != device.index]
+    return {"losses": result.losses, "contexts_elsewhere": [i for i in others if torch._C._cuda_hasPrimaryContext(i)]}
+
+
+@needs_two_gpus
+def test_every_rank_stays_on_its_own_gpu(tmp_path):
+    """every rank's work and timeline events on its own GPU: no context on another GPU, threaded input dist on"""
+    from harness.planning import make_plan
+    from harness.presets import tiny
+
+    cfg = tiny(nodes=1, gpus_per_node=2, iters=6, warmup_iters=1, device="cuda")
+    cfg = cfg.replace(optimizations=OptimizationsConfig(threaded_input_dist=True, pinned_d2h=True))
+    plan, _ = make_plan(cfg, ranks_per_host=2)
+    ranks = spawn_ranks(_train_rank, 2, tmp_path, cfg, list(plan), device="cuda")
+    assert [r["contexts_elsewhere"] for r in ranks] == [[], []]
+    # And a timeline made while another GPU is current is refused, not silently timing that GPU.
+    from harness.timeline import Timeline
+
+    with torch.cuda.device(0), pytest.raises(RuntimeError, match="recorded on another GPU"):
+        Timeline(cuda=True, stages=True, device=torch.device("cuda", 1))
+
+
+def _graphed_and_eager(rank: int, world: int, device: torch.device) -> dict:
+    import torch.distributed as dist
+
+    from harness.dense_gradients import FlatGradients
+    from harness.dense_step import DenseStep
+    from tests.dense_fixtures import B, ND, PW, make_inputs, make_model
+
+    eager_model = make_model("cuda")
+    graphed_model = copy.deepcopy(eager_model)
+    steps, opts, grads = {}, {}, {}
+    for name, model, graphed in (("eager", eager_model, False), ("graphed", graphed_model, True)):
+        grads[name] = FlatGradients(model, world_size=world, group=dist.group.WORLD)
+        steps[name] = DenseStep(dense=model, grads=grads[name], world_size=world, local_batch=B, num_dense=ND,
+                                pooled_width=PW, device=device, graphed=graphed, precision="fp32")
+        opts[name] = torch.optim.Adagrad([grads[name].flat_parameter()], lr=0.1, fused=True)
+    losses = {"eager": [], "graphed": []}
+    for it in range(4):
+        dense_x, pooled, labels = make_inputs(100 * rank + it, device="cuda")  # each rank its own samples
+        for name in ("eager", "graphed"):
+            loss, _ = steps[name].run(dense_x, pooled.clone().requires_grad_(True), labels)
+            steps[name].finish_gradients()
+            losses[name].append(float(loss))
+            opts[name].step()
+            grads[name].zero()
+    return {"losses": losses,
+            "weights": {n: [p.detach().cpu() for p in m.parameters()] for n, m in (("eager", eager_model),
+                                                                                  ("graphed", graphed_model))}}
+
+
+@needs_two_gpus
+def test_graphed_dense_step_matches_eager_over_nccl(tmp_path):
+    """the CUDA-graphed dense step and its all-reduce match eager over NCCL, 2 ranks, different inputs"""
+    ranks = spawn_ranks(_graphed_and_eager, 2, tmp_path, device="cuda")
+    for r in ranks:
+        assert r["losses"]["graphed"] == pytest.approx(r["losses"]["eager"], rel=1e-5)
+        for g, e in zip(r["weights"]["graphed"], r["weights"]["eager"]):
+            torch.testing.assert_close(g, e)
+    for a, b in zip(ranks[0]["weights"]["graphed"], ranks[1]["weights"]["graphed"]):
+        assert torch.equal(a, b)  # replicas agree: the captured all-reduce ran
+
+
+FLAG_SETS = {"none": {}, **{f"{f} alone": {f: True} for f in OPTIMIZATION_FLAGS},
+             "all": {f: True for f in OPTIMIZATION_FLAGS}}
+
+
+@needs_two_gpus
+@pytest.mark.parametrize("flags", sorted(FLAG_SETS))
+def test_flags_on_a_mixed_plan_match_the_cpu_reference(flags, tmp_path):
+    """each optimization flag alone and all together, on a plan of every sharding kind, against the unsharded CPU reference"""
+    from tests.test_sharded_training import MIXED, check_against_reference
+
+    check_against_reference(2, ShardingConfig(kind="auto", per_table=MIXED), tmp_path, "cuda",
+                            optimizations=OptimizationsConfig(**FLAG_SETS[flags]))
+
+
+def _steady_state_syncs(rank: int, world: int, device: torch.device) -> list[str]:
+    """Iterations of the pipelined loop with cuda graphs, pinned copies and skipped splits on a
+    table-wise plan; the 4th runs under set_sync_debug_mode('error'): a host sync there raises."""
+    from harness.data import SyntheticCriteo
+    from harness.dense_gradients import FlatGradients
+    from harness.dense_step import DenseStep
+    from harness.input_pipeline import InputFeeder
+    from harness.input_streams import input_streams
+    from harness.pinned_d2h import HostCopies
+    from harness.presets import tiny
+    from harness.timeline import Timeline
+    from harness.train import build_dense
+    from model.ids_all_to_all import HostTransfer
+    from model.sharded_embeddings import ShardedEmbeddingCollection
+    from model.sharding import table_wise
+
+    cfg = tiny(nodes=1, gpus_per_node=1, device="cuda")
+    m = cfg.model
+    b = cfg.local_batch_size
+    host = HostCopies(device=device, pinned=True)
+    emb = ShardedEmbeddingCollection(
+        table_rows=m.table_rows, embedding_dim=m.embedding_dim, plan=[table_wise(r, m.embedding_dim, 0) for r in m.table_rows],
+        rank=0, world_size=1, pg=None, ids_pg=None, device=device, optimizer="exact_adagrad", learning_rate=0.01,
+        eps=1e-8, init_seed=0, multi_hot=m.multi_hot, transfer=HostTransfer(start=host.copy, non_blocking=True))
+    dense = build_dense(cfg, device)
+    grads = FlatGradients(dense, world_size=1, group=None)
+    step = DenseStep(dense=dense, grads=grads, world_size=1, local_batch=b, num_dense=m.num_dense,
+                     pooled_width=m.num_sparse * m.embedding_dim, device=device, graphed=True, precision="fp32")
+    opt = torch.optim.Adagrad([grads.flat_parameter()], lr=0.01, fused=True)
+    timeline = Timeline(cuda=True, stages=True, device=device)
+    feeder = InputFeeder(embeddings=emb, data=SyntheticCriteo(m, cfg.data), rank=0, world_size=1, device=device,
+                         total=6, pipeline=True, threaded=False, skip_splits=True, timeline=timeline,
+                         streams=input_streams(device))
+    caught = []
+    for it in range(6):
+        feeder.prepare(it)  # loading (a pageable copy) is outside the timed iteration, as in train()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error" if it == 3 else "default")
+        try:
+            timeline.begin_iteration(it)
+            batch, ids, _ = feeder.next(it)
+            pooled, fwd = emb.forward(ids, b, out=step.pooled_input())
+            feeder.after_forward()
+            backward = []
+            step.run(batch.dense, pooled, batch.labels, on_pooled_grad=lambda g: backward.append(emb.start_backward(fwd, g)))
+            backward.pop().wait()
+            step.finish_gradients()
+            opt.step()
+            grads.zero()
+            timeline.end_iteration()
+        except RuntimeError as exc:
+            caught.append(f"iteration {it}: {exc}")
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        timeline.drain()
+    feeder.close()
+    return caught
+
+
+def test_no_host_sync_in_a_steady_state_iteration(tmp_path):
+    """no host sync in a steady-state iteration (cuda graphs, pinned copies, splits skipped; under set_sync_debug_mode)"""
+    # The flags are what removes the one sync the loop otherwise has by design: the splits read
+    # (skip_splits_a2a on a table-wise plan with fixed hotness exchanges none).
+    (caught,) = spawn_ranks(_steady_state_syncs, 1, tmp_path, device="cuda")
+    assert caught == []
+
+
+@needs_two_gpus
+def test_stalled_rank_before_a_graph_replay_fails_within_the_timeout(tmp_path):
+    """a rank stalled before a CUDA-graph replay fails the run within the collective timeout, records kept"""
+    runs = tmp_path / "runs"
+    start = time.monotonic()
+    code = main(["bench", "--device", "cuda", "--preset", "tiny", "--gpus-per-node", "2", "--cuda-graphs",
+                 "--iters", "10", "--warmup", "0", "--flush-every", "1", "--stall-at", "1:3",
+                 "--collective-timeout", "20", "--runs-root", str(runs)])
+    elapsed = time.monotonic() - start
+    assert code == 1 and elapsed < 20 + 120  # the timeout, plus start-up and tear-down
+    (run_dir,) = runs.iterdir()
+    status = json.loads((run_dir / "manifest.json").read_text())["status"]
+    assert status["state"] == "failed" and "injected stall on rank 1 at iteration 3" in status["error"]
+    its = pd.concat(pd.read_parquet(p) for p in run_dir.glob("rank*/iterations-*.parquet"))
+    assert set(its.loc[its["rank"] == 1, "iteration"]) >= {0, 1, 2}
