@@ -54,8 +54,8 @@ help:
 # Knobs the user set are checked before anything is installed or started.
 check-bench-knobs:
 	@test -n "$(VALID_PRESETS)" || { echo "make: cannot read harness/names.py with $(PYTHON)" >&2; exit 2; }
-	@test -z "$(PRESET)" || case " $(VALID_PRESETS) " in *" $(PRESET) "*) ;; \
-	  *) echo "make: PRESET=$(PRESET) is not valid; valid values: $(VALID_PRESETS)" >&2; exit 2;; esac
+	@test -z "$(PRESET)" || { test $(words $(PRESET)) = 1 && case " $(VALID_PRESETS) " in *" $(PRESET) "*) ;; *) false;; esac; } || \
+	  { echo "make: PRESET=$(PRESET) is not valid; valid values: $(VALID_PRESETS)" >&2; exit 2; }
 	@for kv in $(foreach k,NODES GPUS_PER_NODE ITERS REPEATS,$(if $($(k)),$(k)=$($(k)))); do \
 	  echo "$${kv#*=}" | grep -Eq '^[1-9][0-9]*$$' || \
 	  { echo "make: $$kv is not valid; valid values: a positive integer (1, 2, 3, ...)" >&2; exit 2; }; done

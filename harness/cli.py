@@ -121,6 +121,8 @@ class Invocation:
 def bench(cfg: BenchConfig, how: Invocation) -> int:
     # Everything a user can get wrong is checked here, before a folder is made or a process started.
     try:
+        if how.run_id is not None:
+            records.check_run_id(how.run_id)
         launch = choose_launch(cfg, environ=os.environ, rdzv_endpoint=how.rdzv_endpoint, node_rank=how.node_rank)
         if launch.mode == "torchrun" and not how.run_id:
             raise ValueError("a multi-host launch needs the same --run-id (make: RUN_ID=...) on every host")
@@ -146,12 +148,18 @@ def bench(cfg: BenchConfig, how: Invocation) -> int:
 
     leader = launch.mode != "torchrun" or launch.node_rank == 0
     if leader:
-        records.create_run(how.runs_root, RunManifest(
-            run_id=run_id, config=cfg, launcher=launch.mode, node_commands=commands, device=device,
-            optimizations=flags, plan=plan, plan_estimate=estimate,
-            dense_flops_per_sample=dense_flops_per_sample(**cfg.model.dense_arch_kwargs()),
-            **records.launcher_facts(),
-        ))
+        try:
+            records.create_run(how.runs_root, RunManifest(
+                run_id=run_id, config=cfg, launcher=launch.mode, node_commands=commands, device=device,
+                optimizations=flags, plan=plan, plan_estimate=estimate,
+                dense_flops_per_sample=dense_flops_per_sample(**cfg.model.dense_arch_kwargs()),
+                **records.launcher_facts(),
+            ))
+        except FileExistsError:  # made between the check above and here: another run with this id
+            return _error(ValueError(f"run folder {run_dir} was just made by another run with the same id; "
+                                     "run ids are never reused"))
+        except OSError as exc:
+            return _error(ValueError(f"cannot make the run folder {run_dir}: {exc.strerror or exc}"))
     elif not records.wait_for_manifest(run_dir, timeout_s=120):
         return _error(ValueError(f"{run_dir}/manifest.json did not appear in 120 s: node 0 writes it, so runs/ "
                                  "must be on a filesystem every node shares"))

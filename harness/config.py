@@ -152,9 +152,13 @@ class ShardingConfig:
     def __post_init__(self) -> None:
         if self.kind not in SHARDING_KINDS:
             raise ValueError(f"sharding.kind {self.kind!r} is not one of {list(SHARDING_KINDS)}")
+        named: set[int] = set()
         for t, k in self.per_table:
             if k not in SHARDING_TYPES:
                 raise ValueError(f"sharding.per_table: table {t} kind {k!r} is not one of {list(SHARDING_TYPES)}")
+            if t in named:  # which one was meant cannot be guessed
+                raise ValueError(f"sharding.per_table names table {t} twice; give each table one kind")
+            named.add(t)
         _positive_int("sharding.column_shards", self.column_shards)
         if self.hardware not in HARDWARE_PROFILES:
             raise ValueError(f"sharding.hardware {self.hardware!r} is not one of {sorted(HARDWARE_PROFILES)}")
@@ -296,6 +300,13 @@ class BenchConfig:
         if self.optimizations.skip_splits_a2a and self.data.ragged_every == 1:
             raise ValueError("skip_splits_a2a needs fixed hotness, but data.ragged_every=1 makes every batch "
                              "variable-length: there is no batch whose splits are known in advance")
+        total = self.run.warmup_iters + self.run.iters
+        for name in ("fail_at", "stall_at"):
+            at = getattr(self.run, name)
+            if at is not None and not (0 <= at[0] < self.run.world_size and 0 <= at[1] < total):
+                # A fault that can never fire would make the test that asked for it pass vacuously.
+                raise ValueError(f"run.{name} {at[0]}:{at[1]} never happens: ranks are 0..{self.run.world_size - 1} "
+                                 f"and iterations 0..{total - 1}")
         if self.data.global_batch_size % self.run.world_size:
             raise ValueError(
                 f"global batch {self.data.global_batch_size} does not divide by the world size "

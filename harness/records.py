@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 import os
 import platform
+import re
 import secrets
 import signal
 import socket
@@ -34,6 +35,18 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 def now_iso() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+RESERVED_RUN_IDS = ("latest", "ablations", "compares", "README.md")
+"""Names the runs folder or `harness report` already give a meaning."""
+PLAIN_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_run_id(run_id: str) -> None:
+    """One-line refusal of a run id that is not a plain folder name (a path, '..', a reserved word)."""
+    if not PLAIN_RUN_ID.fullmatch(run_id) or run_id in RESERVED_RUN_IDS:
+        raise ValueError(f"run id {run_id[:60]!r}{'...' if len(run_id) > 60 else ''} is not a plain name: letters, digits "
+                         f"and . _ - (not first), at most 128 characters, none of {', '.join(RESERVED_RUN_IDS)}")
 
 
 def new_run_id(preset: str, nodes: int, gpus_per_node: int) -> str:

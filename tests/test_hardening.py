@@ -1,0 +1,91 @@
+"""Bad input and a hostile filesystem get one line each, before anything starts (issue 12, rows 4,
+5, 6 and 8; the launcher-side rows are in tests/test_failures_named.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import harness.records
+from harness.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["bench", "--device", "cpu", "--preset", "tiny", "--iters", "2", "--warmup", "0"]
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize("run_id", ["../../tmp/evil", "/tmp/x", "a/b", "x" * 300, "latest", "ablations", "compares",
+                                    "README.md", "..", ".hidden", "sp ace", ""])
+def test_a_run_id_must_be_a_plain_name(run_id, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    assert main([*TINY, "--run-id", run_id, "--runs-root", str(runs)]) == 2
+    assert "is not a plain name" in one_error_line(capsys)
+    assert not runs.exists() and not (tmp_path / "tmp").exists()
+
+
+def test_an_unwritable_runs_root_is_one_line(tmp_path, capsys):
+    # Running as root, permission bits stop nothing: a runs root that is a file makes mkdir fail.
+    runs = tmp_path / "runs"
+    runs.write_text("not a folder")
+    assert main([*TINY, "--runs-root", str(runs)]) == 2
+    assert "cannot make the run folder" in one_error_line(capsys)
+
+
+def test_the_loser_of_a_run_id_race_gets_one_line_and_the_winner_is_untouched(tmp_path, capsys, monkeypatch):
+    """Two starts with one id at once: the folder check passes for both; the loser's mkdir fails."""
+    runs = tmp_path / "runs"
+    winner = runs / "same"
+    winner.mkdir(parents=True)
+    (winner / "manifest.json").write_text("{\"the\": \"winner's\"}")
+
+    def lose_the_race(root, manifest):
+        raise FileExistsError(17, "File exists", str(winner))
+
+    monkeypatch.setattr(Path, "exists", lambda self: False if self == winner else os.path.exists(self))
+    monkeypatch.setattr(harness.records, "create_run", lose_the_race)
+    assert main([*TINY, "--run-id", "same", "--runs-root", str(runs)]) == 2
+    assert "was just made by another run with the same id" in one_error_line(capsys)
+    assert json.loads((winner / "manifest.json").read_text()) == {"the": "winner's"}
+
+
+def test_two_real_starts_with_one_id(tmp_path):
+    """The same RUN_ID started twice at once, for real: one runs, the other says why it did not."""
+    args = [sys.executable, "-m", "harness", *TINY, "--run-id", "twice", "--runs-root", str(tmp_path)]
+    procs = [subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = sorted((p.wait(timeout=300), p.stderr.read()) for p in procs)
+    (ok, _), (lost, err) = results
+    assert (ok, lost) == (0, 2)
+    assert len(err.strip().splitlines()) == 1 and "twice" in err and ("never reused" in err)
+    assert json.loads((tmp_path / "twice" / "manifest.json").read_text())["status"]["state"] == "completed"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--fail-at", "99:1"], "run.fail_at 99:1 never happens: ranks are 0..1 and iterations 0..1"),
+    (["--fail-at", "1:999"], "run.fail_at 1:999 never happens"),
+    (["--stall-at", "0:2"], "run.stall_at 0:2 never happens"),
+    (["--shard", "0=row_wise,0=table_wise"], "sharding.per_table names table 0 twice"),
+    (["--column-shards", "0"], "sharding.column_shards must be a positive integer"),
+    (["--memory-gib", "0"], "sharding.memory_gib must be > 0"),
+])
+def test_values_that_would_be_silently_meaningless_are_refused(args, message, tmp_path, capsys):
+    assert main([*TINY, *args, "--runs-root", str(tmp_path / "runs")]) == 2
+    assert message in one_error_line(capsys)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_make_refuses_two_presets_at_once():
+    out = subprocess.run(["make", "-s", "--no-print-directory", "check-bench-knobs", "PRESET=small tiny"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert out.stderr.splitlines()[0] == "make: PRESET=small tiny is not valid; valid values: mlperf small tiny"
