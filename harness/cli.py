@@ -179,7 +179,12 @@ def bench(cfg: BenchConfig, how: Invocation) -> int:
         error = f"launcher: {type(exc).__name__}: {exc}"
     if not leader:
         return 1 if error else 0
-    records.finish_run(run_dir, error=error)
+    try:
+        records.finish_run(run_dir, error=error)
+    except OSError as exc:  # a full disk can refuse even the manifest's few KB
+        sys.stderr.write(f"harness bench: run {run_id} {'failed: ' + error if error else 'finished'}; its manifest "
+                         f"could not be closed ({exc.strerror or exc}), so it still says running\n")
+        return 1
     if error:
         sys.stderr.write(f"harness bench: run {run_id} failed: {error}\n"
                          f"harness bench: records written before the failure are kept in {run_dir}\n")

@@ -92,8 +92,18 @@ def launcher_facts() -> dict[str, Any]:
 def _write_text(path: Path, text: str) -> None:
     """Atomic (write then rename) so a reader never sees half a file."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+SPACE_RESERVE = ".space-reserve"
+"""A file made with the run folder and deleted just before its manifest is closed: a disk that the
+records fill up still has room for the final status."""
+SPACE_RESERVE_BYTES = 4 << 20
 
 
 def create_run(runs_root: Path, manifest: RunManifest) -> Path:
@@ -103,6 +113,8 @@ def create_run(runs_root: Path, manifest: RunManifest) -> Path:
     run_dir = Path(runs_root) / manifest.run_id
     run_dir.mkdir(parents=True, exist_ok=False)
     _write_text(run_dir / "manifest.json", manifest.to_json())
+    with open(run_dir / SPACE_RESERVE, "wb") as f:
+        f.write(bytes(SPACE_RESERVE_BYTES))  # real blocks: a sparse file would reserve nothing
     return run_dir
 
 
@@ -111,8 +123,16 @@ def read_manifest(run_dir: Path) -> RunManifest:
 
 
 def finish_run(run_dir: Path, *, error: str | None) -> RunManifest:
-    """Status moves to completed or failed; the ranks' own notes (rank.json) are gathered in."""
-    ranks = tuple(RankInfo.from_json(p.read_text()) for p in sorted(Path(run_dir).glob("rank*/rank.json")))
+    """Status moves to completed or failed; the ranks' own notes (rank.json) are gathered in (a
+    note torn by a dying rank or a full disk is left out)."""
+    (Path(run_dir) / SPACE_RESERVE).unlink(missing_ok=True)
+    ranks = []
+    for p in sorted(Path(run_dir).glob("rank*/rank.json")):
+        try:
+            ranks.append(RankInfo.from_json(p.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue
+    ranks = tuple(ranks)
     done = dataclasses.replace(
         read_manifest(run_dir),
         status=RunStatus(state="failed" if error else "completed", error=error),
@@ -148,7 +168,8 @@ def rank_errors(run_dir: Path, exit_codes: Mapping[int, int] | None = None) -> l
         return int(path.parent.name[4:])
 
     def last_line(path: Path) -> str:
-        return (path.read_text().strip().splitlines() or ["(empty error)"])[-1]
+        lines = path.read_text().strip().splitlines()
+        return lines[-1] if lines else "its error could not be written (a full disk?)"
 
     faults = sorted(run_dir.glob("rank*/fault.txt"))
     errors = sorted(run_dir.glob("rank*/error.txt"), key=lambda p: (p.stat().st_mtime_ns, rank_of(p)))
@@ -217,8 +238,12 @@ class RankRecorder:
             # Written aside and renamed: a rank killed mid-write leaves no torn part for readers.
             final = self.dir / f"{kind}-{self.part:05d}.parquet"
             tmp = self.dir / f".{final.name}.tmp"
-            frame.to_parquet(tmp, index=False)
-            os.replace(tmp, final)
+            try:
+                frame.to_parquet(tmp, index=False)
+                os.replace(tmp, final)
+            except BaseException:
+                tmp.unlink(missing_ok=True)  # a full disk's half-written part is no record: give its space back
+                raise
         self.part += 1
 
     def write_info(self, info: RankInfo) -> None:

@@ -113,6 +113,7 @@ def _header_lines(run: Run, its: dict) -> list[str]:
         lines.append(f"!! run {word}: {error}; numbers cover only the records written")
     # Ranks or stages with no records: the tables would silently lack them, so say which.
     lines += [f"!! {note}" for note in completeness(run)]
+    lines += [f"!! left out an unreadable records part: {note}" for note in run.unreadable]
     return lines
 
 

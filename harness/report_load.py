@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -51,6 +52,8 @@ class Run:
     """Where the records came from when not from a run folder (e.g. `nsys export <file>`)."""
     pids: dict[int, int] = field(default_factory=dict)
     """Rank -> process id, for records rebuilt from a trace (a run folder's are in manifest.ranks)."""
+    unreadable: tuple[str, ...] = ()
+    """'<part>: <why>' for each records part that could not be read and was left out."""
 
     @property
     def status(self) -> str:
@@ -133,13 +136,16 @@ def resolve_run(runs_root: Path, run: str) -> Path:
     raise ReportError(f"no run '{run}' under {runs_root}/; runs there: {there}")
 
 
-def _read_parts(run_dir: Path, pattern: str, columns: tuple[str, ...]) -> pd.DataFrame:
+def _read_parts(run_dir: Path, pattern: str, columns: tuple[str, ...], unreadable: list[str]) -> pd.DataFrame:
+    """All ranks' parts; a part that cannot be read (torn by a full disk, damaged) is left out and
+    named in `unreadable`, so the rest of the run is still reported."""
     frames = []
     for path in sorted(run_dir.glob(f"rank*/{pattern}")):
         try:
             df = pd.read_parquet(path)
         except Exception as exc:  # pyarrow raises several types for a torn/corrupt file
-            raise ReportError(f"cannot read {path}: {str(exc).splitlines()[0]}") from exc
+            unreadable.append(f"{path.relative_to(run_dir)}: {(str(exc).splitlines() or [type(exc).__name__])[0]}")
+            continue
         missing = [c for c in columns if c not in df.columns]
         if missing:
             raise ReportError(f"{path} lacks column(s) {', '.join(missing)}")
@@ -178,10 +184,14 @@ def load_run(run_dir: Path) -> Run:
             except (OSError, ValueError, TypeError):
                 continue  # torn note of a dying rank: peaks become n/a, nothing else depends on it
         manifest = dataclasses.replace(manifest, ranks=tuple(notes))
-    stages = _read_parts(run_dir, "stages-*.parquet", STAGE_COLUMNS)
+    unreadable: list[str] = []
+    stages = _read_parts(run_dir, "stages-*.parquet", STAGE_COLUMNS, unreadable)
     check_stage_names(manifest.run_id, stages)
-    iterations = _read_parts(run_dir, "iterations-*.parquet", ITERATION_COLUMNS)
-    return Run(run_id=manifest.run_id, manifest=manifest, stages=stages, iterations=iterations)
+    iterations = _read_parts(run_dir, "iterations-*.parquet", ITERATION_COLUMNS, unreadable)
+    for note in unreadable:
+        print(f"report: warning: run {manifest.run_id}: left out unreadable part {note}", file=sys.stderr)
+    return Run(run_id=manifest.run_id, manifest=manifest, stages=stages, iterations=iterations,
+               unreadable=tuple(unreadable))
 
 
 # --- the flat frame -----------------------------------------------------------

@@ -89,3 +89,50 @@ def test_make_refuses_two_presets_at_once():
                          cwd=ROOT, capture_output=True, text=True)
     assert out.returncode != 0
     assert out.stderr.splitlines()[0] == "make: PRESET=small tiny is not valid; valid values: mlperf small tiny"
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def test_a_full_disk_fails_the_run_with_its_records_and_a_final_status(tmp_path):
+    """A 6 MB tmpfs as the runs root, a part a iteration: the disk fills, the run ends failed (the
+    folder's space reserve leaves room for the final manifest), no half-written part remains, and
+    the report reads what was written."""
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "6m"):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        out = subprocess.run([sys.executable, "-m", "harness", *TINY[:-4], "--iters", "5000", "--warmup", "0",
+                              "--flush-every", "1", "--runs-root", str(disk)], cwd=ROOT, capture_output=True, text=True,
+                             timeout=600)
+        assert out.returncode == 1
+        assert "No space left on device" in out.stderr.splitlines()[-2]
+        (run_dir,) = disk.iterdir()
+        status = json.loads((run_dir / "manifest.json").read_text())["status"]
+        assert status["state"] == "failed" and "No space left on device" in status["error"]
+        assert not list(run_dir.rglob("*.tmp")) and not (run_dir / ".space-reserve").exists()
+        from harness.report import load_run
+
+        run = load_run(run_dir)
+        assert len(run.iterations) > 0 and run.unreadable == ()
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_an_unreadable_part_is_left_out_with_a_warning_and_the_rest_reported(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    assert main([*TINY[:-4], "--iters", "4", "--warmup", "0", "--flush-every", "2", "--runs-root", str(runs)]) == 0
+    (run_dir,) = runs.iterdir()
+    torn = sorted(run_dir.glob("rank00001/iterations-*.parquet"))[-1]
+    torn.write_bytes(torn.read_bytes()[:40])  # what a crash mid-write used to leave
+    capsys.readouterr()
+    from harness.report import format_summary, load_run
+
+    run = load_run(run_dir)
+    assert len(run.unreadable) == 1 and run.unreadable[0].startswith(f"rank00001/{torn.name}: ")
+    assert f"left out unreadable part rank00001/{torn.name}" in capsys.readouterr().err
+    assert sorted(run.iterations.groupby("rank")["iteration"].nunique()) == [2, 4]
+    assert "!! left out an unreadable records part: rank00001/" in format_summary(run)
