@@ -161,12 +161,34 @@ def format_summary(run: Run) -> str:
     return "\n".join(parts)
 
 
-def _report_run(run: Run, reports_root: Path, name: str) -> list[Path]:
+SOURCE_FILE = "source.txt"
+"""In every report folder: what it was made from (a run folder, an ablation, a trace), so a report
+of something else with the same name never overwrites it."""
+
+
+def claim_report_folder(out: Path, source: Path | str) -> Path:
+    """`out`, or when `out` holds the report of something else (a copied run folder keeps its run
+    id), the first free `out-2`, `out-3`, ... (said on stderr). The claim is written at once."""
+    source = str(Path(source).resolve()) if isinstance(source, Path) else source
+    candidate, n = out, 1
+    while (candidate / SOURCE_FILE).exists() and (candidate / SOURCE_FILE).read_text().strip() != source \
+            or (candidate.exists() and not (candidate / SOURCE_FILE).exists() and any(candidate.iterdir())):
+        n += 1
+        candidate = out.with_name(f"{out.name}-{n}")
+    if candidate != out:
+        print(f"report: {out} holds the report of something else; writing {candidate}", file=sys.stderr)
+    candidate.mkdir(parents=True, exist_ok=True)
+    (candidate / SOURCE_FILE).write_text(source + "\n")
+    return candidate
+
+
+def _report_run(run: Run, reports_root: Path, name: str, source: Path | str) -> list[Path]:
     from harness.report_build import run_report  # matplotlib loads only when a report is made
 
     its = iteration_summary(run)  # raises first when there is nothing to report
     text = format_summary(run)
-    written = run_report(run, Path(reports_root) / name, header=_header_lines(run, its))
+    out = claim_report_folder(Path(reports_root) / name, source)
+    written = run_report(run, out, header=_header_lines(run, its))
     print(text)
     return written
 
@@ -175,7 +197,7 @@ def _report_ablation(ablation: str, runs_root: Path, reports_root: Path) -> list
     from harness.report_build import ablation_report
 
     ab = load_ablation(resolve_ablation(runs_root, ablation), runs_root)
-    out = Path(reports_root) / f"ablation-{ab.ablation_id}"
+    out = claim_report_folder(Path(reports_root) / f"ablation-{ab.ablation_id}", resolve_ablation(runs_root, ablation))
     written, table = ablation_report(ab, out)
     cols = ["config", "runs", "iterations", "iter_ms", "ci_low", "ci_high", "speedup"]
     print(f"ablation {ab.ablation_id}  status {ab.manifest.get('status', '?')}")
@@ -196,14 +218,15 @@ def _report_compare(spec: str, runs_root: Path, reports_root: Path) -> list[Path
     dirs = [resolve_run(runs_root, x) for x in ids]
     if dirs[0] == dirs[1]:
         raise ReportError(f"--run {spec!r} names the same run twice; give two different runs")
-    out = Path(reports_root) / f"compare-{dirs[0].name}-vs-{dirs[1].name}"
+    out = claim_report_folder(Path(reports_root) / f"compare-{dirs[0].name}-vs-{dirs[1].name}",
+                              " vs ".join(str(d.resolve()) for d in dirs))
     c = write_compare_report({dirs[0].name: [dirs[0]], dirs[1].name: [dirs[1]]}, out)
     it = c.iter_ms.set_index("label")
     print(f"compare {c.labels[1]} vs {c.labels[0]}: iteration {it['mean'].iloc[1]:.4g} vs {it['mean'].iloc[0]:.4g} ms, "
           f"ratio {c.ratio:.3f} (95% CI {c.ratio_ci[0]:.3f}-{c.ratio_ci[1]:.3f})")
     print(_text_table(*cells(c.stages[["stage", "baseline_ms", "candidate_ms", "delta_ms", "ratio", "ratio_low",
                                        "ratio_high"]])))
-    return sorted(out.iterdir())
+    return sorted(p for p in out.iterdir() if p.name != SOURCE_FILE)
 
 
 def report_main(run: str | None = None, runs_root: Path = Path("runs"), reports_root: Path = Path("reports"), *,
@@ -221,12 +244,13 @@ def report_main(run: str | None = None, runs_root: Path = Path("runs"), reports_
         if run is not None and "," in run:
             written = _report_compare(run, runs_root, reports_root)
         elif run is not None:
-            loaded = load_run(resolve_run(runs_root, run))
-            written = _report_run(loaded, reports_root, loaded.run_id)
+            run_dir = resolve_run(runs_root, run)
+            loaded = load_run(run_dir)
+            written = _report_run(loaded, reports_root, loaded.run_id, run_dir)
         elif nsys is not None:
             from harness.report_nsys import read_nsys
 
-            written = _report_run(read_nsys(Path(nsys)), reports_root, f"nsys-{Path(nsys).stem}")
+            written = _report_run(read_nsys(Path(nsys)), reports_root, f"nsys-{Path(nsys).stem}", Path(nsys))
         else:
             written = _report_ablation(str(ablation), runs_root, reports_root)
     except ReportError as exc:

@@ -136,3 +136,23 @@ def test_an_unreadable_part_is_left_out_with_a_warning_and_the_rest_reported(tmp
     assert f"left out unreadable part rank00001/{torn.name}" in capsys.readouterr().err
     assert sorted(run.iterations.groupby("rank")["iteration"].nunique()) == [2, 4]
     assert "!! left out an unreadable records part: rank00001/" in format_summary(run)
+
+
+def test_a_copied_run_folder_gets_its_own_report_folder(tmp_path, capsys):
+    """A copy keeps the run id in its manifest: its report goes beside the original's, not over it."""
+    import shutil
+
+    from harness.report import report_main
+
+    runs, copies, reports = tmp_path / "runs", tmp_path / "copies", tmp_path / "reports"
+    assert main([*TINY, "--run-id", "orig", "--runs-root", str(runs)]) == 0
+    shutil.copytree(runs / "orig", copies / "orig")
+    assert report_main("orig", runs, reports) == 0
+    first = (reports / "orig" / "report.md").read_text()
+    capsys.readouterr()
+    assert report_main("orig", copies, reports) == 0
+    assert "holds the report of something else; writing" in capsys.readouterr().err
+    assert (reports / "orig" / "report.md").read_text() == first
+    assert (reports / "orig-2" / "report.md").exists()
+    assert report_main("orig", runs, reports) == 0  # the original again: its own folder, rewritten
+    assert sorted(p.name for p in reports.iterdir()) == ["orig", "orig-2"]
