@@ -22,6 +22,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,7 +136,10 @@ def run(launch: Launch, run_dir: Path, *, run_id: str) -> None:
                 *torchrun_argv(launch, run_dir, run_id, None)]
     else:
         argv = torchrun_argv(launch, run_dir, run_id, launch.node_rank)
-    code, tail = run_teeing_stderr(argv, env={**os.environ, **launch.env})
+    # torchrun makes a /tmp/torchelastic_* folder a launch and leaves it: point its temp files into
+    # one of ours, removed when it ends.
+    with tempfile.TemporaryDirectory(prefix="harness-launch-") as tmp:
+        code, tail = run_teeing_stderr(argv, env={**os.environ, **launch.env, "TMPDIR": tmp})
     if code != 0:
         errors = rank_errors(run_dir)
         cause = last_exception_line(tail)
@@ -168,18 +172,28 @@ def last_exception_line(lines: list[str]) -> str | None:
 
 
 def _run_local(launch: Launch, run_dir: Path, run_id: str) -> None:
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    from harness.worker import run_rank
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     os.environ.update(launch.env)  # inherited by the spawned ranks
-    config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=launch.nodes * launch.nproc_per_node, run_id=run_id,
-        rdzv_backend="c10d", rdzv_endpoint=launch.endpoint, max_restarts=0, monitor_interval=0.1,
-        start_method="spawn",
-    )
+    # The agent's log folder (error files of failed ranks) would otherwise be a /tmp/torchelastic_*
+    # left behind by every run; the ranks' own errors are in the run folder.
+    with tempfile.TemporaryDirectory(prefix="harness-elastic-") as logs:
+        config = LaunchConfig(
+            min_nodes=1, max_nodes=1, nproc_per_node=launch.nodes * launch.nproc_per_node, run_id=run_id,
+            rdzv_backend="c10d", rdzv_endpoint=launch.endpoint, max_restarts=0, monitor_interval=0.1,
+            start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=logs),
+        )
+        _launch_elastic(config, run_dir)
+
+
+def _launch_elastic(config, run_dir: Path) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    from harness.worker import run_rank
+
     try:
         elastic_launch(config, run_rank)(str(run_dir))
     except ChildFailedError as exc:

@@ -39,7 +39,10 @@ DENSE_PRECISIONS = ("fp32", "bf16")
 RUN_STATES = ("running", "completed", "failed")
 """A run's status moves running -> completed | failed (design.md, "Run records")."""
 
+COMPACTED = "all"
+"""A completed run's records, one file per rank and kind: rankNNNNN/<kind>-all.parquet (harness/records.py)."""
+
 __all__ = [
     "COLLECTIVE_WAITS", "DENSE_PRECISIONS", "DEVICES", "EMBEDDING_OPTIMIZERS", "ENGINE_TIMED_STAGES", "ENGINES", "HARDWARE_PROFILES", "OPTIMIZATION_FLAGS",
-    "PRESET_NAMES", "RUN_STATES", "SHARDING_KINDS", "SHARDING_TYPES", "STAGES",
+    "COMPACTED", "PRESET_NAMES", "RUN_STATES", "SHARDING_KINDS", "SHARDING_TYPES", "STAGES",
 ]

@@ -2,6 +2,7 @@
 
 runs/<run_id>/manifest.json       written first, then updated as the status moves
 runs/<run_id>/rankNNNNN/stages-PPPPP.parquet, iterations-PPPPP.parquet   parts written as the run goes
+                        (a completed run's compacted into stages-all.parquet, iterations-all.parquet)
 runs/<run_id>/rankNNNNN/rank.json  host, device, threads, peak RSS, measured GEMM rate
 runs/<run_id>/rankNNNNN/error.txt  the exception, when that rank failed
 """
@@ -28,6 +29,7 @@ import pandas as pd
 import torch
 
 from harness.manifest import GitState, RankInfo, RunManifest, RunStatus, Versions
+from harness.names import COMPACTED
 from harness.timeline import StageSpan
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -122,6 +124,27 @@ def read_manifest(run_dir: Path) -> RunManifest:
     return RunManifest.from_json((Path(run_dir) / "manifest.json").read_text())
 
 
+def compact_parts(run_dir: Path) -> None:
+    """A completed run's parts, one file per rank and kind: 3000 iterations flushed every 10 are
+    600 files a rank otherwise. Written aside and renamed before the parts go; a reader that finds
+    `<kind>-all.parquet` reads only it, so a crash between the two steps loses and doubles nothing."""
+    for rank_dir in sorted(Path(run_dir).glob("rank*")):
+        for kind in ("stages", "iterations"):
+            parts = sorted(rank_dir.glob(f"{kind}-[0-9]*.parquet"))
+            if len(parts) < 2:
+                continue
+            final = rank_dir / f"{kind}-{COMPACTED}.parquet"
+            tmp = rank_dir / f".{final.name}.tmp"
+            try:
+                pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True).to_parquet(tmp, index=False)
+                os.replace(tmp, final)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            for part in parts:
+                part.unlink()
+
+
 def finish_run(run_dir: Path, *, error: str | None) -> RunManifest:
     """Status moves to completed or failed; the ranks' own notes (rank.json) are gathered in (a
     note torn by a dying rank or a full disk is left out)."""
@@ -139,6 +162,12 @@ def finish_run(run_dir: Path, *, error: str | None) -> RunManifest:
         end_time=now_iso(), ranks=ranks, hosts=tuple(sorted({r.host for r in ranks})),
     )
     _write_text(Path(run_dir) / "manifest.json", done.to_json())
+    if error is None:  # a failed run keeps its parts as they were written
+        try:
+            compact_parts(run_dir)
+        except Exception as exc:  # the parts are still there and still read: only say so
+            print(f"harness: could not compact the records of {run_dir} ({exc!r}); the parts are kept",
+                  file=sys.stderr)
     return done
 
 

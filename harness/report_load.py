@@ -19,6 +19,7 @@ import pandas as pd
 
 from harness.manifest import RankInfo, RunManifest
 # The stage and flag names, in order (design.md); torch-free, as is the manifest.
+from harness.names import COMPACTED
 from harness.names import OPTIMIZATION_FLAGS as FLAGS
 from harness.names import STAGES
 
@@ -140,7 +141,12 @@ def _read_parts(run_dir: Path, pattern: str, columns: tuple[str, ...], unreadabl
     """All ranks' parts; a part that cannot be read (torn by a full disk, damaged) is left out and
     named in `unreadable`, so the rest of the run is still reported."""
     frames = []
-    for path in sorted(run_dir.glob(f"rank*/{pattern}")):
+    paths = sorted(run_dir.glob(f"rank*/{pattern}"))
+    compacted = {p.parent for p in paths if p.name.endswith(f"-{COMPACTED}.parquet")}
+    # A rank whose parts were compacted is read from that file alone (parts left by a crash
+    # during compaction are the same rows).
+    paths = [p for p in paths if p.parent not in compacted or p.name.endswith(f"-{COMPACTED}.parquet")]
+    for path in paths:
         try:
             df = pd.read_parquet(path)
         except Exception as exc:  # pyarrow raises several types for a torn/corrupt file

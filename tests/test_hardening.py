@@ -156,3 +156,40 @@ def test_a_copied_run_folder_gets_its_own_report_folder(tmp_path, capsys):
     assert (reports / "orig-2" / "report.md").exists()
     assert report_main("orig", runs, reports) == 0  # the original again: its own folder, rewritten
     assert sorted(p.name for p in reports.iterdir()) == ["orig", "orig-2"]
+
+
+def test_a_completed_run_leaves_one_records_file_a_rank_and_no_temp_folder(tmp_path, monkeypatch):
+    """Parts compacted when a run completes (a failed run keeps its parts); the launcher's temp
+    folders are gone; the compacted records read back whole."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where mkdtemp would leave folders
+    (tmp_path / "tmp").mkdir()
+    runs = tmp_path / "runs"
+    assert main([*TINY[:-4], "--iters", "6", "--warmup", "0", "--flush-every", "2", "--runs-root", str(runs)]) == 0
+    (run_dir,) = runs.iterdir()
+    for rank in ("rank00000", "rank00001"):
+        assert sorted(p.name for p in (run_dir / rank).glob("*.parquet")) == ["iterations-all.parquet",
+                                                                              "stages-all.parquet"]
+    assert list((tmp_path / "tmp").iterdir()) == []
+    from harness.report import load_run
+
+    assert sorted(load_run(run_dir).iterations.groupby("rank")["iteration"].nunique()) == [6, 6]
+    assert main([*TINY[:-4], "--iters", "6", "--warmup", "0", "--flush-every", "2", "--fail-at", "1:4",
+                 "--collective-timeout", "30", "--runs-root", str(runs)]) == 1
+    failed = next(d for d in runs.iterdir() if d != run_dir)
+    assert len(list((failed / "rank00000").glob("iterations-0*.parquet"))) >= 2  # kept as written
+
+
+def test_a_crash_during_compaction_neither_loses_nor_doubles_rows(tmp_path):
+    from harness.report import load_run
+
+    runs = tmp_path / "runs"
+    assert main([*TINY[:-4], "--iters", "4", "--warmup", "0", "--flush-every", "2", "--runs-root", str(runs)]) == 0
+    (run_dir,) = runs.iterdir()
+    import pandas as pd
+
+    # Put back the parts beside the compacted file, as a crash between rename and deletes leaves them.
+    its = pd.read_parquet(run_dir / "rank00000" / "iterations-all.parquet")
+    its.iloc[:2].to_parquet(run_dir / "rank00000" / "iterations-00000.parquet", index=False)
+    assert len(load_run(run_dir).iterations.query("rank == 0")) == 4
