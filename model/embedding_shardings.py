@@ -160,6 +160,19 @@ class PooledAllToAllSharding:
         return [(t, s, w) for (_, t, s), w in zip(self.local, self.tbe.split_embedding_weights())]
 
 
+def row_block_tbe(ctx: ShardingContext, tables: Sequence[int], shards: Sequence[Shard], table_rows: Sequence[int]):
+    """A fused TBE of full-width row blocks, one a table, each initialised as its table's slice.
+    A block past a small table's last row is empty: a 1-row stand-in keeps the TBE's layout one
+    table a feature; no id is ever routed to it."""
+    tbe = build_fused_tbe(rows=[max(1, s.rows) for s in shards], dims=[ctx.dim] * len(shards), device=ctx.device,
+                          optimizer=ctx.optimizer, learning_rate=ctx.learning_rate, eps=ctx.eps)
+    for w_t, t, s in zip(tbe.split_embedding_weights(), tables, shards):
+        if s.rows:
+            init_shard_(w_t, table=t, table_rows=table_rows[t], table_dim=ctx.dim, row_start=s.row_start,
+                        col_start=0, seed=ctx.init_seed)
+    return tbe
+
+
 class RowWiseSharding:
     """Row-wise tables: ids bucketized by row block to the block's rank; each rank pools the
     rows it holds for the whole global batch; partial sums are reduce-scattered to the owners."""
@@ -170,18 +183,10 @@ class RowWiseSharding:
         rows = [table_rows[t] for t in self.features]
         self.blocks = [row_block(n, w) for n in rows]
         self.block_sizes = torch.tensor(self.blocks, dtype=torch.int64, device=ctx.device)
-        # A rank past a small table's last row holds an empty block: a 1-row stand-in keeps
-        # the TBE's layout one table per feature; no id is ever routed to it.
         self.local = [Shard(r, min(n, r * b), min(n, (r + 1) * b), 0, ctx.dim) for n, b in zip(rows, self.blocks)]
         self.ids = IdsAllToAll(send_slots=[len(self.features)] * w, recv_slots=len(self.features),
                                world_size=w, group=ctx.ids_pg, device=ctx.device, transfer=ctx.transfer, wait=ctx.wait)
-        self.tbe = build_fused_tbe(rows=[max(1, s.rows) for s in self.local], dims=[ctx.dim] * len(self.local),
-                                   device=ctx.device, optimizer=ctx.optimizer,
-                                   learning_rate=ctx.learning_rate, eps=ctx.eps)
-        for w_t, t, s in zip(self.tbe.split_embedding_weights(), self.features, self.local):
-            if s.rows:
-                init_shard_(w_t, table=t, table_rows=table_rows[t], table_dim=ctx.dim, row_start=s.row_start,
-                            col_start=0, seed=ctx.init_seed)
+        self.tbe = row_block_tbe(ctx, self.features, self.local, table_rows)
 
     def prepare_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> PendingIds:
         """Ids by destination rank (its row block), rebased to the block's first row: values
@@ -251,20 +256,11 @@ class TableRowWiseSharding:
         self.send_order = FeatureOrder.of(order, ctx.device)
         mine = on_node[node]
         self.mine = [self.features[p] for p in mine]
-        # Empty blocks of small tables get a 1-row stand-in, as row-wise does.
         self.local = [Shard(ctx.rank, min(rows[p], self.slice * blocks[p]), min(rows[p], (self.slice + 1) * blocks[p]),
                             0, ctx.dim) for p in mine]
         self.ids = IdsAllToAll(send_slots=[len(on_node[r // per_node]) for r in range(w)], recv_slots=len(mine),
                                world_size=w, group=ctx.ids_pg, device=ctx.device, transfer=ctx.transfer, wait=ctx.wait)
-        self.tbe = None
-        if mine:
-            self.tbe = build_fused_tbe(rows=[max(1, s.rows) for s in self.local], dims=[ctx.dim] * len(mine),
-                                       device=ctx.device, optimizer=ctx.optimizer,
-                                       learning_rate=ctx.learning_rate, eps=ctx.eps)
-            for w_t, t, s in zip(self.tbe.split_embedding_weights(), self.mine, self.local):
-                if s.rows:
-                    init_shard_(w_t, table=t, table_rows=table_rows[t], table_dim=ctx.dim, row_start=s.row_start,
-                                col_start=0, seed=ctx.init_seed)
+        self.tbe = row_block_tbe(ctx, self.mine, self.local, table_rows) if mine else None
 
     def prepare_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> PendingIds:
         """Ids by destination rank (its node's features, its row block of each), rebased to the

@@ -111,8 +111,8 @@ def test_bench_tiny_two_simulated_nodes_end_to_end(tmp_path, capsys):
 
     stages = read_parts(run_dir, "stages")
     iters = read_parts(run_dir, "iterations")
-    # 6 iterations flushed every 3: two parts a rank.
-    assert len(list(run_dir.glob("rank00000/stages-*.parquet"))) == 2
+    # 6 iterations flushed every 3: two parts a rank, compacted into one as the run completed.
+    assert [p.name for p in run_dir.glob("rank00000/stages-*.parquet")] == ["stages-all.parquet"]
     assert len(stages) == 2 * 6 * len(STAGES)
     assert set(stages["stage"]) == set(STAGES)
     assert dict(zip(stages["rank"], stages["node"])) == {0: 0, 1: 1}  # simulated node per rank

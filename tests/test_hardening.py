@@ -126,7 +126,15 @@ def test_an_unreadable_part_is_left_out_with_a_warning_and_the_rest_reported(tmp
     runs = tmp_path / "runs"
     assert main([*TINY[:-4], "--iters", "4", "--warmup", "0", "--flush-every", "2", "--runs-root", str(runs)]) == 0
     (run_dir,) = runs.iterdir()
-    torn = sorted(run_dir.glob("rank00001/iterations-*.parquet"))[-1]
+    import pandas as pd
+
+    # Back to two parts, as a run that did not complete keeps them; then tear the second.
+    compacted = run_dir / "rank00001" / "iterations-all.parquet"
+    its = pd.read_parquet(compacted)
+    its.iloc[:2].to_parquet(run_dir / "rank00001" / "iterations-00000.parquet", index=False)
+    its.iloc[2:].to_parquet(run_dir / "rank00001" / "iterations-00001.parquet", index=False)
+    compacted.unlink()
+    torn = run_dir / "rank00001" / "iterations-00001.parquet"
     torn.write_bytes(torn.read_bytes()[:40])  # what a crash mid-write used to leave
     capsys.readouterr()
     from harness.report import format_summary, load_run
