@@ -201,3 +201,16 @@ def test_a_crash_during_compaction_neither_loses_nor_doubles_rows(tmp_path):
     its = pd.read_parquet(run_dir / "rank00000" / "iterations-all.parquet")
     its.iloc[:2].to_parquet(run_dir / "rank00000" / "iterations-00000.parquet", index=False)
     assert len(load_run(run_dir).iterations.query("rank == 0")) == 4
+
+
+def test_an_immutable_runs_root_is_one_line(tmp_path, capsys):
+    """chattr +i runs: even root cannot make a folder in it."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    if subprocess.run(["chattr", "+i", str(runs)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available on this filesystem")
+    try:
+        assert main([*TINY, "--runs-root", str(runs)]) == 2
+        assert "cannot make the run folder" in one_error_line(capsys)
+    finally:
+        subprocess.run(["chattr", "-i", str(runs)], capture_output=True)
