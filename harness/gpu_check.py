@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @dataclass(frozen=True)
 class CheckResult:
     name: str
-    """The test's one-line docstring (its node id when it has none)."""
+    """The test's one-line docstring (file::test when it has none)."""
     outcome: str
     """passed, failed or skipped."""
     reason: str = ""
@@ -55,7 +55,7 @@ class _Collector:
     def pytest_collection_modifyitems(self, items) -> None:
         for item in items:
             doc = (getattr(item, "function", None).__doc__ or "").strip() if hasattr(item, "function") else ""
-            self.names[item.nodeid] = doc.splitlines()[0] if doc else item.nodeid
+            self.names[item.nodeid] = doc.splitlines()[0] if doc else f"{item.path.name}::{item.name}"
 
     def pytest_runtest_logreport(self, report) -> None:
         name = self.names.get(report.nodeid, report.nodeid)
