@@ -155,6 +155,10 @@ class PlanEstimate:
     """The link the all-to-alls cross: intra-node or inter-node."""
     ranks: tuple[RankEstimate, ...]
     """One entry per rank, in rank order."""
+    intra_node_latency_us: float = 0.0
+    """Latency of a collective inside a node used (the profile's)."""
+    inter_node_latency_us: float = 0.0
+    """Latency of a collective spanning nodes used (the profile's)."""
 
     @property
     def link_gbps(self) -> float:

@@ -27,7 +27,7 @@ from harness.config import BenchConfig
 from harness.planning import make_plan
 from harness.presets import mlperf
 from model.plan_traffic import plan_traffic
-from model.planner import Topology, TableSpec, shard_cost
+from model.planner import GROUP_OF_KIND, Topology, TableSpec, group_latency_s, shard_cost
 from model.sharding import Shard, TablePlan
 
 LAYOUTS = ((1, 8), (2, 8), (16, 8))
@@ -147,6 +147,7 @@ def score(cfg: BenchConfig, plan: Sequence[TablePlan], nodes: int, per_node: int
         spec = TableSpec(rows=rows, dim=m.embedding_dim, pooling=h)
         for sh in tp.shards:
             cost[sh.rank] += shard_cost(tp, sh, spec, topo, cfg.data.global_batch_size)
+    cost += sum(group_latency_s(g, topo) for g in {GROUP_OF_KIND[tp.kind] for tp in plan})  # every rank, once
     trec_perf, trec_storage = torchrec_rating(cfg, plan, nodes, per_node)
     held = np.zeros(nodes * per_node, dtype=bool)
     for tp in plan:

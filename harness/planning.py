@@ -21,9 +21,13 @@ GB = 1e9
 # activations, NCCL buffers), 3.35 TB/s HBM, NVLink 4 at 450 GB/s a direction, one 400 Gb/s
 # NDR InfiniBand port per GPU (50 GB/s). cpu: a share of host RAM, one core's copy bandwidth,
 # gloo over loopback and 10 GbE between hosts.
+# Latencies: a small NCCL collective costs ~10 us inside an NVLink node and ~25 us across
+# InfiniBand; a gloo all-to-all of a few KB here took 0.15 ms polled (model/collective_wait.py).
 PROFILES: dict[str, dict[str, float | None]] = {
-    "h100": {"memory_gib": 64.0, "memory_gbps": 3350.0, "intra_node_gbps": 450.0, "inter_node_gbps": 50.0},
-    "cpu": {"memory_gib": None, "memory_gbps": 20.0, "intra_node_gbps": 2.0, "inter_node_gbps": 1.25},
+    "h100": {"memory_gib": 64.0, "memory_gbps": 3350.0, "intra_node_gbps": 450.0, "inter_node_gbps": 50.0,
+             "intra_node_latency_us": 10.0, "inter_node_latency_us": 25.0},
+    "cpu": {"memory_gib": None, "memory_gbps": 20.0, "intra_node_gbps": 2.0, "inter_node_gbps": 1.25,
+            "intra_node_latency_us": 150.0, "inter_node_latency_us": 300.0},
 }
 
 
@@ -47,6 +51,8 @@ def topology(cfg: BenchConfig, *, ranks_per_host: int, on_this_host: bool = Fals
         memory_bw=(sh.memory_gbps or prof["memory_gbps"]) * GB,
         intra_node_bw=(sh.intra_node_gbps or prof["intra_node_gbps"]) * GB,
         inter_node_bw=(sh.inter_node_gbps or prof["inter_node_gbps"]) * GB,
+        intra_node_latency_s=prof["intra_node_latency_us"] * 1e-6,
+        inter_node_latency_s=prof["inter_node_latency_us"] * 1e-6,
     )
 
 
@@ -82,6 +88,7 @@ def make_plan(cfg: BenchConfig, *, ranks_per_host: int,
         memory_gib=topo.memory_bytes / 2**30, memory_gbps=topo.memory_bw / GB,
         intra_node_gbps=topo.intra_node_bw / GB, inter_node_gbps=topo.inter_node_bw / GB,
         link="inter-node" if topo.world_size > topo.ranks_per_node else "intra-node",
+        intra_node_latency_us=topo.intra_node_latency_s * 1e6, inter_node_latency_us=topo.inter_node_latency_s * 1e6,
         ranks=tuple(
             RankEstimate(rank=r, node=r // cfg.run.gpus_per_node, memory_gib=ld.memory_bytes / 2**30,
                          est_ms=ld.cost_s * 1e3, shards=tuple(ld.shards),
@@ -99,7 +106,8 @@ def format_plan(plan: tuple[TablePlan, ...], est: PlanEstimate, *, max_rows: int
     kinds = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
     lines = [
         f"sharding plan ({est.hardware} profile: {est.memory_gib:.1f} GiB a rank, memory {est.memory_gbps:.0f} GB/s, "
-        f"{est.link} link {est.link_gbps:.2f} GB/s): {kinds}",
+        f"{est.link} link {est.link_gbps:.2f} GB/s, collective latency {est.intra_node_latency_us:g} us in a node, "
+        f"{est.inter_node_latency_us:g} us across): {kinds}",
         f"{'rank':>5} {'node':>5} {'memory_gib':>10} {'est_ms':>8} {'intra_in':>9} {'intra_out':>9} "
         f"{'inter_in':>9} {'inter_out':>9}  shards   (MB an iteration on each link level)",
     ]

@@ -105,3 +105,24 @@ def test_shard_memory_counts_row_state_and_exchange_buffers_by_hand():
     assert shard_memory(tw, tw.shards[0], spec, mem) == 3200 + 400 + 240 + 640
     rw = row_wise(100, 8, 4)  # 25 rows a rank: a quarter of the values, full-width partial sums
     assert shard_memory(rw, rw.shards[1], spec, mem) == 800 + 100 + 8 * 10 * (2 * 0.25 + 1) + 640
+
+
+def test_a_sharding_in_use_costs_every_rank_its_latency_once():
+    """Each sharding's collectives cost a latency whatever its tables hold: with latency dominating,
+    one sharding serves every table, and every rank carries that sharding's latency once."""
+    from model.planner import group_latency_s
+
+    slow = Topology(world_size=4, ranks_per_node=2, memory_bytes=GIB, memory_bw=10e9, intra_node_bw=1e9,
+                    inter_node_bw=0.5e9, intra_node_latency_s=1e-3, inter_node_latency_s=2e-3)
+    # 4 exchanges across nodes (2 ms each); table-row-wise 2 more inside its node (1 ms each);
+    # data-parallel one all-reduce.
+    assert group_latency_s("pooled", slow) == pytest.approx(8e-3)
+    assert group_latency_s("table_row_wise", slow) == pytest.approx(10e-3)
+    assert group_latency_s("data_parallel", slow) == pytest.approx(2e-3)
+    tables = [TableSpec(rows=1000, dim=16, pooling=1)] * 8
+    plan, loads = plan_tables(tables, slow, global_batch=64, state_per_element=1.0)
+    assert {tp.kind for tp in plan} == {"data_parallel"}
+    assert min(ld.cost_s for ld in loads) >= 2e-3
+    free = Topology(world_size=4, ranks_per_node=2, memory_bytes=GIB, memory_bw=10e9, intra_node_bw=1e9,
+                    inter_node_bw=0.5e9)
+    assert group_latency_s("pooled", free) == 0.0

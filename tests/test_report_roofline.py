@@ -165,7 +165,10 @@ def test_roofline_of_a_real_tiny_run(tmp_path, capsys):
     from model.dense import dense_flops_per_sample
 
     runs = tmp_path / "runs"
-    assert main(["bench", "--device", "cpu", "--preset", "tiny", "--iters", "3", "--warmup", "1", "--runs-root", str(runs)]) == 0
+    # Table-wise with two data-parallel tables: every stage moves bytes (an all-data-parallel
+    # plan, which the planner picks for tiny on CPU, has no input dist).
+    assert main(["bench", "--device", "cpu", "--preset", "tiny", "--iters", "3", "--warmup", "1", "--sharding",
+                 "table_wise", "--shard", "5=data_parallel,7=data_parallel", "--runs-root", str(runs)]) == 0
     run = load_run(next(runs.iterdir()))
     m = tiny().model
     G, W = tiny().data.global_batch_size, run.manifest.world_size
