@@ -177,6 +177,8 @@ def bench(cfg: BenchConfig, how: Invocation) -> int:
         error = "interrupted (KeyboardInterrupt) before all ranks finished"
     except Exception as exc:  # the launcher itself broke: still close the run as failed
         error = f"launcher: {type(exc).__name__}: {exc}"
+    if error and records.disk_full(run_dir):
+        error += "; the run folder's disk is full (No space left on device)"
     if not leader:
         return 1 if error else 0
     try:

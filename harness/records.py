@@ -15,6 +15,7 @@ import os
 import platform
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -106,6 +107,12 @@ SPACE_RESERVE = ".space-reserve"
 """A file made with the run folder and deleted just before its manifest is closed: a disk that the
 records fill up still has room for the final status."""
 SPACE_RESERVE_BYTES = 4 << 20
+
+
+def disk_full(run_dir: Path) -> bool:
+    """Whether the run folder's filesystem has (next to) no space left: when it does, the ranks may
+    not even have been able to write their errors, so the launcher says it."""
+    return shutil.disk_usage(run_dir).free < (1 << 20)
 
 
 def create_run(runs_root: Path, manifest: RunManifest) -> Path:
