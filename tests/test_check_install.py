@@ -6,7 +6,7 @@ from __future__ import annotations
 from harness.check_install import main, problems
 
 CPU_PAIR = {"torch": "2.13.0+cpu", "fbgemm-gpu-cpu": "1.8.0"}
-CUDA_PAIR = {"torch": "2.13.0+cu128", "fbgemm-gpu": "1.8.0+cu128"}
+CUDA_PAIR = {"torch": "2.13.0+cu126", "fbgemm-gpu": "1.8.0+cu126"}
 
 
 def test_this_environment_passes_and_the_other_variant_is_flagged():
@@ -18,16 +18,16 @@ def test_this_environment_passes_and_the_other_variant_is_flagged():
 
 
 def test_each_variant_checked_from_its_facts():
-    assert problems("requirements-cuda", versions=CUDA_PAIR, torch_cuda="12.8") == []
+    assert problems("requirements-cuda", versions=CUDA_PAIR, torch_cuda="12.6") == []
     assert problems("requirements-cpu", versions=CPU_PAIR, torch_cuda=None) == []
     # A venv made on a CPU host, then CUDA fbgemm installed over it on a GPU host: CPU torch stays.
     (line,) = problems("requirements-cuda", versions={"torch": "2.13.0+cpu", "fbgemm-gpu": "1.8.0"}, torch_cuda=None)
     assert "torch 2.13.0+cpu is a CPU build" in line
-    (line,) = problems("requirements-cpu", versions={"torch": "2.13.0+cu128", "fbgemm-gpu-cpu": "1.8.0"},
-                       torch_cuda="12.8")
-    assert "built for CUDA 12.8" in line
-    both = problems("requirements-cuda", versions={**CUDA_PAIR, "fbgemm-gpu-cpu": "1.8.0"}, torch_cuda="12.8")
-    assert both == ["expected only fbgemm-gpu, found fbgemm packages: ['fbgemm-gpu==1.8.0+cu128', 'fbgemm-gpu-cpu==1.8.0']"]
+    (line,) = problems("requirements-cpu", versions={"torch": "2.13.0+cu126", "fbgemm-gpu-cpu": "1.8.0"},
+                       torch_cuda="12.6")
+    assert "built for CUDA 12.6" in line
+    both = problems("requirements-cuda", versions={**CUDA_PAIR, "fbgemm-gpu-cpu": "1.8.0"}, torch_cuda="12.6")
+    assert both == ["expected only fbgemm-gpu, found fbgemm packages: ['fbgemm-gpu==1.8.0+cu126', 'fbgemm-gpu-cpu==1.8.0']"]
     assert problems("requirements-cuda", versions={"torch": "2.14.1", "fbgemm-gpu": "1.8.0"},
                     torch_cuda="13.0") == ["expected torch 2.13.0, found 2.14.1"]
 
