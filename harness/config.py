@@ -136,8 +136,10 @@ class ShardingConfig:
     data_parallel forced on every table."""
     per_table: tuple[tuple[int, str], ...] = option((), option="shard", metavar="T=KIND[,T=KIND...]")
     """(table, kind) pairs forced on single tables; they win over `kind`."""
-    column_shards: int = 2
-    """Column blocks of a column_wise table (capped at the world size); must divide the dim."""
+    column_shards: int = 4
+    """The most column blocks the planner tries for a column_wise table: it searches 2..column_shards
+    blocks (one a rank) that split the dim into widths divisible by 4 (model/planner.py); 1: no
+    table is split column-wise."""
     hardware: str = option("cpu", choices=HARDWARE_PROFILES)
     """Bandwidth and memory profile the planner assumes: cpu or h100 (harness/planning.py)."""
     memory_gib: float | None = None

@@ -159,10 +159,9 @@ class PlanEstimate:
     """Latency of a collective inside a node used (the profile's)."""
     inter_node_latency_us: float = 0.0
     """Latency of a collective spanning nodes used (the profile's)."""
-
-    @property
-    def link_gbps(self) -> float:
-        return self.inter_node_gbps if self.link == "inter-node" else self.intra_node_gbps
+    est_step_ms: float = 0.0
+    """What the planner minimised: the embedding lookups and exchanges of an iteration, each at its
+    busiest rank, plus the collectives' latency (model/planner.py); 0 in runs recorded before it."""
 
     @property
     def est_ms_max(self) -> float:

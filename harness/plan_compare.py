@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.config import BenchConfig
-from harness.planning import make_plan
+from harness.planning import PROFILES, geometry, make_plan, table_specs, topology
 from harness.presets import mlperf
-from model.plan_traffic import plan_traffic
-from model.planner import GROUP_OF_KIND, Topology, TableSpec, group_latency_s, shard_cost
+from model.plan_traffic import PlanTraffic
+from model.planner import Topology, plan_footprint, plan_latency_s, rank_seconds, step_seconds
 from model.sharding import Shard, TablePlan
 
 LAYOUTS = ((1, 8), (2, 8), (16, 8))
@@ -47,6 +47,8 @@ class Score:
     empty_ranks: int
     harness_ms_max: float
     """This harness's cost model, busiest rank."""
+    harness_step_ms: float
+    """This harness's cost model, the iteration: each exchange at its busiest rank (what it minimises)."""
     torchrec_ms_max: float
     """TorchRec's perf estimator, busiest rank."""
     torchrec_gib_max: float
@@ -71,8 +73,10 @@ def _torchrec_inputs(cfg: BenchConfig, nodes: int, per_node: int):
     tables = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=m.embedding_dim, num_embeddings=r,
                                  feature_names=[f"f{i}"]) for i, r in enumerate(m.table_rows)]
     module = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    prof = PROFILES["h100"]  # the same hardware for both planners; TorchRec counts bytes a millisecond
     topo = TrecTopology(world_size=nodes * per_node, local_world_size=per_node, compute_device="cuda",
-                        hbm_cap=HBM_GIB * 2**30)
+                        hbm_cap=HBM_GIB * 2**30, hbm_mem_bw=prof["memory_gbps"] * 1e6,
+                        intra_host_bw=prof["intra_node_gbps"] * 1e6, inter_host_bw=prof["inter_node_gbps"] * 1e6)
     # fused: the embedding optimizer in the backward, as the harness runs tables; dense: what
     # TorchRec runs data-parallel tables with (the harness too: model/embedding_shardings.py).
     constraints = {f"t{i}": ParameterConstraints(sharding_types=list(KINDS), compute_kernels=["fused", "dense"],
@@ -135,19 +139,11 @@ def torchrec_rating(cfg: BenchConfig, plan: Sequence[TablePlan], nodes: int, per
 
 
 def score(cfg: BenchConfig, plan: Sequence[TablePlan], nodes: int, per_node: int) -> Score:
-    m = cfg.model
-    traffic = plan_traffic(plan, table_rows=m.table_rows, pooling=m.multi_hot, dim=m.embedding_dim,
-                           world_size=nodes * per_node, ranks_per_node=per_node, global_batch=cfg.data.global_batch_size,
-                           optimizer=cfg.optimizer.embedding_optimizer)
-    from harness.planning import topology
-
     topo: Topology = topology(cfg, ranks_per_host=per_node)
-    cost = np.zeros(nodes * per_node)
-    for tp, rows, h in zip(plan, m.table_rows, m.multi_hot):
-        spec = TableSpec(rows=rows, dim=m.embedding_dim, pooling=h)
-        for sh in tp.shards:
-            cost[sh.rank] += shard_cost(tp, sh, spec, topo, cfg.data.global_batch_size)
-    cost += sum(group_latency_s(g, topo) for g in {GROUP_OF_KIND[tp.kind] for tp in plan})  # every rank, once
+    fp = plan_footprint(plan, table_specs(cfg), geometry(cfg, topo))
+    traffic = PlanTraffic.of(fp)
+    latency = plan_latency_s(plan, topo)
+    cost = rank_seconds(fp, topo) + latency
     trec_perf, trec_storage = torchrec_rating(cfg, plan, nodes, per_node)
     held = np.zeros(nodes * per_node, dtype=bool)
     for tp in plan:
@@ -158,7 +154,8 @@ def score(cfg: BenchConfig, plan: Sequence[TablePlan], nodes: int, per_node: int
         kinds=" ".join(f"{k}:{n}" for k, n in counts.items() if n),
         memory_gib_max=float(traffic.memory.max() / 2**30), inter_mb_max=float(traffic.inter.max() / 1e6),
         intra_mb_max=float(traffic.intra.max() / 1e6), empty_ranks=int((~held).sum()),
-        harness_ms_max=float(cost.max() * 1e3), torchrec_ms_max=float(trec_perf.max()),
+        harness_ms_max=float(cost.max() * 1e3), harness_step_ms=(step_seconds(fp, topo) + latency) * 1e3,
+        torchrec_ms_max=float(trec_perf.max()),
         torchrec_gib_max=float(trec_storage.max()),
     )
 
@@ -168,6 +165,7 @@ ROWS = (("kinds", "kinds", "{}"), ("memory GiB, busiest rank (analytic)", "memor
         ("intra-node MB, busiest rank (analytic)", "intra_mb_max", "{:.1f}"),
         ("ranks holding no shard", "empty_ranks", "{}"),
         ("harness cost model, ms, busiest rank", "harness_ms_max", "{:.3f}"),
+        ("harness cost model, ms, iteration", "harness_step_ms", "{:.3f}"),
         ("TorchRec perf model, ms, busiest rank", "torchrec_ms_max", "{:.3f}"),
         ("TorchRec storage model, GiB, busiest rank", "torchrec_gib_max", "{:.2f}"))
 

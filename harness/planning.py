@@ -11,8 +11,8 @@ import os
 from harness.config import BenchConfig
 from harness.manifest import PlanEstimate, RankEstimate
 from model.names import STATE_PER_ELEMENT, STATE_PER_ROW
-from model.plan_traffic import plan_traffic
-from model.planner import PlanError, Topology, TableSpec, plan_tables
+from model.plan_traffic import Geometry
+from model.planner import PlanError, Topology, TableSpec, plan_step_seconds, plan_tables
 from model.sharding import SHARDING_TYPES, TablePlan
 
 GB = 1e9
@@ -56,6 +56,18 @@ def topology(cfg: BenchConfig, *, ranks_per_host: int, on_this_host: bool = Fals
     )
 
 
+def table_specs(cfg: BenchConfig) -> list[TableSpec]:
+    m = cfg.model
+    return [TableSpec(rows=r, dim=m.embedding_dim, pooling=h) for r, h in zip(m.table_rows, m.multi_hot)]
+
+
+def geometry(cfg: BenchConfig, topo: Topology) -> Geometry:
+    """What the footprint of a plan depends on besides the plan (model/plan_traffic.py)."""
+    opt = cfg.optimizer.embedding_optimizer
+    return Geometry(world_size=topo.world_size, ranks_per_node=topo.ranks_per_node, global_batch=cfg.data.global_batch_size,
+                    state_per_element=STATE_PER_ELEMENT[opt], state_per_row=STATE_PER_ROW[opt])
+
+
 def make_plan(cfg: BenchConfig, *, ranks_per_host: int,
               on_this_host: bool = False) -> tuple[tuple[TablePlan, ...], PlanEstimate]:
     """The plan and what the planner assumed and estimated (per-rank memory and cost).
@@ -64,36 +76,33 @@ def make_plan(cfg: BenchConfig, *, ranks_per_host: int,
     Raises model.planner.PlanError (a ValueError) when no plan fits.
     """
     m = cfg.model
-    tables = [TableSpec(rows=r, dim=m.embedding_dim, pooling=h) for r, h in zip(m.table_rows, m.multi_hot)]
+    tables = table_specs(cfg)
     forced = {t: cfg.sharding.kind for t in range(m.num_sparse)} if cfg.sharding.kind != "auto" else {}
     forced.update(dict(cfg.sharding.per_table))
     topo = topology(cfg, ranks_per_host=ranks_per_host, on_this_host=on_this_host)
+    geo = geometry(cfg, topo)
     try:
         plan, loads = plan_tables(
-            tables, topo, global_batch=cfg.data.global_batch_size,
-            state_per_element=STATE_PER_ELEMENT[cfg.optimizer.embedding_optimizer],
-            state_per_row=STATE_PER_ROW[cfg.optimizer.embedding_optimizer],
-            forced=forced, column_shards=cfg.sharding.column_shards,
+            tables, topo, global_batch=geo.global_batch, state_per_element=geo.state_per_element,
+            state_per_row=geo.state_per_row, forced=forced, column_shards=cfg.sharding.column_shards,
         )
     except PlanError as exc:
         if not on_this_host:
             raise
         raise PlanError(f"{exc} (on CPU a rank gets half this host's RAM over its {ranks_per_host} local ranks; "
                         "--dry-run plans for the hardware profile without starting)") from None
-    traffic = plan_traffic(plan, table_rows=m.table_rows, pooling=m.multi_hot, dim=m.embedding_dim,
-                           world_size=topo.world_size, ranks_per_node=topo.ranks_per_node,
-                           global_batch=cfg.data.global_batch_size, optimizer=cfg.optimizer.embedding_optimizer)
     estimate = PlanEstimate(
         hardware=cfg.sharding.hardware,
         memory_gib=topo.memory_bytes / 2**30, memory_gbps=topo.memory_bw / GB,
         intra_node_gbps=topo.intra_node_bw / GB, inter_node_gbps=topo.inter_node_bw / GB,
         link="inter-node" if topo.world_size > topo.ranks_per_node else "intra-node",
         intra_node_latency_us=topo.intra_node_latency_s * 1e6, inter_node_latency_us=topo.inter_node_latency_s * 1e6,
+        est_step_ms=plan_step_seconds(plan, tables, topo, geo) * 1e3,
         ranks=tuple(
             RankEstimate(rank=r, node=r // cfg.run.gpus_per_node, memory_gib=ld.memory_bytes / 2**30,
                          est_ms=ld.cost_s * 1e3, shards=tuple(ld.shards),
-                         intra_in_mb=float(traffic.intra_in[r] / 1e6), intra_out_mb=float(traffic.intra_out[r] / 1e6),
-                         inter_in_mb=float(traffic.inter_in[r] / 1e6), inter_out_mb=float(traffic.inter_out[r] / 1e6))
+                         intra_in_mb=ld.traffic[0] / 1e6, intra_out_mb=ld.traffic[1] / 1e6,
+                         inter_in_mb=ld.traffic[2] / 1e6, inter_out_mb=ld.traffic[3] / 1e6)
             for r, ld in enumerate(loads)
         ),
     )
@@ -106,7 +115,7 @@ def format_plan(plan: tuple[TablePlan, ...], est: PlanEstimate, *, max_rows: int
     kinds = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
     lines = [
         f"sharding plan ({est.hardware} profile: {est.memory_gib:.1f} GiB a rank, memory {est.memory_gbps:.0f} GB/s, "
-        f"{est.link} link {est.link_gbps:.2f} GB/s, collective latency {est.intra_node_latency_us:g} us in a node, "
+        f"links {est.intra_node_gbps:.2f} GB/s in a node, {est.inter_node_gbps:.2f} GB/s across, collective latency {est.intra_node_latency_us:g} us in a node, "
         f"{est.inter_node_latency_us:g} us across): {kinds}",
         f"{'rank':>5} {'node':>5} {'memory_gib':>10} {'est_ms':>8} {'intra_in':>9} {'intra_out':>9} "
         f"{'inter_in':>9} {'inter_out':>9}  shards   (MB an iteration on each link level)",
@@ -131,6 +140,8 @@ def format_plan(plan: tuple[TablePlan, ...], est: PlanEstimate, *, max_rows: int
                   "they only run the dense part")
     else:
         spread = f"spread {est.est_ms_max / est.est_ms_min:.2f}x" if est.est_ms_min > 0 else "spread n/a (zero cost)"
+    lines.append(f"estimated embedding time an iteration (each exchange at its busiest rank, plus latency): "
+                 f"{est.est_step_ms:.3f} ms")
     lines.append(
         f"estimated cost a rank: max {est.est_ms_max:.3f} ms, min {est.est_ms_min:.3f} ms "
         f"({spread}); memory max {est.memory_gib_max:.3f} GiB"

@@ -16,24 +16,146 @@ takes (inside a node or between nodes; a rank's own share moves no bytes):
 - data-parallel: the gradient all-reduce of the whole table, hierarchical as NCCL runs it on
   several nodes: 2(L-1)/L of the table inside the node, 2(N-1)/N of an L-th between nodes.
 
+Each transfer belongs to one of three exchanges an iteration (PHASES: the ids in, the pooled
+rows or partial sums out, their gradients back, data-parallel all-reduces with the gradients),
+kept apart in the footprint: a link carries both directions at once inside one exchange only.
+
+Bytes through a rank's own memory (the lookup), per iteration:
+
+- table/column-wise: 3 x 4c B for each of the G x pooling ids (forward read, backward read and
+  write: the optimizer is fused into the backward);
+- row-wise kinds: the same for the fraction f of the ids, plus the partial sums of all G samples
+  written and their gradients read (2 x 4D B a sample);
+- data-parallel: 3 x 4D B for each of the rank's own B x pooling ids, plus the dense update of
+  the whole table: its gradient zeroed, then read with the Adagrad state and the weights and
+  those two written back (6 x the table).
+
 Memory a rank holds: weights and optimizer state of its shards (Adagrad: a float an element;
-row-wise Adagrad: a float a row; data-parallel tables also a dense gradient and dense Adagrad
-state), plus the exchange buffers of one iteration (ids received, pooled outputs and gradients,
-partial sums).
+row-wise Adagrad: a float a row), data-parallel tables a dense gradient and dense Adagrad state
+besides the weights (model/embedding_shardings.py), plus the exchange buffers of one iteration:
+the ids a shard receives, the pooled rows and gradients of the whole batch it serves (partial
+sums for the row-wise kinds), and on every rank its own B pooled rows and their gradients.
+
+`table_footprint` is one table's count; the planner (model/planner.py) adds them up candidate by
+candidate and turns them into seconds, so what it optimises and what this module reports agree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from model.names import STATE_PER_ELEMENT, STATE_PER_ROW
 from model.sharding import TablePlan
 
 ID_BYTES = 8
 FLOAT_BYTES = 4
+
+PHASES = ("ids", "forward", "backward")
+"""The exchanges of an iteration, one after the other: the ids in, the pooled rows (or partial sums)
+out, their gradients back (and data-parallel tables' all-reduce). A link is full duplex inside one
+exchange, not across them."""
+IDS, FORWARD, BACKWARD = range(3)
+LEVELS = ("intra", "inter")
+"""Link levels: inside a node, between nodes."""
+LOOKUP, MEMORY = 0, 1
+"""Footprint rows: bytes through the rank's memory, bytes it holds; traffic rows follow (row())."""
+FOOTPRINT_ROWS = 2 + len(PHASES) * len(LEVELS) * 2
+
+
+def row(phase: int, level: int, into: bool) -> int:
+    """The footprint row of the bytes a rank sends (into=False) or receives in one exchange on one level."""
+    return 2 + (phase * len(LEVELS) + level) * 2 + into
+
+
+def traffic_rows(level: int, into: bool) -> list[int]:
+    """The rows of one level and direction, every exchange."""
+    return [row(phase, level, into) for phase in range(len(PHASES))]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Geometry:
+    """The job a table's footprint is counted for."""
+
+    world_size: int
+    ranks_per_node: int
+    global_batch: int
+    state_per_element: float
+    """Optimizer state floats a weight element (Adagrad: 1)."""
+    state_per_row: float = 0.0
+    """Optimizer state floats a row (row-wise Adagrad: 1)."""
+
+    def __post_init__(self) -> None:
+        if self.world_size % self.ranks_per_node:
+            raise ValueError(f"world size {self.world_size} is not a whole number of nodes of {self.ranks_per_node} ranks")
+
+    @property
+    def nodes(self) -> int:
+        return self.world_size // self.ranks_per_node
+
+
+def table_footprint(tp: TablePlan, *, rows: int, dim: int, pooling: float, geo: Geometry) -> np.ndarray:
+    """One table's count (the module docstring), shape (FOOTPRINT_ROWS, W), bytes."""
+    w, per_node, g = geo.world_size, geo.ranks_per_node, geo.global_batch
+    b = g / w
+    node = np.arange(w) // per_node
+    fp = np.zeros((FOOTPRINT_ROWS, w))
+
+    def exchange(phase: int, q: int, to_each: float, from_each: float, peers: np.ndarray | None = None) -> None:
+        """In one exchange q sends `to_each` bytes to every peer and receives `from_each` from each
+        (peers: all ranks), charged at the level of the link between them; q itself moves nothing."""
+        mask = np.ones(w, dtype=bool) if peers is None else peers.copy()
+        mask[q] = False
+        for level, same in enumerate((True, False)):
+            m = mask & ((node == node[q]) == same)
+            n = int(m.sum())
+            out, into = row(phase, level, False), row(phase, level, True)
+            fp[into, m] += to_each
+            fp[out, q] += to_each * n
+            fp[out, m] += from_each
+            fp[into, q] += from_each * n
+
+    if tp.kind == "data_parallel":
+        table = rows * dim * FLOAT_BYTES
+        fp[LOOKUP] += 3 * b * pooling * dim * FLOAT_BYTES + 6 * table
+        fp[MEMORY] += 3 * table + 2 * b * dim * FLOAT_BYTES  # weights, dense gradient and Adagrad state; own rows
+        for level, nbytes in enumerate((2 * (per_node - 1) / per_node * table,
+                                        2 * (geo.nodes - 1) / geo.nodes * table / per_node)):
+            fp[row(BACKWARD, level, False)] += nbytes
+            fp[row(BACKWARD, level, True)] += nbytes
+        return fp
+
+    fp[MEMORY] += 2 * b * dim * FLOAT_BYTES  # every rank: its own pooled rows and their gradients
+    row_kinds = tp.kind in ("row_wise", "table_row_wise")
+    for sh in tp.shards:
+        q = sh.rank
+        weights = sh.rows * sh.cols * FLOAT_BYTES
+        fp[MEMORY, q] += weights * (1 + geo.state_per_element) + sh.rows * geo.state_per_row * FLOAT_BYTES
+        f = sh.rows / rows if row_kinds else 1.0
+        fp[MEMORY, q] += ID_BYTES * (g * pooling * f + g)
+        exchange(IDS, q, 0.0, ID_BYTES * (b * pooling * f + b))
+        width = dim if row_kinds else sh.cols
+        fp[LOOKUP, q] += 3 * g * pooling * f * width * FLOAT_BYTES
+        if not row_kinds:
+            fp[MEMORY, q] += 2 * g * width * FLOAT_BYTES
+            exchange(FORWARD, q, b * width * FLOAT_BYTES, 0.0)
+            exchange(BACKWARD, q, 0.0, b * width * FLOAT_BYTES)
+            continue
+        fp[LOOKUP, q] += 2 * g * dim * FLOAT_BYTES  # partial sums of every sample written, gradients read
+        fp[MEMORY, q] += 2 * g * dim * FLOAT_BYTES
+        if tp.kind == "row_wise":
+            exchange(FORWARD, q, b * dim * FLOAT_BYTES, 0.0)
+            exchange(BACKWARD, q, 0.0, b * dim * FLOAT_BYTES)
+            continue
+        slice_bytes = (g / per_node) * dim * FLOAT_BYTES  # reduce-scatter forward, all-gather backward
+        fp[MEMORY, q] += 2 * slice_bytes
+        same_node = node == node[q]
+        exchange(FORWARD, q, slice_bytes, 0.0, peers=same_node)  # what q receives, its peers' shards send
+        exchange(BACKWARD, q, slice_bytes, 0.0, peers=same_node)
+        owners = np.arange(w) // geo.nodes == q % per_node  # the ranks whose samples are slice j
+        exchange(FORWARD, q, b * dim * FLOAT_BYTES, 0.0, peers=owners)
+        exchange(BACKWARD, q, 0.0, b * dim * FLOAT_BYTES, peers=owners)
+    return fp
 
 
 @dataclass(frozen=True)
@@ -46,6 +168,14 @@ class PlanTraffic:
     inter_in: np.ndarray
     memory: np.ndarray
     """Weights, optimizer state and one iteration's exchange buffers, bytes."""
+    lookup: np.ndarray
+    """Bytes through the rank's memory for lookups, gradients and dense updates."""
+
+    @classmethod
+    def of(cls, fp: np.ndarray) -> PlanTraffic:
+        level = {name: fp[traffic_rows(lv, into)].sum(axis=0) for lv, into, name in (
+            (0, False, "intra_out"), (0, True, "intra_in"), (1, False, "inter_out"), (1, True, "inter_in"))}
+        return cls(**level, memory=fp[MEMORY], lookup=fp[LOOKUP])
 
     @property
     def inter(self) -> np.ndarray:
@@ -55,66 +185,3 @@ class PlanTraffic:
     @property
     def intra(self) -> np.ndarray:
         return np.maximum(self.intra_out, self.intra_in)
-
-
-def plan_traffic(plan: Sequence[TablePlan], *, table_rows: Sequence[int], pooling: Sequence[float], dim: int,
-                 world_size: int, ranks_per_node: int, global_batch: int, optimizer: str) -> PlanTraffic:
-    """The analytic count of the module docstring for `plan`."""
-    w, per_node = world_size, ranks_per_node
-    if w % per_node:
-        raise ValueError(f"world size {w} is not a whole number of nodes of {per_node} ranks")
-    nodes, g = w // per_node, global_batch
-    b = g / w
-    node = np.arange(w) // per_node
-    out = {k: np.zeros(w) for k in ("intra_out", "intra_in", "inter_out", "inter_in", "memory")}
-    per_element, per_row = STATE_PER_ELEMENT[optimizer], STATE_PER_ROW[optimizer]
-
-    def move(src: int, dst: int, nbytes: float) -> None:
-        if src == dst or nbytes == 0:
-            return
-        level = "intra" if node[src] == node[dst] else "inter"
-        out[f"{level}_out"][src] += nbytes
-        out[f"{level}_in"][dst] += nbytes
-
-    for tp, rows, p in zip(plan, table_rows, pooling):
-        for sh in tp.shards:
-            q = sh.rank
-            weights = sh.rows * sh.cols * FLOAT_BYTES
-            out["memory"][q] += weights * (1 + per_element) + sh.rows * per_row * FLOAT_BYTES
-            if tp.kind == "data_parallel":
-                table = rows * dim * FLOAT_BYTES
-                out["memory"][q] += 2 * table + b * dim * FLOAT_BYTES  # dense gradient, dense Adagrad state
-                intra = 2 * (per_node - 1) / per_node * table
-                inter = 2 * (nodes - 1) / nodes * table / per_node
-                out["intra_out"][q] += intra
-                out["intra_in"][q] += intra
-                out["inter_out"][q] += inter
-                out["inter_in"][q] += inter
-                continue
-            f = sh.rows / rows if tp.kind in ("row_wise", "table_row_wise") else 1.0
-            ids = ID_BYTES * (b * p * f + b)
-            out["memory"][q] += ID_BYTES * (g * p * f + g)
-            for s in range(w):
-                move(s, q, ids)
-            if tp.kind in ("table_wise", "column_wise"):
-                rows_bytes = b * sh.cols * FLOAT_BYTES
-                out["memory"][q] += 2 * g * sh.cols * FLOAT_BYTES
-                for s in range(w):
-                    move(q, s, rows_bytes)
-                    move(s, q, rows_bytes)
-                    out["memory"][s] += 2 * rows_bytes
-            elif tp.kind == "row_wise":
-                out["memory"][q] += 2 * g * dim * FLOAT_BYTES
-                for s in range(w):
-                    move(q, s, b * dim * FLOAT_BYTES)
-                    move(s, q, b * dim * FLOAT_BYTES)
-            else:  # table_row_wise
-                out["memory"][q] += 2 * g * dim * FLOAT_BYTES + 2 * (g / per_node) * dim * FLOAT_BYTES
-                first, j = node[q] * per_node, q % per_node
-                for other in range(first, first + per_node):
-                    move(q, other, 2 * (g / per_node) * dim * FLOAT_BYTES)
-                for s in range(w):
-                    if s // nodes == j:
-                        move(q, s, b * dim * FLOAT_BYTES)
-                        move(s, q, b * dim * FLOAT_BYTES)
-    return PlanTraffic(**out)

@@ -1,27 +1,32 @@
 """A sharding planner that explains itself: memory per rank and an estimated cost per rank.
 
-Cost model (bytes a rank moves per iteration, turned into seconds with the given bandwidths):
+Cost model: model/plan_traffic.py counts, for a table's candidate placement, the bytes every
+rank moves through its memory, sends and receives on each link level (inside a node, between
+nodes; every transfer charged to both ends) in each exchange of the iteration, and holds.
 
-    lookup  = 3 x ids x bytes per pooled row slice  (forward read, backward read + write),
-              plus, row-wise, the partial sums of the whole batch written and their gradients read
-    comm    = the remote share (w-1)/w of: ids in + pooled rows out + their gradients back
-              (table/column-wise), reduce-scatter + all-gather of pooled rows (row-wise),
-              all-reduce of the whole table's gradient (data-parallel); table-row-wise:
-              ids in + the node's share of summed rows out and gradients back, plus the
-              in-node reduce-scatter and all-gather charged to the intra-node link
-    seconds = lookup / memory bandwidth + comm / link bandwidth
-    latency = each sharding in use (table/column-wise tables share one, and so on) costs every
-              rank its collectives' latency once (COLLECTIVES_OF_GROUP; the profile's latencies):
-              on tiny (2 CPU ranks) this makes every table data-parallel, measured 0.77x the
-              iteration time of the bandwidth-only plan (4 interleaved pairs, p50s)
+- A rank's seconds (rank_seconds, printed per rank): lookup bytes / memory bandwidth, plus for
+  each exchange and level the busier direction / that level's bandwidth.
+- The iteration's (step_seconds, what the search minimises): the same terms, each taken at its
+  busiest rank, since a collective ends when its slowest rank does. Summing per rank instead
+  would let one rank's long lookup hide another's long transfer: at 16 x 8 that plan put
+  11 tables whole on single ranks, each sending 28 MB between nodes (make plan-compare).
+- Latency: each sharding in use (table/column-wise tables share one, and so on) costs every
+  rank its collectives' latency once (COLLECTIVES_OF_GROUP; the profile's latencies): on tiny
+  (2 CPU ranks) this makes every table data-parallel, measured 0.77x the iteration time of the
+  bandwidth-only plan (4 interleaved pairs, p50s).
 
-The link is the inter-node one when the job spans nodes (the all-to-alls then cross them),
-else the intra-node one. Tables are placed largest first; for each, every allowed kind and
-placement that fits the remaining memory is tried and the one with the smallest resulting
-maximum rank cost wins (ties: table_wise, column_wise, row_wise, data_parallel, in that order).
-table_row_wise is tried when the job spans nodes (one candidate per node).
-A table is only split (column- or row-wise) when it alone costs more than a balanced rank's
-share, or fits on no rank whole: splitting adds work in total and only pays for balance.
+Search: tables are placed largest first. For each, every kind (table-wise on each rank,
+column-wise into 2..column_shards blocks on the least loaded ranks, row-wise, table-row-wise on
+each node when the job spans nodes, data-parallel) whose placement fits the memory left is tried,
+and the best by, in order:
+
+1. the resulting iteration seconds, but never below the balanced floor (the least total work any
+   plan can do, spread evenly): below it, lowering the maximum buys nothing yet;
+2. the total work the candidate adds over all ranks (splitting a table always adds work: partial
+   sums, more collectives; it must pay for itself in step 1 or lose here);
+3. load: the busiest rank it touches, then the busiest node, then the most memory a rank it
+   touches holds (the lightest win);
+4. the kind's order above.
 """
 
 from __future__ import annotations
@@ -29,12 +34,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from model.plan_traffic import (
+    FOOTPRINT_ROWS, LOOKUP, MEMORY, PHASES, Geometry, PlanTraffic, row, table_footprint,
+)
 from model.sharding import (
     SHARDING_TYPES, Shard, TablePlan, column_wise, data_parallel, row_wise, table_row_wise, table_wise,
 )
 
-ID_BYTES = 8
-FLOAT_BYTES = 4
+MIN_COLUMN_BLOCK = 4
+"""Columns a column-wise block needs at least, and a multiple of: fbgemm's CUDA kernels take
+embedding dims divisible by 4 (TorchRec's column-wise blocks are 32 wide by default)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,21 +53,21 @@ class Topology:
     world_size: int
     ranks_per_node: int
     memory_bytes: float
-    """Memory a rank may use for embedding shards and their optimizer state."""
+    """Memory a rank may use for embedding shards, their optimizer state and exchange buffers."""
     memory_bw: float
     """Bytes/s of the memory the tables live in."""
     intra_node_bw: float
-    """Bytes/s a rank gets over the links inside a node."""
+    """Bytes/s a rank gets over the links inside a node, each direction."""
     inter_node_bw: float
-    """Bytes/s a rank gets over the network between nodes."""
+    """Bytes/s a rank gets over the network between nodes, each direction."""
     intra_node_latency_s: float = 0.0
     """Seconds a collective inside a node costs whatever its size."""
     inter_node_latency_s: float = 0.0
     """Seconds a collective spanning nodes costs whatever its size."""
 
     @property
-    def link_bw(self) -> float:
-        return self.inter_node_bw if self.world_size > self.ranks_per_node else self.intra_node_bw
+    def spans_nodes(self) -> bool:
+        return self.world_size > self.ranks_per_node
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,9 +80,13 @@ class TableSpec:
 
 @dataclass
 class RankLoad:
+    """What the plan puts on one rank: memory held, estimated seconds, the shards, the bytes."""
+
     memory_bytes: float = 0.0
     cost_s: float = 0.0
     shards: list[str] = field(default_factory=list)
+    traffic: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    """Bytes an iteration: (intra-node in, intra-node out, inter-node in, inter-node out)."""
 
 
 class PlanError(ValueError):
@@ -88,60 +103,6 @@ def shard_label(t: int, tp: TablePlan, s: Shard) -> str:
     return f"t{t}:{ABBREVIATIONS[tp.kind]}"
 
 
-@dataclass(frozen=True, kw_only=True)
-class MemoryModel:
-    """What a shard costs its rank in memory besides its weights."""
-
-    state_per_element: float
-    """Optimizer state floats per weight element (Adagrad: 1)."""
-    state_per_row: float = 0.0
-    """Optimizer state floats per row (row-wise Adagrad: 1)."""
-    global_batch: int = 0
-    """Samples an iteration: sizes the exchange buffers the shard's rank holds (0: none counted)."""
-
-
-def shard_memory(tp: TablePlan, shard: Shard, spec: TableSpec, mem: MemoryModel) -> float:
-    """Weights, optimizer state and the exchange buffers its rank holds for it an iteration: the
-    ids it receives (values and lengths), and the pooled rows and their gradients of the whole
-    global batch (table/column-wise), or the partial sums and gathered gradients (row-wise kinds)."""
-    weights = shard.rows * shard.cols * FLOAT_BYTES
-    state = (mem.state_per_element * shard.rows * shard.cols + mem.state_per_row * shard.rows) * FLOAT_BYTES
-    g = mem.global_batch
-    if tp.kind == "data_parallel":  # a dense gradient of the table; no exchange buffers of ids
-        return weights + state + weights
-    share = shard.rows / spec.rows if tp.kind in ("row_wise", "table_row_wise") else 1.0
-    width = spec.dim if tp.kind in ("row_wise", "table_row_wise") else shard.cols
-    buffers = ID_BYTES * g * (spec.pooling * share + 1) + 2 * g * width * FLOAT_BYTES
-    return weights + state + buffers
-
-
-def shard_cost(tp: TablePlan, shard: Shard, spec: TableSpec, topo: Topology, global_batch: int) -> float:
-    """Seconds this shard adds to its rank an iteration (see the module docstring)."""
-    w, b, p = topo.world_size, global_batch, spec.pooling
-    remote = (w - 1) / w  # the share of a batch that lives on other ranks and crosses a link
-    row_bytes = shard.cols * FLOAT_BYTES
-    if tp.kind in ("table_wise", "column_wise"):
-        lookup = 3 * b * p * row_bytes
-        comm = remote * (b * p * ID_BYTES + 2 * b * row_bytes)
-    elif tp.kind == "row_wise":
-        share = shard.rows / spec.rows
-        # Every rank writes partial sums for the whole batch and reads every sample's gradient.
-        lookup = 3 * b * p * share * row_bytes + 2 * b * row_bytes
-        comm = remote * (b * p * share * ID_BYTES + 2 * b * row_bytes)
-    elif tp.kind == "table_row_wise":
-        share, local = shard.rows / spec.rows, topo.ranks_per_node
-        # As row-wise, but the partial sums are reduce-scattered and the gradients all-gathered
-        # inside the node, and only each sample's summed row crosses to its owner's node.
-        lookup = 3 * b * p * share * row_bytes + 2 * b * row_bytes
-        intra = 2 * b * row_bytes * (local - 1) / local
-        comm = remote * (b * p * share * ID_BYTES + 2 * (b / local) * row_bytes)
-        return lookup / topo.memory_bw + intra / topo.intra_node_bw + comm / topo.link_bw
-    else:  # data_parallel
-        lookup = 3 * (b / w) * p * row_bytes
-        comm = 2 * spec.rows * row_bytes * remote
-    return lookup / topo.memory_bw + comm / topo.link_bw
-
-
 GROUP_OF_KIND = {"table_wise": "pooled", "column_wise": "pooled", "row_wise": "row_wise",
                  "table_row_wise": "table_row_wise", "data_parallel": "data_parallel"}
 """The sharding (one set of collectives an iteration, model/embedding_shardings.py) a kind's tables share."""
@@ -154,22 +115,62 @@ and all-gather); data-parallel tables one gradient all-reduce."""
 def group_latency_s(group: str, topo: Topology) -> float:
     """What a sharding's collectives cost every rank in latency alone, once, however many tables it holds."""
     world, node = COLLECTIVES_OF_GROUP[group]
-    spans_nodes = topo.world_size > topo.ranks_per_node
-    return world * (topo.inter_node_latency_s if spans_nodes else topo.intra_node_latency_s) + \
+    return world * (topo.inter_node_latency_s if topo.spans_nodes else topo.intra_node_latency_s) + \
         node * topo.intra_node_latency_s
 
 
-def _candidates(kind: str, t: int, spec: TableSpec, topo: Topology, loads: list[RankLoad], column_shards: int):
+def _bandwidths(topo: Topology) -> tuple[float, float]:
+    return topo.intra_node_bw, topo.inter_node_bw
+
+
+def rank_seconds(fp: np.ndarray, topo: Topology) -> np.ndarray:
+    """Seconds per rank of a footprint (model/plan_traffic.py), latency aside: each exchange on each
+    link level takes its busier direction (links are full duplex within an exchange)."""
+    seconds = fp[LOOKUP] / topo.memory_bw
+    for phase in range(len(PHASES)):
+        for level, bw in enumerate(_bandwidths(topo)):
+            seconds = seconds + np.maximum(fp[row(phase, level, False)], fp[row(phase, level, True)]) / bw
+    return seconds
+
+
+def step_seconds(fp: np.ndarray, topo: Topology) -> float:
+    """What the embedding lookups and exchanges of a footprint cost the iteration, latency aside.
+    A collective ends when its busiest rank is done, so each exchange on each level costs its
+    busiest rank's time, and the lookups the busiest rank's (a sum of per-rank totals instead
+    would let one rank's long lookup hide another's long transfer)."""
+    seconds = float(fp[LOOKUP].max()) / topo.memory_bw
+    for phase in range(len(PHASES)):
+        for level, bw in enumerate(_bandwidths(topo)):
+            seconds += max(fp[row(phase, level, False)].max(), fp[row(phase, level, True)].max()) / bw
+    return seconds
+
+
+def work_seconds(fp: np.ndarray, topo: Topology) -> float:
+    """A footprint's total over all ranks, every byte priced once at its link's rate: unlike the
+    maxima it does not depend on where the table goes, only on how it is split."""
+    seconds = float(fp[LOOKUP].sum()) / topo.memory_bw
+    for level, bw in enumerate(_bandwidths(topo)):
+        seconds += sum(float(fp[row(phase, level, False)].sum()) for phase in range(len(PHASES))) / bw
+    return seconds
+
+
+def column_blocks(dim: int, most: int, world_size: int) -> list[int]:
+    """The column-wise block counts 2..most that split `dim` into blocks of MIN_COLUMN_BLOCK columns or
+    a multiple of it, one block a rank. A single rank holds a column-wise table as one block (the
+    kind's code path runs, as a forced plan on one rank asks)."""
+    if world_size == 1:
+        return [1]
+    return [k for k in range(2, min(most, world_size) + 1)
+            if dim % k == 0 and (dim // k) % MIN_COLUMN_BLOCK == 0]
+
+
+def _candidates(kind: str, spec: TableSpec, topo: Topology, lightest: list[int], column_shards: int) -> list[TablePlan]:
+    """Every placement of one kind the search tries; `lightest`: the ranks, least loaded first."""
     if kind == "table_wise":
         return [table_wise(spec.rows, spec.dim, r) for r in range(topo.world_size)]
     if kind == "column_wise":
-        k = min(column_shards, topo.world_size)
-        if spec.dim % k:
-            raise PlanError(
-                f"table {t}: column_wise into {k} shards needs a dim divisible by {k}, dim is {spec.dim}"
-            )
-        lightest = sorted(range(topo.world_size), key=lambda r: (loads[r].cost_s, r))[:k]
-        return [column_wise(spec.rows, spec.dim, sorted(lightest))]
+        return [column_wise(spec.rows, spec.dim, sorted(lightest[:k]))
+                for k in column_blocks(spec.dim, column_shards, topo.world_size)]
     if kind == "row_wise":
         return [row_wise(spec.rows, spec.dim, topo.world_size)]
     if kind == "table_row_wise":
@@ -178,22 +179,27 @@ def _candidates(kind: str, t: int, spec: TableSpec, topo: Topology, loads: list[
     return [data_parallel(spec.rows, spec.dim, topo.world_size)]
 
 
-def _kinds_to_try(t: int, spec: TableSpec, whole_cost: float, balanced_share: float, topo: Topology,
-                  loads: list[RankLoad], mem: MemoryModel) -> list[str]:
-    """Split a table (column- or row-wise) only when it alone costs more than a balanced rank's
-    share of all the work, or no rank has room for it whole: splitting always costs more in
-    total (every rank pays partial outputs and extra collectives), it only wins on balance."""
-    kinds = ["table_wise", "data_parallel"]
-    whole = table_wise(spec.rows, spec.dim, 0)
-    full = shard_memory(whole, whole.shards[0], spec, mem)
-    room = max(topo.memory_bytes - ld.memory_bytes for ld in loads)
-    if whole_cost > balanced_share or full > room:
-        # Across nodes, row blocks inside one node keep each sample's row crossing once: at 16 x 8
-        # on mlperf's tables this took the busiest rank from 19.5 to 5.0 GiB and from 99 to 25 MB
-        # between nodes an iteration (make plan-compare).
-        multi_node = topo.world_size > topo.ranks_per_node
-        kinds[1:1] = ["column_wise", "row_wise", *(["table_row_wise"] if multi_node else [])]
-    return kinds
+def _kinds(topo: Topology) -> list[str]:
+    """The kinds the search tries, in its tie-break order; table-row-wise only when the job spans nodes
+    (on one node it is row-wise)."""
+    return [k for k in ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
+            if k != "table_row_wise" or topo.spans_nodes]
+
+
+def plan_footprint(plan: Sequence[TablePlan], tables: Sequence[TableSpec], geo: Geometry) -> np.ndarray:
+    total = np.zeros((FOOTPRINT_ROWS, geo.world_size))
+    for tp, spec in zip(plan, tables):
+        total += table_footprint(tp, rows=spec.rows, dim=spec.dim, pooling=spec.pooling, geo=geo)
+    return total
+
+
+def plan_latency_s(plan: Sequence[TablePlan], topo: Topology) -> float:
+    return sum(group_latency_s(g, topo) for g in {GROUP_OF_KIND[tp.kind] for tp in plan})
+
+
+def plan_step_seconds(plan: Sequence[TablePlan], tables: Sequence[TableSpec], topo: Topology, geo: Geometry) -> float:
+    """What the planner minimises for a whole plan: step_seconds plus the latency of its shardings."""
+    return step_seconds(plan_footprint(plan, tables, geo), topo) + plan_latency_s(plan, topo)
 
 
 def plan_tables(
@@ -204,60 +210,88 @@ def plan_tables(
     state_per_element: float,
     state_per_row: float = 0.0,
     forced: dict[int, str] | None = None,
-    column_shards: int = 2,
+    column_shards: int = 4,
 ) -> tuple[list[TablePlan], list[RankLoad]]:
     """A plan for every table and each rank's resulting load. Raises PlanError with the reason.
-    state_per_element / state_per_row: optimizer state floats (see MemoryModel)."""
+    state_per_element / state_per_row: optimizer state floats (see plan_traffic.Geometry);
+    column_shards: the most column blocks tried."""
     forced = forced or {}
-    mem = MemoryModel(state_per_element=state_per_element, state_per_row=state_per_row, global_batch=global_batch)
     for t, kind in forced.items():
         if kind not in SHARDING_TYPES:
             raise PlanError(f"table {t}: unknown sharding type {kind!r}; types are {', '.join(SHARDING_TYPES)}")
         if not 0 <= t < len(tables):
             raise PlanError(f"forced sharding names table {t}; tables are 0..{len(tables) - 1}")
-    loads = [RankLoad() for _ in range(topo.world_size)]
-    plan: list[TablePlan | None] = [None] * len(tables)
-    order = sorted(range(len(tables)), key=lambda t: (-tables[t].rows * tables[t].dim, t))
-    whole = [shard_cost(tp, tp.shards[0], tables[t], topo, global_batch)
-             for t, tp in ((t, table_wise(tables[t].rows, tables[t].dim, 0)) for t in range(len(tables)))]
-    balanced_share = sum(whole) / topo.world_size
+        if kind == "column_wise" and not column_blocks(tables[t].dim, column_shards, topo.world_size):
+            raise PlanError(
+                f"table {t}: column_wise needs 2..{column_shards} blocks (at most one a rank, {topo.world_size} ranks) "
+                f"of a multiple of {MIN_COLUMN_BLOCK} columns each; dim is {tables[t].dim}")
+    geo = Geometry(world_size=topo.world_size, ranks_per_node=topo.ranks_per_node, global_batch=global_batch,
+                   state_per_element=state_per_element, state_per_row=state_per_row)
+
+    def footprint(tp: TablePlan, spec: TableSpec) -> np.ndarray:
+        return table_footprint(tp, rows=spec.rows, dim=spec.dim, pooling=spec.pooling, geo=geo)
+
+    w, per_node = topo.world_size, topo.ranks_per_node
+    node_of = np.arange(w) // per_node
+    # The least work each table can cost (whole on one rank, or replicated), spread evenly, plus the
+    # cheapest sharding's latency: no plan's busiest rank does less.
+    least = [min(work_seconds(footprint(table_wise(s.rows, s.dim, 0), s), topo),
+                 work_seconds(footprint(data_parallel(s.rows, s.dim, w), s), topo)) for s in tables]
+    floor = sum(least) / w + min(group_latency_s(GROUP_OF_KIND[k], topo) for k in _kinds(topo))
+
+    def even(seconds: float) -> float:
+        """Equal up to rounding: the same bytes summed in another order must tie, so that load decides."""
+        return round(seconds / (floor or 1.0), 9)
+
+    total = np.zeros((FOOTPRINT_ROWS, w))
     groups: set[str] = set()  # shardings in use: their latency is paid once, by every rank
-    for t in order:
+    latency = 0.0
+    plan: list[TablePlan | None] = [None] * len(tables)
+    labels: list[list[str]] = [[] for _ in range(w)]
+    for t in sorted(range(len(tables)), key=lambda t: (-tables[t].rows * tables[t].dim, t)):
         spec = tables[t]
-        kinds = [forced[t]] if t in forced else _kinds_to_try(t, spec, whole[t], balanced_share, topo, loads, mem)
-        best = None
+        cost_now = rank_seconds(total, topo)
+        node_now = np.bincount(node_of, weights=cost_now)
+        lightest = sorted(range(w), key=lambda r: (cost_now[r], node_now[node_of[r]], r))
+        kinds = [forced[t]] if t in forced else _kinds(topo)
+        best, tightest = None, None
         for pref, kind in enumerate(kinds):
-            for tp in _candidates(kind, t, spec, topo, loads, column_shards):
-                held = [loads[r].memory_bytes for r in range(topo.world_size)]
+            for tp in _candidates(kind, spec, topo, lightest, column_shards):
+                fp = footprint(tp, spec)
+                held = total[MEMORY] + fp[MEMORY]
+                if tightest is None or held.max() < tightest:
+                    tightest = held.max()
+                if held.max() > topo.memory_bytes:
+                    continue
                 group = GROUP_OF_KIND[tp.kind]
                 opening = 0.0 if group in groups else group_latency_s(group, topo)
-                cost = [loads[r].cost_s + opening for r in range(topo.world_size)]
-                for s in tp.shards:
-                    held[s.rank] += shard_memory(tp, s, spec, mem)
-                    cost[s.rank] += shard_cost(tp, s, spec, topo, global_batch)
-                if max(held) > topo.memory_bytes:
-                    continue
-                touched = max(cost[s.rank] for s in tp.shards)  # load-aware: the lightest ranks win ties
-                key = (max(max(cost), balanced_share), touched, sum(cost), pref)
+                after = total + fp
+                cost = rank_seconds(after, topo)
+                owners = [s.rank for s in tp.shards]
+                node_cost = np.bincount(node_of, weights=cost)
+                key = (even(max(step_seconds(after, topo) + latency + opening, floor)),
+                       even(work_seconds(fp, topo) + opening * w),
+                       cost[owners].max(), node_cost[node_of[owners]].max(), held[owners].max(), pref)
                 if best is None or key < best[0]:
-                    best = (key, tp)
+                    best = (key, tp, fp)
         if best is None:
-            first = _candidates(kinds[0], t, spec, topo, loads, column_shards)[0]
-            need = max(shard_memory(first, s, spec, mem) for s in first.shards)
-            free = max(topo.memory_bytes - ld.memory_bytes for ld in loads)
             raise PlanError(
-                f"table {t} ({spec.rows} x {spec.dim}) fits on no rank as {'/'.join(kinds)}: a shard needs "
-                f"{need / 2**30:.2f} GiB with optimizer state and exchange buffers, the most any rank has left is {free / 2**30:.2f} GiB "
+                f"table {t} ({spec.rows} x {spec.dim}) fits on no rank as {'/'.join(kinds)}: the best placement "
+                f"leaves a rank holding {tightest / 2**30:.2f} GiB (weights, optimizer state and exchange buffers) "
                 f"of {topo.memory_bytes / 2**30:.2f} GiB; add ranks, raise the memory budget or allow row_wise"
             )
-        tp = best[1]
+        _, tp, fp = best
         plan[t] = tp
+        total += fp
         if GROUP_OF_KIND[tp.kind] not in groups:
             groups.add(GROUP_OF_KIND[tp.kind])
-            for ld in loads:
-                ld.cost_s += group_latency_s(GROUP_OF_KIND[tp.kind], topo)
+            latency += group_latency_s(GROUP_OF_KIND[tp.kind], topo)
         for s in tp.shards:
-            loads[s.rank].memory_bytes += shard_memory(tp, s, spec, mem)
-            loads[s.rank].cost_s += shard_cost(tp, s, spec, topo, global_batch)
-            loads[s.rank].shards.append(shard_label(t, tp, s))
+            labels[s.rank].append(shard_label(t, tp, s))
+    seconds = rank_seconds(total, topo) + latency
+    traffic = PlanTraffic.of(total)
+    loads = [RankLoad(memory_bytes=float(total[MEMORY, r]), cost_s=float(seconds[r]), shards=labels[r],
+                      traffic=(float(traffic.intra_in[r]), float(traffic.intra_out[r]),
+                               float(traffic.inter_in[r]), float(traffic.inter_out[r])))
+             for r in range(w)]
     return plan, loads  # type: ignore[return-value]

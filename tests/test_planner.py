@@ -7,7 +7,10 @@ import pytest
 from harness.config import ShardingConfig
 from harness.planning import make_plan
 from harness.presets import mlperf, small, tiny
-from model.planner import PlanError, TableSpec, Topology, plan_tables, shard_cost
+import numpy as np
+
+from model.plan_traffic import BACKWARD, FOOTPRINT_ROWS, FORWARD, IDS, LOOKUP, MEMORY, Geometry, row, table_footprint
+from model.planner import PlanError, TableSpec, Topology, plan_tables, rank_seconds, step_seconds, work_seconds
 from model.sharding import row_wise, table_wise
 
 GIB = 2**30
@@ -19,15 +22,33 @@ def topo(world=4, per_node=4, memory_gib=1.0):
 
 
 def test_cost_model_by_hand():
-    spec = TableSpec(rows=1000, dim=16, pooling=2)
-    t = topo()  # 4 ranks: 3/4 of every exchange crosses a link
-    tw = table_wise(1000, 16, 0)
-    # lookup 3 * 64 * 2 * 64 B = 24576 B at 10 GB/s; comm 3/4 * (64*2*8 + 2*64*64) = 6912 B at 1 GB/s.
-    assert shard_cost(tw, tw.shards[0], spec, t, 64) == pytest.approx(24576 / 10e9 + 6912 / 1e9)
-    rw = row_wise(1000, 16, 4)  # 250 rows a rank: a quarter of the ids
-    # lookup 3*64*2*0.25*64 + 2*64*64 (partial sums out, gradients in) = 14336 B;
-    # comm 3/4 * (64*2*0.25*8 + 2*64*64) = 6336 B.
-    assert shard_cost(rw, rw.shards[1], spec, t, 64) == pytest.approx(14336 / 10e9 + 6336 / 1e9)
+    """Rank 0 looks up 100 B, rank 1 sends 50 B between nodes forward and receives 30 B backward;
+    memory 100 B/s, between nodes 10 B/s. Each rank's seconds add its own resources; the step
+    adds each resource's busiest rank (the collectives wait for it): 1 s + 5 s + 3 s."""
+    t = Topology(world_size=2, ranks_per_node=1, memory_bytes=GIB, memory_bw=100.0, intra_node_bw=1000.0,
+                 inter_node_bw=10.0)
+    fp = np.zeros((FOOTPRINT_ROWS, 2))
+    fp[LOOKUP] = [100.0, 0.0]
+    fp[row(FORWARD, 1, False)] = [0.0, 50.0]
+    fp[row(FORWARD, 1, True)] = [50.0, 0.0]
+    fp[row(BACKWARD, 1, True)] = [0.0, 30.0]
+    fp[row(BACKWARD, 1, False)] = [30.0, 0.0]
+    assert rank_seconds(fp, t).tolist() == pytest.approx([1 + 5 + 3, 5 + 3])
+    assert step_seconds(fp, t) == pytest.approx(1 + 5 + 3)
+    # An exchange is full duplex, two exchanges are not: 50 B out forward and 30 B in backward take 8 s.
+    assert work_seconds(fp, t) == pytest.approx(1 + 80 / 10)
+
+
+def test_table_wise_footprint_by_hand():
+    """One table-wise table on rank 0 of 2 ranks (a node each), global batch 4, 1 id a sample, dim 4."""
+    geo = Geometry(world_size=2, ranks_per_node=1, global_batch=4, state_per_element=1.0)
+    fp = table_footprint(table_wise(10, 4, 0), rows=10, dim=4, pooling=1.0, geo=geo)
+    # Rank 1 sends its 2 ids and 2 lengths (32 B), gets its 2 pooled rows (32 B), sends their gradients.
+    assert fp[row(IDS, 1, False)].tolist() == [0, 32] and fp[row(IDS, 1, True)].tolist() == [32, 0]
+    assert fp[row(FORWARD, 1, False)].tolist() == [32, 0] and fp[row(BACKWARD, 1, True)].tolist() == [32, 0]
+    # Rank 0 reads 4 rows of 16 B forward, reads and writes them backward: 192 B.
+    assert fp[LOOKUP].tolist() == [192, 0]
+    assert fp[row(FORWARD, 0, False)].sum() == 0  # nothing inside a node: one rank a node
 
 
 def test_small_tables_stay_whole():
@@ -49,8 +70,11 @@ def test_forced_kinds_and_impossible_plans():
     tables = [TableSpec(rows=100, dim=6, pooling=1)] * 3
     plan, _ = plan_tables(tables, topo(), global_batch=8, state_per_element=1.0, forced={1: "row_wise", 2: "data_parallel"})
     assert [tp.kind for tp in plan][1:] == ["row_wise", "data_parallel"]
-    with pytest.raises(PlanError, match="column_wise into 4 shards needs a dim divisible by 4"):
+    with pytest.raises(PlanError, match="table 0: column_wise needs 2..4 blocks .* of a multiple of 4 columns each; dim is 6"):
         plan_tables(tables, topo(), global_batch=8, state_per_element=1.0, forced={0: "column_wise"}, column_shards=4)
+    cw, _ = plan_tables([TableSpec(rows=100, dim=16, pooling=1)], topo(), global_batch=8, state_per_element=1.0,
+                        forced={0: "column_wise"}, column_shards=4)
+    assert len(cw[0].shards) in (2, 4) and all(s.cols % 4 == 0 for s in cw[0].shards)
     with pytest.raises(PlanError, match="table 0 .* fits on no rank"):
         plan_tables([TableSpec(rows=10**9, dim=128, pooling=1)], topo(), global_batch=8, state_per_element=1.0,
                     forced={0: "table_wise"})
@@ -94,17 +118,18 @@ def test_forced_table_row_wise_goes_to_the_least_loaded_node():
     assert all(ld.shards for ld in loads)
 
 
-def test_shard_memory_counts_row_state_and_exchange_buffers_by_hand():
-    from model.planner import MemoryModel, shard_memory
-
-    spec = TableSpec(rows=100, dim=8, pooling=2)
-    tw = table_wise(100, 8, 0)
-    # Row-wise Adagrad: 100 x 8 weights (3200 B) + one float a row (400 B); global batch 10: ids
-    # 8 B x 10 x (2 values + 1 length) = 240 B, pooled rows and gradients 2 x 10 x 8 x 4 = 640 B.
-    mem = MemoryModel(state_per_element=0.0, state_per_row=1.0, global_batch=10)
-    assert shard_memory(tw, tw.shards[0], spec, mem) == 3200 + 400 + 240 + 640
-    rw = row_wise(100, 8, 4)  # 25 rows a rank: a quarter of the values, full-width partial sums
-    assert shard_memory(rw, rw.shards[1], spec, mem) == 800 + 100 + 8 * 10 * (2 * 0.25 + 1) + 640
+def test_memory_counts_row_state_and_exchange_buffers_by_hand():
+    spec = dict(rows=100, dim=8, pooling=2.0)
+    # Row-wise Adagrad, 4 ranks, global batch 12 (3 a rank).
+    geo = Geometry(world_size=4, ranks_per_node=4, global_batch=12, state_per_element=0.0, state_per_row=1.0)
+    tw = table_footprint(table_wise(100, 8, 0), **spec, geo=geo)[MEMORY]
+    # Its rank: 100 x 8 weights (3200 B) + a float a row (400 B); ids 8 B x 12 x (2 values + 1 length)
+    # = 288 B; pooled rows and gradients of the global batch 2 x 12 x 8 x 4 = 768 B. Every rank: its
+    # own 3 pooled rows and gradients, 2 x 3 x 8 x 4 = 192 B.
+    assert tw.tolist() == [3200 + 400 + 288 + 768 + 192] + [192] * 3
+    rw = table_footprint(row_wise(100, 8, 4), **spec, geo=geo)[MEMORY]
+    # 25 rows a rank: a quarter of the values, full-width partial sums and gradients of the batch.
+    assert rw[1] == 800 + 100 + 8 * 12 * (2 * 0.25 + 1) + 768 + 192
 
 
 def test_a_sharding_in_use_costs_every_rank_its_latency_once():
