@@ -18,6 +18,11 @@ ABLATION      ?=
 NSYS          ?=
 ENGINE        ?=
 LAYOUTS       ?=
+OUT           ?=
+ROWS          ?=
+DAYS          ?=
+SEED          ?=
+DATA          ?=
 
 PYTHON        ?= $(shell command -v python3.11 || command -v python3)
 # Valid names come from harness/names.py, which imports neither torch nor anything else outside
@@ -33,7 +38,8 @@ HAS_CUDA      := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_REQS    := $(if $(HAS_CUDA),requirements-cuda.txt,requirements-cpu.txt)
 STAMP         := $(VENV)/.installed-$(basename $(TORCH_REQS))
 
-.PHONY: help bench ablation report test perf check-bench-knobs venv clean-venv browser compare plan-compare gpu-check
+.PHONY: help bench ablation report test perf check-bench-knobs venv clean-venv browser compare plan-compare gpu-check \
+        dataset data-perf check-dataset-out
 
 help:
 	@echo "make bench  [PRESET=$(subst $() ,|,$(VALID_PRESETS))] [NODES=n] [GPUS_PER_NODE=n] [ITERS=n] [WARMUP=n]"
@@ -42,12 +48,15 @@ help:
 	@echo "            inside Slurm: srun, one torchrun a node; with MASTER_ADDR + NODE_RANK (+ RUN_ID): torchrun"
 	@echo "            for this host (run it on every host); otherwise NODES x GPUS_PER_NODE local processes"
 	@echo "            [ENGINE=harness|torchrec]  (torchrec: stock TorchRec on the same config, batches and weights)"
+	@echo "            [DATA=dir]  (train on MLPerf-layout files, e.g. from make dataset, instead of synthetic batches)"
 	@echo "make compare [PRESET=tiny] [REPEATS=3] [OPTS=\"...\"]  (torchrec and harness runs interleaved; last line: the ratio)"
 	@echo "make ablation [PRESET=...] [NODES=...] [GPUS_PER_NODE=...] [SHARDING=...] [REPEATS=n (3)]"
 	@echo "make report [RUN=latest|<run_id>|<baseline_id>,<candidate_id>] | [ABLATION=latest|<id>] | [NSYS=<file.sqlite>]"
 	@echo "make test"
 	@echo "make perf   [PRESET=tiny|small (tiny)]   (timeline on vs off: the instrumentation's cost)"
 	@echo "make plan-compare [LAYOUTS=1x8,2x8,16x8]  (mlperf tables: this planner vs TorchRec's, planning only)"
+	@echo "make dataset OUT=dir [ROWS=100000 a day] [DAYS=3] [PRESET=tiny] [SEED=0]  (synthetic days in the MLPerf file layout)"
+	@echo "make data-perf [DATA=dir] [PRESET=small]  (the file loader's samples/s on one rank, beside the synthetic stream's)"
 	@echo "make gpu-check  (on a GPU host: the CUDA battery, a line a check and a verdict; elsewhere one line)"
 	@echo "OPTS passes extra flags to 'python -m harness bench' (see: $(PY) -m harness bench --help)"
 
@@ -56,11 +65,13 @@ check-bench-knobs:
 	@test -n "$(VALID_PRESETS)" || { echo "make: cannot read harness/names.py with $(PYTHON)" >&2; exit 2; }
 	@test -z "$(PRESET)" || { test $(words $(PRESET)) = 1 && case " $(VALID_PRESETS) " in *" $(PRESET) "*) ;; *) false;; esac; } || \
 	  { echo "make: PRESET=$(PRESET) is not valid; valid values: $(VALID_PRESETS)" >&2; exit 2; }
-	@for kv in $(foreach k,NODES GPUS_PER_NODE ITERS REPEATS,$(if $($(k)),$(k)=$($(k)))); do \
+	@for kv in $(foreach k,NODES GPUS_PER_NODE ITERS REPEATS ROWS DAYS,$(if $($(k)),$(k)=$($(k)))); do \
 	  echo "$${kv#*=}" | grep -Eq '^[1-9][0-9]*$$' || \
 	  { echo "make: $$kv is not valid; valid values: a positive integer (1, 2, 3, ...)" >&2; exit 2; }; done
 	@test -z "$(WARMUP)" || echo "$(WARMUP)" | grep -Eq '^[0-9]+$$' || \
 	  { echo "make: WARMUP=$(WARMUP) is not valid; valid values: an integer >= 0" >&2; exit 2; }
+	@test -z "$(SEED)" || echo "$(SEED)" | grep -Eq '^[0-9]+$$' || \
+	  { echo "make: SEED=$(SEED) is not valid; valid values: an integer >= 0" >&2; exit 2; }
 	@test -z "$(SHARDING)" || case " $(VALID_SHARDING) " in *" $(SHARDING) "*) ;; \
 	  *) echo "make: SHARDING=$(SHARDING) is not valid; valid values: $(VALID_SHARDING)" >&2; exit 2;; esac
 	@test -z "$(ENGINE)" || case " $(VALID_ENGINES) " in *" $(ENGINE) "*) ;; \
@@ -87,7 +98,7 @@ venv: $(STAMP)
 KNOB_ARGS = $(if $(PRESET),--preset $(PRESET)) $(if $(NODES),--nodes $(NODES)) \
   $(if $(GPUS_PER_NODE),--gpus-per-node $(GPUS_PER_NODE)) $(if $(ITERS),--iters $(ITERS)) \
   $(if $(WARMUP),--warmup $(WARMUP)) $(if $(SHARDING),--sharding $(SHARDING))
-BENCH_ARGS = $(KNOB_ARGS) $(if $(ENGINE),--engine $(ENGINE))
+BENCH_ARGS = $(KNOB_ARGS) $(if $(ENGINE),--engine $(ENGINE)) $(if $(DATA),--data $(DATA))
 
 bench: check-bench-knobs $(STAMP)
 	$(PY) -m harness bench $(BENCH_ARGS) \
@@ -125,6 +136,17 @@ gpu-check: $(STAMP)
 # Planning only: the harness's sharding plan of the mlperf tables against TorchRec's planner.
 plan-compare: $(STAMP)
 	$(PY) -m harness.plan_compare $(if $(LAYOUTS),--layouts $(LAYOUTS))
+
+# OUT is checked before anything is installed.
+dataset: check-bench-knobs check-dataset-out $(STAMP)
+	$(PY) -m harness.make_dataset --out $(OUT) $(if $(ROWS),--rows $(ROWS)) $(if $(DAYS),--days $(DAYS)) \
+	  $(if $(PRESET),--preset $(PRESET)) $(if $(SEED),--seed $(SEED))
+
+check-dataset-out:
+	@test -n "$(OUT)" || { echo "make dataset: give OUT=<folder to write>" >&2; exit 2; }
+
+data-perf: check-bench-knobs $(STAMP)
+	$(PY) -m harness.data_perf $(if $(DATA),--data $(DATA)) $(if $(PRESET),--preset $(PRESET))
 
 clean-venv:
 	rm -rf $(VENV)

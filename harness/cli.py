@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import engine_torchrec, records, report
+from harness.batch_source import open_batches
 from harness.config import BenchConfig
 from harness.device import check_gpus_per_host, check_shard_dims, cuda_device_count, describe_device, uses_cuda
 from harness.launch import LaunchFailed, choose_launch, node_commands
@@ -78,6 +79,8 @@ def plan_and_flags(cfg: BenchConfig, *, ranks_per_host: int,
     A CPU run that will start is planned within this host's RAM; a dry run plans the profile's."""
     cuda = uses_cuda(cfg.run.device)
     plan, estimate = make_plan(cfg, ranks_per_host=ranks_per_host, on_this_host=not cuda and not dry_run)
+    if cfg.data.path is not None and not dry_run:  # a dry run may plan on a host without the data
+        open_batches(cfg)
     if cfg.run.engine == "torchrec":
         engine_torchrec.check_config(cfg, [tp.kind for tp in plan])
     if cuda:

@@ -108,7 +108,8 @@ class OptimizerConfig:
 
 @dataclass(kw_only=True, frozen=True)
 class DataConfig:
-    """The synthetic Criteo-shaped batches (harness/data.py)."""
+    """Where batches come from: the synthetic Criteo-shaped stream (harness/data.py) or MLPerf
+    files (harness/criteo_files.py)."""
 
     global_batch_size: int = option(option="global-batch")
     """Samples per iteration over all ranks; must divide evenly by the world size."""
@@ -119,12 +120,17 @@ class DataConfig:
     ragged_every: int = 0
     """Every k-th global batch (iterations k-1, 2k-1, ...) has variable hotness (odd samples keep
     half their ids), to exercise skip_splits_a2a's fallback; 0: every batch has fixed hotness."""
+    path: str | None = option(None, option="data", metavar="DIR")
+    """A folder of MLPerf multi-hot Criteo files (harness/criteo_files.py; `make dataset` writes
+    some) to train on instead of the synthetic stream; the synthetic knobs then do not apply."""
 
     def __post_init__(self) -> None:
         _positive_int("data.global_batch_size", self.global_batch_size)
         _non_negative_int("data.ragged_every", self.ragged_every)
         if self.id_exponent < 0:
             raise ValueError(f"data.id_exponent must be >= 0, got {self.id_exponent}")
+        if self.path is not None and self.ragged_every:
+            raise ValueError("data.ragged_every makes synthetic batches ragged; the files at --data have fixed hotness")
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from harness.config import BenchConfig, ModelConfig
-from harness.data import SyntheticCriteo
+from harness.batch_source import BatchSource, open_batches
 from harness.flush import RecordFlusher
 from harness.names import ENGINE_TIMED_STAGES
 from harness.pinned_d2h import HostCopies
@@ -120,7 +120,7 @@ class Lookahead:
     """The batches the pipeline pulls, made before the timed region as the harness's feeder does:
     `prepare(it)` makes those `progress(it)` may pull (it fetches up to two batches ahead)."""
 
-    def __init__(self, data: SyntheticCriteo, *, rank: int, world_size: int, total: int) -> None:
+    def __init__(self, data: BatchSource, *, rank: int, world_size: int, total: int) -> None:
         self.data, self.rank, self.world, self.total = data, rank, world_size, total
         self.made = 0
         self.ready: deque = deque()
@@ -263,7 +263,7 @@ def train_torchrec(
     dmp, optimizer, harness_names = build(cfg, device=device, plan=plan, timeline=timeline)
     pipeline = TrainPipelineSparseDist(dmp, optimizer, device, execute_all_batches=True)  # type: ignore[arg-type]
     total = cfg.run.warmup_iters + cfg.run.iters
-    batches = Lookahead(SyntheticCriteo(cfg.model, cfg.data), rank=rank, world_size=world, total=total)
+    batches = Lookahead(open_batches(cfg), rank=rank, world_size=world, total=total)
     records = RecordFlusher(timeline=timeline, host=HostCopies(device=device, pinned=False), recorder=recorder)
 
     try:

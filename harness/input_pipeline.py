@@ -40,7 +40,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.data import Batch, SyntheticCriteo
+from harness.batch_source import BatchSource
+from harness.data import Batch
 from harness.input_streams import InputStreams, SameStream
 from harness.timeline import Timeline
 from model.features import SparseFeatures
@@ -71,7 +72,7 @@ class Started:
 
 class InputFeeder:
     def __init__(
-        self, *, embeddings: ShardedEmbeddingCollection, data: SyntheticCriteo, rank: int, world_size: int,
+        self, *, embeddings: ShardedEmbeddingCollection, data: BatchSource, rank: int, world_size: int,
         device: torch.device, total: int, pipeline: bool, threaded: bool, skip_splits: bool, timeline: Timeline,
         thread_launches: bool = False, streams: InputStreams | None = None,
     ) -> None:

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from harness.config import BenchConfig
-from harness.data import SyntheticCriteo
+from harness.batch_source import open_batches
 from harness.dense_step import DenseStep
 from harness.dense_gradients import FlatGradients
 from harness.flush import RecordFlusher
@@ -87,7 +87,7 @@ def train(
     wait = WAITS[flags.collective_wait.effective]
     world = cfg.run.world_size
     local_batch = cfg.local_batch_size
-    data = SyntheticCriteo(cfg.model, cfg.data)
+    data = open_batches(cfg)
     dense = build_dense(cfg, device)
     grads = FlatGradients(dense, world_size=world, group=group, wait=wait)
     # fused: one pass over each tensor (the for-loop Adagrad makes several over 64 MB on small);

@@ -19,6 +19,9 @@ CASES = {
     "ITERS=0": "ITERS=0 is not valid",
     "WARMUP=-1": "WARMUP=-1 is not valid; valid values: an integer >= 0",
     "ENGINE=tensorflow": "ENGINE=tensorflow is not valid; valid values: harness torchrec",
+    "ROWS=abc": "ROWS=abc is not valid; valid values: a positive integer",
+    "DAYS=0": "DAYS=0 is not valid",
+    "SEED=-2": "SEED=-2 is not valid; valid values: an integer >= 0",
 }
 
 
@@ -35,6 +38,11 @@ def test_valid_knobs_pass():
                           "ENGINE=torchrec"],
                          cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_dataset_needs_an_out_folder():
+    out = subprocess.run(["make", "-s", "--no-print-directory", "dataset"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode != 0 and "make dataset: give OUT=<folder to write>" in out.stderr
 
 
 def test_valid_values_come_from_the_names_module():

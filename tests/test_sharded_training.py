@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from harness.config import OptimizationsConfig, OptimizerConfig, ShardingConfig
-from harness.data import SyntheticCriteo
+from harness.batch_source import open_batches
 from harness.planning import make_plan
 from harness.presets import small, tiny
 from harness.train import build_dense
@@ -26,7 +26,7 @@ MIXED = ((0, "row_wise"), (9, "column_wise"), (1, "table_wise"), (5, "data_paral
 
 
 def reference_run(cfg):
-    data = SyntheticCriteo(cfg.model, cfg.data)
+    data = open_batches(cfg)
     initial = build_dense(cfg, torch.device("cpu")).state_dict()
     ref = ReferenceDLRM(
         table_rows=cfg.model.table_rows, dim=cfg.model.embedding_dim, dense_state=initial,
@@ -62,11 +62,14 @@ def assemble(ranks: list[dict], table: int, rows: int, dim: int) -> torch.Tensor
 
 def check_against_reference(world: int, sharding: ShardingConfig, tmp_path, device: str = "cpu",
                             nodes: int = 1, optimizations: OptimizationsConfig | None = None,
-                            preset=tiny, train_batch: int | None = None) -> None:
+                            preset=tiny, train_batch: int | None = None, data=None) -> None:
     """world: ranks of each of `nodes` simulated nodes (a node's ranks are consecutive);
     optimizations: the flags to run with (None: the preset's); train_batch: the global batch to
-    train with (None: the preset's); the plan is always made for the preset's own batch."""
+    train with (None: the preset's); the plan is always made for the preset's own batch; data:
+    where batches come from (None: the preset's synthetic stream)."""
     cfg = preset(nodes=nodes, gpus_per_node=world, iters=STEPS, warmup_iters=0, device=device)
+    if data is not None:
+        cfg = cfg.replace(data=data)
     # Learning rate raised from MLPerf's 0.005 so that 5 steps move weights well past float noise.
     # eps raised from 1e-8: Adagrad's step g / (sqrt(sum g^2) + eps) divides float32 summation
     # noise by |g| where a gradient nearly cancels, so with eps 1e-8 even one rank against the
@@ -137,6 +140,16 @@ def test_planned_small_layouts_match_unsharded_reference(nodes, tmp_path):
 def test_table_row_wise_beside_every_other_kind_on_two_nodes(tmp_path):
     mixed = (*MIXED, (3, "table_row_wise"), (12, "table_row_wise"), (2, "table_row_wise"))
     check_against_reference(2, ShardingConfig(kind="auto", per_table=mixed), tmp_path, nodes=2)
+
+
+def test_training_on_mlperf_files_matches_unsharded_reference(tmp_path):
+    """--data: each rank reads its slice of each global batch from the files (generated in the
+    MLPerf layout), and the mixed plan trains to what the reference computes on those batches."""
+    from harness.make_dataset import main as make_dataset
+
+    assert make_dataset(["--out", str(tmp_path / "data"), "--rows", "2000", "--days", "2"]) == 0
+    data = dataclasses.replace(tiny().data, path=str(tmp_path / "data"))
+    check_against_reference(2, ShardingConfig(kind="auto", per_table=MIXED), tmp_path, data=data)
 
 
 @pytest.mark.parametrize("world", [2, 3])
