@@ -276,6 +276,33 @@ class RunConfig:
         return self.nodes * self.gpus_per_node
 
 
+EVAL_STAGES = ("val", "test")
+
+
+@dataclass(kw_only=True, frozen=True)
+class EvalConfig:
+    """Evaluation on the held-out day of the files at --data (harness/evaluate.py)."""
+
+    every_samples: int = option(0, option="eval-every", metavar="SAMPLES")
+    """Score AUROC after the first iteration that reaches each multiple of this many training
+    samples, and after the last iteration; 0: no evaluation. Needs --data."""
+    target_auc: float | None = None
+    """Stop training at the first evaluation whose AUROC reaches this (time to target); None: train
+    every iteration asked for. Needs --eval-every."""
+    stage: str = option("val", option="eval-stage", choices=EVAL_STAGES)
+    """The half of the held-out day that scores: val (its first half) or test (its second)."""
+
+    def __post_init__(self) -> None:
+        _non_negative_int("evaluation.every_samples", self.every_samples)
+        if self.stage not in EVAL_STAGES:
+            raise ValueError(f"evaluation.stage {self.stage!r} is not one of {list(EVAL_STAGES)}")
+        if self.target_auc is not None:
+            if not 0.5 < self.target_auc < 1.0:
+                raise ValueError(f"evaluation.target_auc must be between 0.5 and 1, got {self.target_auc}")
+            if not self.every_samples:
+                raise ValueError("evaluation.target_auc is checked at evaluations: give --eval-every too")
+
+
 @dataclass(kw_only=True, frozen=True)
 class BenchConfig:
     """A whole benchmark run; dependent settings across concerns are checked here."""
@@ -294,6 +321,8 @@ class BenchConfig:
     """Numeric precision of the dense arch."""
     run: RunConfig
     """Launch and measurement."""
+    evaluation: EvalConfig = field(default_factory=EvalConfig)
+    """AUROC on the held-out day (files only)."""
 
     def __post_init__(self) -> None:
         for t, _ in self.sharding.per_table:
@@ -315,6 +344,8 @@ class BenchConfig:
                 # A fault that can never fire would make the test that asked for it pass vacuously.
                 raise ValueError(f"run.{name} {at[0]}:{at[1]} never happens: ranks are 0..{self.run.world_size - 1} "
                                  f"and iterations 0..{total - 1}")
+        if self.evaluation.every_samples and self.data.path is None:
+            raise ValueError("evaluation needs --data: the synthetic stream has no held-out day")
         if self.data.global_batch_size % self.run.world_size:
             raise ValueError(
                 f"global batch {self.data.global_batch_size} does not divide by the world size "

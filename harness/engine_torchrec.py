@@ -50,6 +50,8 @@ def check_config(cfg: BenchConfig, plan_kinds: Sequence[str]) -> None:
                          f"--dense-precision {cfg.precision.dense}")
     if not cfg.optimizations.pipeline:
         raise ValueError("--engine torchrec always trains through TrainPipelineSparseDist: drop --no-pipeline")
+    if cfg.evaluation.every_samples:
+        raise ValueError("--engine torchrec does not evaluate: --eval-every runs with --engine harness")
     asked = [f for f in FLAGS_NOT_IN_TORCHREC if getattr(cfg.optimizations, f)]
     if asked:
         raise ValueError(f"--engine torchrec runs stock TorchRec: the harness's flag(s) {', '.join(asked)} "

@@ -74,17 +74,18 @@ class InputFeeder:
     def __init__(
         self, *, embeddings: ShardedEmbeddingCollection, data: BatchSource, rank: int, world_size: int,
         device: torch.device, total: int, pipeline: bool, threaded: bool, skip_splits: bool, timeline: Timeline,
-        thread_launches: bool = False, streams: InputStreams | None = None,
+        thread_launches: bool = False, streams: InputStreams | None = None, first: int = 0,
     ) -> None:
-        """thread_launches: the input thread launches the collectives too (gloo only; see the
-        module docstring); streams: where input dist's device work goes (harness/input_streams.py;
-        None: the current stream)."""
+        """Feeds iterations first .. total-1 (a segment of the run: evaluations end one, so no input
+        dist is in flight while they run). thread_launches: the input thread launches the
+        collectives too (gloo only; see the module docstring); streams: where input dist's device
+        work goes (harness/input_streams.py; None: the current stream)."""
         if threaded and not pipeline:  # the config refuses this; a direct caller gets the same line
             raise ValueError("a threaded input dist runs the pipelined schedule: it needs pipeline=True")
         if thread_launches and device.type == "cuda":
             raise ValueError("an input thread that launches collectives is for gloo: on NCCL the main thread must")
         self.emb, self.data, self.rank, self.world, self.device = embeddings, data, rank, world_size, device
-        self.total, self.pipeline, self.threaded, self.skip = total, pipeline, threaded, skip_splits
+        self.first, self.total, self.pipeline, self.threaded, self.skip = first, total, pipeline, threaded, skip_splits
         self.timeline, self.thread_launches = timeline, threaded and thread_launches
         self.streams = streams or SameStream()
         self._loaded: dict[int, Batch] = {}
@@ -107,11 +108,11 @@ class InputFeeder:
             self._thread = threading.Thread(target=self._produce, name="input-dist", daemon=True)
             self._thread.start()
         if not self.threaded:
-            for ahead in (it, it + 1) if it == 0 else (it + 1,):
+            for ahead in (it, it + 1) if it == self.first else (it + 1,):
                 if ahead < self.total:
                     self._loaded[ahead] = self._load(ahead)
-        if it == 0 and not self.thread_launches:
-            self._ahead = self._start(0, self._take(0))
+        if it == self.first and not self.thread_launches:
+            self._ahead = self._start(it, self._take(it))
 
     # ---- inside the timed region ------------------------------------------------------
     def _prepare(self, it: int, batch: Batch) -> Prepared:
@@ -181,7 +182,7 @@ class InputFeeder:
             # The current CUDA device is per thread and starts at cuda:0: without this, a rank
             # with LOCAL_RANK > 0 would make its batches and a stray context on GPU 0.
             maybe_set_thread_device(self.device)
-            for it in range(self.total):
+            for it in range(self.first, self.total):
                 item = self._prepare(it, self._load(it))
                 if self.thread_launches:
                     item = self._start(it, item)

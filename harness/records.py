@@ -3,6 +3,7 @@
 runs/<run_id>/manifest.json       written first, then updated as the status moves
 runs/<run_id>/rankNNNNN/stages-PPPPP.parquet, iterations-PPPPP.parquet   parts written as the run goes
                         (a completed run's compacted into stages-all.parquet, iterations-all.parquet)
+runs/<run_id>/rankNNNNN/evals-PPPPP.parquet   one part an evaluation (--eval-every), compacted likewise
 runs/<run_id>/rankNNNNN/rank.json  host, device, threads, peak RSS, measured GEMM rate
 runs/<run_id>/rankNNNNN/error.txt  the exception, when that rank failed
 """
@@ -92,6 +93,18 @@ def launcher_facts() -> dict[str, Any]:
                 versions=versions(), git=git_state())
 
 
+def _write_parquet(frame: pd.DataFrame, final: Path) -> None:
+    """Written aside and renamed: a rank killed mid-write leaves no torn part for readers, and a full
+    disk's half-written file is no record, so its space goes back."""
+    tmp = final.parent / f".{final.name}.tmp"
+    try:
+        frame.to_parquet(tmp, index=False)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def _write_text(path: Path, text: str) -> None:
     """Atomic (write then rename) so a reader never sees half a file."""
     tmp = path.with_suffix(".tmp")
@@ -136,18 +149,12 @@ def compact_parts(run_dir: Path) -> None:
     600 files a rank otherwise. Written aside and renamed before the parts go; a reader that finds
     `<kind>-all.parquet` reads only it, so a crash between the two steps loses and doubles nothing."""
     for rank_dir in sorted(Path(run_dir).glob("rank*")):
-        for kind in ("stages", "iterations"):
+        for kind in ("stages", "iterations", "evals"):
             parts = sorted(rank_dir.glob(f"{kind}-[0-9]*.parquet"))
             if len(parts) < 2:
                 continue
-            final = rank_dir / f"{kind}-{COMPACTED}.parquet"
-            tmp = rank_dir / f".{final.name}.tmp"
-            try:
-                pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True).to_parquet(tmp, index=False)
-                os.replace(tmp, final)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+            _write_parquet(pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True),
+                           rank_dir / f"{kind}-{COMPACTED}.parquet")
             for part in parts:
                 part.unlink()
 
@@ -237,6 +244,7 @@ class RankRecorder:
         self.keys = {"run_id": run_id, "rank": rank, "node": node}
         self.warmup_iters, self.local_batch = warmup_iters, local_batch
         self.part = 0
+        self.eval_part = 0
 
     def write(self, stages: list[StageSpan], iterations: list[StageSpan], losses: dict[int, float],
               *, splits_exchanged: dict[int, int] | None = None) -> None:
@@ -271,16 +279,14 @@ class RankRecorder:
             df["warmup"] = df["iteration"] < self.warmup_iters
         it = it.rename(columns={"duration_ms": "iter_ms"})
         for kind, frame in (("stages", st), ("iterations", it)):
-            # Written aside and renamed: a rank killed mid-write leaves no torn part for readers.
-            final = self.dir / f"{kind}-{self.part:05d}.parquet"
-            tmp = self.dir / f".{final.name}.tmp"
-            try:
-                frame.to_parquet(tmp, index=False)
-                os.replace(tmp, final)
-            except BaseException:
-                tmp.unlink(missing_ok=True)  # a full disk's half-written part is no record: give its space back
-                raise
+            _write_parquet(frame, self.dir / f"{kind}-{self.part:05d}.parquet")
         self.part += 1
+
+    def write_evals(self, evals: list) -> None:
+        """Evaluations (harness.evaluate.EvalRecord), a part each call, apart from the iterations."""
+        frame = pd.DataFrame([{**self.keys, **dataclasses.asdict(e)} for e in evals])
+        _write_parquet(frame, self.dir / f"evals-{self.eval_part:05d}.parquet")
+        self.eval_part += 1
 
     def write_info(self, info: RankInfo) -> None:
         _write_text(self.dir / "rank.json", info.to_json())

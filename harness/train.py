@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -13,6 +13,7 @@ import torch.distributed as dist
 from harness.config import BenchConfig
 from harness.batch_source import open_batches
 from harness.dense_step import DenseStep
+from harness.evaluate import EvalRecord, eval_iterations, evaluate
 from harness.dense_gradients import FlatGradients
 from harness.flush import RecordFlusher
 from harness.input_pipeline import InputFeeder
@@ -42,6 +43,8 @@ class TrainResult:
     shards: list[tuple[int, Shard, torch.Tensor]]
     """(table, shard, final weights) of every shard this rank holds, copied to the host; empty
     unless train(keep_weights=True) (on mlperf that copy would be tens of GiB a rank)."""
+    evals: list[EvalRecord] = field(default_factory=list)
+    """Every evaluation, in order (the same on every rank); empty without --eval-every."""
 
 
 def maybe_inject_fault(cfg: BenchConfig, rank: int, it: int, recorder: RankRecorder | None) -> None:
@@ -134,54 +137,79 @@ def train(
     )
     timeline = Timeline(cuda=device.type == "cuda", stages=cfg.run.timeline, device=device)
     total = cfg.run.warmup_iters + cfg.run.iters
-    feeder = InputFeeder(
-        embeddings=embeddings, data=data, rank=rank, world_size=world, device=device, total=total,
-        pipeline=cfg.optimizations.pipeline, threaded=on["threaded_input_dist"], skip_splits=on["skip_splits_a2a"],
-        timeline=timeline, thread_launches=input_thread_launches(device.type == "cuda"), streams=input_streams(device),
-    )
+
+    def feeder_for(first: int, end: int) -> InputFeeder:
+        return InputFeeder(
+            embeddings=embeddings, data=data, rank=rank, world_size=world, device=device, total=end, first=first,
+            pipeline=cfg.optimizations.pipeline, threaded=on["threaded_input_dist"], skip_splits=on["skip_splits_a2a"],
+            timeline=timeline, thread_launches=input_thread_launches(device.type == "cuda"), streams=input_streams(device),
+        )
+
     records = RecordFlusher(timeline=timeline, host=host, recorder=recorder)
     flush = records.flush
-
+    evals_after = eval_iterations(cfg)
+    evals: list[EvalRecord] = []
+    feeder: InputFeeder | None = None
     try:
-        for it in range(total):
-            feeder.prepare(it)
-            maybe_inject_fault(cfg, rank, it, recorder)
-            timeline.begin_iteration(it)
-            batch, ids, records.exchanged[it] = feeder.next(it)  # times itself: its input_dist span may start earlier
-            with timeline.stage("emb_fwd"):
-                pooled, emb_fwd = embeddings.forward(ids, local_batch, out=step.pooled_input())
-            feeder.after_forward()  # the next batch's ids exchange, launched to overlap what follows
-            emb_bwd: list[PendingBackward] = []
-            with timeline.stage("dense_fwd_bwd"):
-                # The pooled gradient's exchange is launched the moment backward produces it, so it
-                # runs under the rest of the dense backward (its launch is timed in this stage).
-                loss, _ = step.run(batch.dense, pooled, batch.labels,
-                                   on_pooled_grad=lambda g: emb_bwd.append(embeddings.start_backward(emb_fwd, g)))
-            with timeline.stage("emb_bwd"):
-                emb_bwd.pop().wait()
-            with timeline.stage("dense_update"):
-                step.finish_gradients()
-                dense_opt.step()
-                grads.zero()
-            timeline.end_iteration()
-            records.pending[it] = loss.clone()  # a graphed step's loss is a static buffer the next replay overwrites
-            if (it + 1) % cfg.run.flush_every == 0:
+        first = 0
+        # The run in segments that each end with an evaluation (one segment without any): no input
+        # dist is in flight while one runs, and its time stays out of every iteration's.
+        for last in evals_after or [total - 1]:
+            feeder = feeder_for(first, last + 1)
+            for it in range(first, last + 1):
+                feeder.prepare(it)
+                maybe_inject_fault(cfg, rank, it, recorder)
+                timeline.begin_iteration(it)
+                batch, ids, records.exchanged[it] = feeder.next(it)  # times itself: its input_dist span may start earlier
+                with timeline.stage("emb_fwd"):
+                    pooled, emb_fwd = embeddings.forward(ids, local_batch, out=step.pooled_input())
+                feeder.after_forward()  # the next batch's ids exchange, launched to overlap what follows
+                emb_bwd: list[PendingBackward] = []
+                with timeline.stage("dense_fwd_bwd"):
+                    # The pooled gradient's exchange is launched the moment backward produces it, so it
+                    # runs under the rest of the dense backward (its launch is timed in this stage).
+                    loss, _ = step.run(batch.dense, pooled, batch.labels,
+                                       on_pooled_grad=lambda g: emb_bwd.append(embeddings.start_backward(emb_fwd, g)))
+                with timeline.stage("emb_bwd"):
+                    emb_bwd.pop().wait()
+                with timeline.stage("dense_update"):
+                    step.finish_gradients()
+                    dense_opt.step()
+                    grads.zero()
+                timeline.end_iteration()
+                records.pending[it] = loss.clone()  # a graphed step's loss is a static buffer the next replay overwrites
+                if (it + 1) % cfg.run.flush_every == 0:
+                    flush()
+            feeder.close()
+            feeder = None
+            first = last + 1
+            if evals_after:
                 flush()
+                result = evaluate(files=data, stage=cfg.evaluation.stage, embeddings=embeddings, dense=dense,
+                                  rank=rank, world_size=world, device=device, group=group)
+                evals.append(EvalRecord.of(result, index=len(evals), after_iteration=last,
+                                           trained_samples=(last + 1) * cfg.data.global_batch_size,
+                                           target=cfg.evaluation.target_auc))
+                if recorder is not None:
+                    recorder.write_evals(evals[-1:])
+                if rank == 0:
+                    print(evals[-1].line(), flush=True)
+                if evals[-1].reached_target:
+                    break
     except BaseException:
         # What finished before the failure goes to disk first; the original error is the one
         # to report, so errors while cleaning up are only printed.
-        for cleanup in (flush, feeder.close):
+        for cleanup in (flush, *((feeder.close,) if feeder is not None else ())):
             try:
                 cleanup()
             except Exception as cleanup_exc:
                 print(f"rank {rank}: {cleanup.__name__} after the failure failed: {cleanup_exc!r}", file=sys.stderr)
         raise
-    feeder.close()
     flush()
     if not keep_weights:
-        return TrainResult(losses=records.losses, dense_state={}, shards=[])
+        return TrainResult(losses=records.losses, dense_state={}, shards=[], evals=evals)
     return TrainResult(
-        losses=records.losses,
+        losses=records.losses, evals=evals,
         dense_state={k: v.detach().cpu().clone() for k, v in dense.state_dict().items()},
         shards=[(t, s, w.detach().cpu().clone()) for t, s, w in embeddings.shard_weights()],
     )

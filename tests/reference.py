@@ -43,6 +43,9 @@ class ReferenceDLRM:
         return [(self.dense[f"{prefix}{i}.weight"], self.dense.get(f"{prefix}{i}.bias")) for i in idx]
 
     def loss(self, dense_x, lengths, values, labels) -> torch.Tensor:
+        return F.binary_cross_entropy_with_logits(self.logits(dense_x, lengths, values), labels)
+
+    def logits(self, dense_x, lengths, values) -> torch.Tensor:
         x = dense_x
         for w, b in self.bottom:
             x = F.relu(F.linear(x, w, b))
@@ -60,7 +63,7 @@ class ReferenceDLRM:
             x = F.linear(x, w, b)
             if i < len(self.top) - 1:
                 x = F.relu(x)
-        return F.binary_cross_entropy_with_logits(x.squeeze(1), labels)
+        return x.squeeze(1)
 
     def step(self, dense_x, lengths, values, labels) -> float:
         self.emb_opt.zero_grad()

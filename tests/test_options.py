@@ -12,7 +12,7 @@ import pytest
 from harness.ablation import run_ablation
 from harness.cli import build_parser, main
 from harness.config import (
-    BenchConfig, DataConfig, ModelConfig, OptimizationsConfig, OptimizerConfig, PrecisionConfig, RunConfig, ShardingConfig, option,
+    BenchConfig, DataConfig, EvalConfig, ModelConfig, OptimizationsConfig, OptimizerConfig, PrecisionConfig, RunConfig, ShardingConfig, option,
 )
 from harness.names import DENSE_PRECISIONS, OPTIMIZATION_FLAGS
 from harness.optimizations import resolve
@@ -21,7 +21,8 @@ from harness.planning import topology
 from harness.presets import mlperf, small, tiny
 
 CONCERNS = {"model": ModelConfig, "optimizer": OptimizerConfig, "data": DataConfig, "sharding": ShardingConfig,
-            "optimizations": OptimizationsConfig, "precision": PrecisionConfig, "run": RunConfig}
+            "optimizations": OptimizationsConfig, "precision": PrecisionConfig, "run": RunConfig,
+            "evaluation": EvalConfig}
 
 
 def bench_parser():
