@@ -26,6 +26,12 @@ class LowRankCrossNet(nn.Module):
         super().__init__()
         self.V = nn.ModuleList(nn.Linear(width, rank, bias=False) for _ in range(num_layers))
         self.W = nn.ModuleList(nn.Linear(rank, width, bias=True) for _ in range(num_layers))
+        # As TorchRec's LowRankCrossNet (the MLPerf reference's DLRM_DCN): xavier-normal kernels,
+        # zero bias; nn.Linear's own init (kaiming-uniform, a non-zero bias) is not the reference's.
+        for v, w in zip(self.V, self.W):
+            nn.init.xavier_normal_(v.weight)
+            nn.init.xavier_normal_(w.weight)
+            nn.init.zeros_(w.bias)
 
     def forward(self, x0: torch.Tensor) -> torch.Tensor:
         x = x0

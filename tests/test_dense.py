@@ -41,3 +41,20 @@ def test_mlperf_shapes_and_flops():
     # top 3456*1024+1024*1024+1024*512+512*256+256*1.
     macs = (6656 + 131072 + 32768) + 10616832 + (3538944 + 1048576 + 524288 + 131072 + 256)
     assert dense_flops_per_sample(**cfg.model.dense_arch_kwargs()) == 6 * macs  # ~96 MFLOP (design.md)
+
+
+def test_cross_layers_start_as_torchrecs_xavier_normal_with_zero_bias():
+    """Each cross kernel's spread within 10% of xavier-normal's sqrt(2 / (fan_in + fan_out)), mean
+    near 0, and every bias exactly 0 (MLPerf's shapes: 3456 wide, rank 512)."""
+    import math
+
+    from model.dense import LowRankCrossNet
+
+    torch.manual_seed(0)
+    net = LowRankCrossNet(width=3456, num_layers=3, rank=512)
+    xavier = math.sqrt(2.0 / (3456 + 512))
+    for v, w in zip(net.V, net.W):
+        for kernel in (v.weight, w.weight):
+            assert abs(kernel.std().item() / xavier - 1) < 0.1
+            assert abs(kernel.mean().item()) < 0.01 * xavier * 10
+        assert torch.count_nonzero(w.bias) == 0
