@@ -23,6 +23,7 @@ ROWS          ?=
 DAYS          ?=
 SEED          ?=
 DATA          ?=
+TARGET_AUC    ?=
 
 PYTHON        ?= $(shell command -v python3.11 || command -v python3)
 # Valid names come from harness/names.py, which imports neither torch nor anything else outside
@@ -39,7 +40,7 @@ TORCH_REQS    := $(if $(HAS_CUDA),requirements-cuda.txt,requirements-cpu.txt)
 STAMP         := $(VENV)/.installed-$(basename $(TORCH_REQS))
 
 .PHONY: help bench ablation report test perf check-bench-knobs venv clean-venv browser compare plan-compare gpu-check \
-        dataset data-perf check-dataset-out
+        dataset data-perf check-dataset-out mlperf check-mlperf-data
 
 help:
 	@echo "make bench  [PRESET=$(subst $() ,|,$(VALID_PRESETS))] [NODES=n] [GPUS_PER_NODE=n] [ITERS=n] [WARMUP=n]"
@@ -55,6 +56,8 @@ help:
 	@echo "make test"
 	@echo "make perf   [PRESET=tiny|small (tiny)]   (timeline on vs off: the instrumentation's cost)"
 	@echo "make plan-compare [LAYOUTS=1x8,2x8,16x8]  (mlperf tables: this planner vs TorchRec's, planning only)"
+	@echo "make mlperf DATA=dir [TARGET_AUC=0.80275] [PRESET=...] [NODES=n] [GPUS_PER_NODE=n] [OPTS=\"...\"]"
+	@echo "            (one epoch at most, 20 evaluations an epoch, stops at the target AUROC; MLPerf result log in the run folder)"
 	@echo "make dataset OUT=dir [ROWS=100000 a day] [DAYS=3] [PRESET=tiny] [SEED=0]  (synthetic days in the MLPerf file layout)"
 	@echo "make data-perf [DATA=dir] [PRESET=small]  (the file loader's samples/s on one rank, beside the synthetic stream's)"
 	@echo "make gpu-check  (on a GPU host: the CUDA battery, a line a check and a verdict; elsewhere one line)"
@@ -142,8 +145,15 @@ dataset: check-bench-knobs check-dataset-out $(STAMP)
 	$(PY) -m harness.make_dataset --out $(OUT) $(if $(ROWS),--rows $(ROWS)) $(if $(DAYS),--days $(DAYS)) \
 	  $(if $(PRESET),--preset $(PRESET)) $(if $(SEED),--seed $(SEED))
 
+check-mlperf-data:
+	@test -n "$(DATA)" || { echo "make mlperf: give DATA=<folder of MLPerf-layout files> (make dataset writes some)" >&2; exit 2; }
+
 check-dataset-out:
 	@test -n "$(OUT)" || { echo "make dataset: give OUT=<folder to write>" >&2; exit 2; }
+
+mlperf: check-bench-knobs check-mlperf-data $(STAMP)
+	$(PY) -m harness.mlperf --data $(DATA) $(if $(TARGET_AUC),--target-auc $(TARGET_AUC)) $(KNOB_ARGS) \
+	  $(if $(ENGINE),--engine $(ENGINE)) $(if $(RUN_ID),--run-id $(RUN_ID)) $(OPTS)
 
 data-perf: check-bench-knobs $(STAMP)
 	$(PY) -m harness.data_perf $(if $(DATA),--data $(DATA)) $(if $(PRESET),--preset $(PRESET))

@@ -7,17 +7,22 @@ input pipeline and the TorchRec engine take either.
 from __future__ import annotations
 
 from harness.config import BenchConfig
-from harness.criteo_files import CriteoFiles
+from harness.criteo_files import CriteoFiles, DataError
 from harness.data import SyntheticCriteo
 
 BatchSource = SyntheticCriteo | CriteoFiles
 
 
 def open_batches(cfg: BenchConfig) -> BatchSource:
-    """Opening the files checks their layout against the model and that they hold the run's
-    iterations (harness.criteo_files.DataError, a ValueError, names the file)."""
+    """Opening the files checks their layout against the model, that they hold the run's
+    iterations and, when it evaluates, a global batch of held-out samples (harness.criteo_files.
+    DataError, a ValueError, names the file)."""
     if cfg.data.path is None:
         return SyntheticCriteo(cfg.model, cfg.data)
     files = CriteoFiles(cfg.data.path, cfg.model, cfg.data.global_batch_size)
     files.check_iterations(cfg.run.warmup_iters + cfg.run.iters)
+    stage = cfg.evaluation.stage
+    if cfg.evaluation.every_samples and not files.held_out_scored(stage):
+        raise DataError(f"{files.folder}: the {stage} half of the held-out day holds {files.held_out(stage)[1]} samples, "
+                        f"fewer than one global batch of {cfg.data.global_batch_size}: nothing to evaluate")
     return files

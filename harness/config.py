@@ -291,6 +291,8 @@ class EvalConfig:
     every iteration asked for. Needs --eval-every."""
     stage: str = option("val", option="eval-stage", choices=EVAL_STAGES)
     """The half of the held-out day that scores: val (its first half) or test (its second)."""
+    submission_org: str = "dlrm-dcnv2-harness"
+    """The organization the MLPerf result log names (harness/mlperf_log.py; evaluating runs write it)."""
 
     def __post_init__(self) -> None:
         _non_negative_int("evaluation.every_samples", self.every_samples)

@@ -239,6 +239,10 @@ class CriteoFiles:
             return half, n - half
         raise ValueError(f"stage {stage!r} is not val or test")
 
+    def held_out_scored(self, stage: str) -> int:
+        """The samples an evaluation scores: `stage`'s half cut to whole global batches (harness/evaluate.py)."""
+        return self.held_out(stage)[1] // self.global_batch_size * self.global_batch_size
+
     def held_out_batch(self, stage: str, first: int, count: int) -> Batch:
         """Rows first .. first+count-1 of `stage`'s half of the last day."""
         start, rows = self.held_out(stage)

@@ -98,10 +98,10 @@ def evaluate(*, files: CriteoFiles, stage: str, embeddings: ShardedEmbeddingColl
     start = time.perf_counter()
     g = files.global_batch_size
     local = g // world_size
-    _, rows = files.held_out(stage)
+    scored = files.held_out_scored(stage)
     scores, labels = [], []
     with torch.no_grad():
-        for j in range(rows // g):
+        for j in range(scored // g):
             batch = files.held_out_batch(stage, j * g + rank * local, local).to(device)
             pending = embeddings.prepare_input_dist(batch.sparse, splits_known=False)
             pending.start_splits()
@@ -109,8 +109,6 @@ def evaluate(*, files: CriteoFiles, stage: str, embeddings: ShardedEmbeddingColl
             pooled, _ = embeddings.forward(pending.wait(), local)
             scores.append(torch.sigmoid(dense(batch.dense, pooled.detach()).float()))
             labels.append(batch.labels)
-    if not scores:
-        raise ValueError(f"{files.folder}: the {stage} half holds {rows} samples, fewer than one global batch of {g}")
     auc = gathered_auroc(torch.cat(scores), torch.cat(labels), group)
     _sync(device)
-    return EvalResult(auc=auc, samples=(rows // g) * g, seconds=time.perf_counter() - start)
+    return EvalResult(auc=auc, samples=scored, seconds=time.perf_counter() - start)

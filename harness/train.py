@@ -18,6 +18,7 @@ from harness.dense_gradients import FlatGradients
 from harness.flush import RecordFlusher
 from harness.input_pipeline import InputFeeder
 from harness.manifest import ResolvedFlags
+from harness.mlperf_log import ResultLog
 from harness.input_streams import input_streams
 from harness.optimizations import input_thread_launches, resolve
 from harness.pinned_d2h import HostCopies
@@ -91,6 +92,11 @@ def train(
     world = cfg.run.world_size
     local_batch = cfg.local_batch_size
     data = open_batches(cfg)
+    evals_after = eval_iterations(cfg)
+    result_log = ResultLog(recorder.dir.parent if recorder is not None else None, enabled=rank == 0 and bool(evals_after))
+    if evals_after:
+        result_log.init_start(cfg, platform=f"{cfg.run.nodes}x{cfg.run.gpus_per_node} {device.type}",
+                              train_samples=data.train_rows, eval_samples=data.held_out_scored(cfg.evaluation.stage))
     dense = build_dense(cfg, device)
     grads = FlatGradients(dense, world_size=world, group=group, wait=wait)
     # fused: one pass over each tensor (the for-loop Adagrad makes several over 64 MB on small);
@@ -147,15 +153,17 @@ def train(
 
     records = RecordFlusher(timeline=timeline, host=host, recorder=recorder)
     flush = records.flush
-    evals_after = eval_iterations(cfg)
     evals: list[EvalRecord] = []
     feeder: InputFeeder | None = None
+    g = cfg.data.global_batch_size
+    result_log.run_start()
     try:
         first = 0
         # The run in segments that each end with an evaluation (one segment without any): no input
         # dist is in flight while one runs, and its time stays out of every iteration's.
         for last in evals_after or [total - 1]:
             feeder = feeder_for(first, last + 1)
+            result_log.block_start(samples=first * g, epoch=first * g / data.train_rows if evals_after else 0.0)
             for it in range(first, last + 1):
                 feeder.prepare(it)
                 maybe_inject_fault(cfg, rank, it, recorder)
@@ -188,8 +196,8 @@ def train(
                 result = evaluate(files=data, stage=cfg.evaluation.stage, embeddings=embeddings, dense=dense,
                                   rank=rank, world_size=world, device=device, group=group)
                 evals.append(EvalRecord.of(result, index=len(evals), after_iteration=last,
-                                           trained_samples=(last + 1) * cfg.data.global_batch_size,
-                                           target=cfg.evaluation.target_auc))
+                                           trained_samples=(last + 1) * g, target=cfg.evaluation.target_auc))
+                result_log.evaluation(auc=result.auc, samples=(last + 1) * g, epoch=(last + 1) * g / data.train_rows)
                 if recorder is not None:
                     recorder.write_evals(evals[-1:])
                 if rank == 0:
@@ -199,13 +207,17 @@ def train(
     except BaseException:
         # What finished before the failure goes to disk first; the original error is the one
         # to report, so errors while cleaning up are only printed.
-        for cleanup in (flush, *((feeder.close,) if feeder is not None else ())):
+        def log_aborted() -> None:
+            result_log.run_stop(success=False, samples=len(records.losses) * g)
+
+        for cleanup in (flush, log_aborted, *((feeder.close,) if feeder is not None else ())):
             try:
                 cleanup()
             except Exception as cleanup_exc:
                 print(f"rank {rank}: {cleanup.__name__} after the failure failed: {cleanup_exc!r}", file=sys.stderr)
         raise
     flush()
+    result_log.run_stop(success=bool(evals) and evals[-1].reached_target, samples=first * g)
     if not keep_weights:
         return TrainResult(losses=records.losses, dense_state={}, shards=[], evals=evals)
     return TrainResult(

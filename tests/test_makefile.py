@@ -45,6 +45,11 @@ def test_dataset_needs_an_out_folder():
     assert out.returncode != 0 and "make dataset: give OUT=<folder to write>" in out.stderr
 
 
+def test_mlperf_needs_a_data_folder():
+    out = subprocess.run(["make", "-s", "--no-print-directory", "mlperf"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode != 0 and "make mlperf: give DATA=" in out.stderr
+
+
 def test_valid_values_come_from_the_names_module():
     from harness.names import PRESET_NAMES, SHARDING_KINDS
 
