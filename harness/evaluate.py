@@ -33,8 +33,13 @@ class EvalResult:
     auc: float
     samples: int
     """Held-out samples scored, all ranks."""
-    seconds: float
-    """Wall time of the evaluation (device synchronised at both ends)."""
+    start_ns: int
+    end_ns: int
+    """perf_counter_ns at its start and end (device synchronised at both), the iteration records' clock."""
+
+    @property
+    def seconds(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,9 @@ class EvalRecord:
     auc: float
     eval_samples: int
     eval_ms: float
+    start_ns: int
+    end_ns: int
+    """On the clock of the rank's iteration records (perf_counter_ns)."""
     reached_target: bool
     """Its AUROC reached --target-auc (the run stopped there); False without a target."""
 
@@ -55,8 +63,8 @@ class EvalRecord:
     def of(cls, result: EvalResult, *, index: int, after_iteration: int, trained_samples: int,
            target: float | None) -> EvalRecord:
         return cls(index=index, after_iteration=after_iteration, trained_samples=trained_samples, auc=result.auc,
-                   eval_samples=result.samples, eval_ms=result.seconds * 1e3,
-                   reached_target=target is not None and result.auc >= target)
+                   eval_samples=result.samples, eval_ms=result.seconds * 1e3, start_ns=result.start_ns,
+                   end_ns=result.end_ns, reached_target=target is not None and result.auc >= target)
 
     def line(self) -> str:
         reached = ", target reached: training stops" if self.reached_target else ""
@@ -95,7 +103,7 @@ def evaluate(*, files: CriteoFiles, stage: str, embeddings: ShardedEmbeddingColl
              rank: int, world_size: int, device: torch.device, group: dist.ProcessGroup | None = None) -> EvalResult:
     """AUROC of the model as it stands over `stage`'s half of the held-out day (val or test)."""
     _sync(device)
-    start = time.perf_counter()
+    start = time.perf_counter_ns()
     g = files.global_batch_size
     local = g // world_size
     scored = files.held_out_scored(stage)
@@ -111,4 +119,4 @@ def evaluate(*, files: CriteoFiles, stage: str, embeddings: ShardedEmbeddingColl
             labels.append(batch.labels)
     auc = gathered_auroc(torch.cat(scores), torch.cat(labels), group)
     _sync(device)
-    return EvalResult(auc=auc, samples=scored, seconds=time.perf_counter() - start)
+    return EvalResult(auc=auc, samples=scored, start_ns=start, end_ns=time.perf_counter_ns())

@@ -39,7 +39,7 @@ from harness.report_html import cells
 from harness.report_roofline import roofline_table, stage_work  # noqa: F401
 from harness.report_tables import (  # noqa: F401
     completeness, critical_stage_means, critical_stages, input_dist_overlap, input_dist_spans, iteration_table,
-    job_iterations, rank_table, splits_exchanged, stage_stats, straggler_table,
+    evaluation, job_iterations, rank_table, splits_exchanged, stage_stats, straggler_table,
 )
 # The five stages of one iteration, in execution order (design.md, "The five stages").
 from harness.names import STAGES  # noqa: F401
@@ -155,6 +155,12 @@ def format_summary(run: Run) -> str:
     if run.manifest and run.manifest.optimizations.pipeline and not run.stages.empty:
         parts.append(_pipeline_line(run))
     parts += ["", _iteration_line(its)]
+    _, ev = evaluation(run)
+    if ev:
+        reached = (f"time to target {ev['time_to_target_s']:.2f} s, samples to target {ev['samples_to_target']:,}"
+                   if "time_to_target_s" in ev else "target not reached")
+        parts.append(f"evaluation: {ev['evaluations']} run(s), best AUROC {ev['best_auc']:.4f}, {reached}; training "
+                     f"{ev['train_samples_per_s']:,.0f} samples/s, evaluations {ev['eval_s']:.2f} s in all")
     ranks = rank_table(run)
     if not ranks.empty:
         parts += ["", _text_table(*cells(ranks))]

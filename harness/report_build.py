@@ -128,7 +128,32 @@ def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
         doc.table(ranks)
     pngs.append((plots.plot_iteration_time, (df,), dict(title=f"Iteration time, run {run.run_id}"),
                  "iteration_time.png", "Iteration time over the run (warm-up shaded)"))
+    _evaluation(run, doc, csvs, pngs)
     return _write(out, doc, csvs, pngs)
+
+
+def _evaluation(run: Run, doc: Doc, csvs: dict, pngs: list) -> None:
+    """Time to target, samples to target, throughput and AUROC over training (evaluating runs)."""
+    table, summary = tables.evaluation(run)
+    if table.empty:
+        return
+    target = run.manifest.config.evaluation.target_auc if run.manifest is not None else None
+    doc.h2("Evaluation")
+    lines = [f"{len(table)} evaluation(s) on the held-out day, best AUROC {summary['best_auc']:.4f}"
+             + (f" (target {target:g})" if target is not None else ""),
+             f"training throughput {summary['train_samples_per_s']:,.0f} samples/s (iterations only); "
+             f"evaluations took {summary['eval_s']:.2f} s in all, outside every iteration"]
+    if "time_to_target_s" in summary:
+        lines.append(f"time to target {summary['time_to_target_s']:.2f} s (iteration 0's start to the end of the "
+                     f"evaluation that reached it), samples to target {summary['samples_to_target']:,}")
+    elif target is not None:
+        lines.append("the target was not reached")
+    doc.bullets(lines)
+    doc.table(table)
+    csvs["evaluations"] = table
+    csvs["evaluation_summary"] = pd.DataFrame([summary])
+    pngs.append((plots.plot_auc, (table,), dict(title=f"AUROC over training, run {run.run_id}", target=target),
+                 "auc.png", "Held-out AUROC at each evaluation against the training samples seen"))
 
 
 def _roofline_or_none(run: Run) -> pd.DataFrame | None:

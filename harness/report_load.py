@@ -27,6 +27,8 @@ STAGE_COLUMNS = ("run_id", "rank", "node", "iteration", "stage",
                  "start_ns", "end_ns", "duration_ms", "warmup")
 ITERATION_COLUMNS = ("run_id", "rank", "node", "iteration", "start_ns", "end_ns",
                      "iter_ms", "loss", "samples", "warmup")
+EVAL_COLUMNS = ("run_id", "rank", "index", "after_iteration", "trained_samples", "auc", "eval_samples", "eval_ms",
+                "start_ns", "end_ns", "reached_target")
 # Columns of the flat frame besides the flags, in order.
 RUN_COLUMNS = ("run_id", "preset", "world_size", "nodes", "device", "status", "pipeline", "collective_wait")
 RECORD_COLUMNS = ("rank", "node", "iteration", "warmup", "stage", "start_ns", "end_ns", "duration_ms",
@@ -55,6 +57,8 @@ class Run:
     """Rank -> process id, for records rebuilt from a trace (a run folder's are in manifest.ranks)."""
     unreadable: tuple[str, ...] = ()
     """'<part>: <why>' for each records part that could not be read and was left out."""
+    evals: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Every rank's evaluation records (runs with --eval-every; empty otherwise)."""
 
     @property
     def status(self) -> str:
@@ -161,7 +165,8 @@ def _read_parts(run_dir: Path, pattern: str, columns: tuple[str, ...], unreadabl
         # give the "no records" error instead of a KeyError.
         return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
     df = pd.concat(frames, ignore_index=True)
-    df["warmup"] = df["warmup"].astype(bool)
+    if "warmup" in df:
+        df["warmup"] = df["warmup"].astype(bool)
     return df
 
 
@@ -194,10 +199,11 @@ def load_run(run_dir: Path) -> Run:
     stages = _read_parts(run_dir, "stages-*.parquet", STAGE_COLUMNS, unreadable)
     check_stage_names(manifest.run_id, stages)
     iterations = _read_parts(run_dir, "iterations-*.parquet", ITERATION_COLUMNS, unreadable)
+    evals = _read_parts(run_dir, "evals-*.parquet", EVAL_COLUMNS, unreadable)
     for note in unreadable:
         print(f"report: warning: run {manifest.run_id}: left out unreadable part {note}", file=sys.stderr)
     return Run(run_id=manifest.run_id, manifest=manifest, stages=stages, iterations=iterations,
-               unreadable=tuple(unreadable))
+               unreadable=tuple(unreadable), evals=evals)
 
 
 # --- the flat frame -----------------------------------------------------------

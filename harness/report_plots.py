@@ -132,6 +132,21 @@ def plot_iteration_time(df: pd.DataFrame, path: Path, *, title: str = "") -> Pat
     return _save(fig, path)
 
 
+def plot_auc(evals: pd.DataFrame, path: Path, *, title: str = "", target: float | None = None) -> Path:
+    """AUROC at each evaluation against the training samples seen (the target as a line)."""
+    fig = Figure(figsize=(8, 4), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(evals["trained_samples"], evals["auc"], marker="o", markersize=4, color="tab:blue", label="AUROC")
+    if target is not None:
+        ax.axhline(target, color="tab:red", linestyle="--", linewidth=0.9, label=f"target {target:g}")
+    ax.set_xlabel("training samples seen")
+    ax.set_ylabel("AUROC (held-out)")
+    ax.set_title(title or "AUROC over training")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
 def plot_waterfall(contrib: pd.DataFrame, base_ms: float, all_ms: float, path: Path, *, title: str = "") -> Path:
     """From the baseline's iteration time, each flag's time saved alone (inactive: n/a), the
     interaction left over, to everything on."""

@@ -356,3 +356,35 @@ def splits_exchanged(run: Run) -> pd.DataFrame:
     return its.groupby("rank").agg(iterations=("iteration", "count"), splits_exchanged=("splits_exchanged", "sum"),
                                    iterations_with_exchange=("splits_exchanged", lambda s: int((s > 0).sum()))
                                    ).reset_index()
+
+
+def evaluation(run: Run) -> tuple[pd.DataFrame, dict[str, object]]:
+    """Rank 0's evaluations (every rank records the same AUROC) and what they add up to:
+
+    - time_to_target_s: from the start of iteration 0 to the end of the first evaluation that
+      reached --target-auc (both on rank 0's clock; what MLPerf times from run_start to run_stop);
+    - samples_to_target: training samples seen by then;
+    - train_samples_per_s: training samples over the job's summed iteration times (evaluations,
+      which run between iterations, left out);
+    - eval_s: the evaluations' summed time.
+    Empty without evaluation records."""
+    ev = run.evals
+    if ev.empty:
+        return ev, {}
+    ev = ev[ev["rank"] == ev["rank"].min()].sort_values("index").reset_index(drop=True)
+    table = ev[["index", "after_iteration", "trained_samples", "auc", "eval_samples", "eval_ms", "reached_target"]]
+    it = run.iterations
+    first = it[(it["rank"] == ev["rank"].iloc[0]) & (it["iteration"] == 0)]["start_ns"]
+    job = job_iterations(run, warmup=True)
+    trained = job[job["iteration"] <= ev["after_iteration"].iloc[-1]]
+    summary: dict[str, object] = {
+        "evaluations": len(ev),
+        "best_auc": float(ev["auc"].max()),
+        "eval_s": float(ev["eval_ms"].sum() / 1e3),
+        "train_samples_per_s": float(int(ev["trained_samples"].iloc[-1]) / (trained["iter_ms"].sum() / 1e3)),
+    }
+    hit = ev[ev["reached_target"]]
+    if len(hit) and len(first):
+        summary["time_to_target_s"] = float((int(hit["end_ns"].iloc[0]) - int(first.iloc[0])) / 1e9)
+        summary["samples_to_target"] = int(hit["trained_samples"].iloc[0])
+    return table, summary

@@ -97,6 +97,17 @@ def test_a_run_stops_at_its_target_and_records_its_evaluations(tmp_path, capfd):
     iterations = pd.concat(pd.read_parquet(p) for p in run.glob("rank00000/iterations-*.parquet"))
     assert iterations["iteration"].max() == evals["after_iteration"].iloc[-1] < 119
     assert "target reached: training stops" in out
+    # The summary make bench printed, and the report: time and samples to target from the records.
+    first = iterations.loc[iterations["iteration"] == 0, "start_ns"].iloc[0]
+    hit = evals[evals["reached_target"]].iloc[0]
+    seconds = (hit["end_ns"] - first) / 1e9
+    assert f"time to target {seconds:.2f} s, samples to target {hit['trained_samples']:,}" in out
+    assert main(["report", "--run", run.name, "--runs-root", str(runs), "--reports-root", str(tmp_path / "reports")]) == 0
+    folder = tmp_path / "reports" / run.name
+    md = (folder / "report.md").read_text()
+    assert "## Evaluation" in md and f"time to target {seconds:.2f} s" in md and (folder / "auc.png").stat().st_size
+    summary = pd.read_csv(folder / "evaluation_summary.csv").iloc[0]
+    assert summary["samples_to_target"] == hit["trained_samples"] and summary["best_auc"] == pytest.approx(evals["auc"].max())
 
 
 def test_evaluation_scores_what_the_unsharded_reference_scores(tmp_path):
