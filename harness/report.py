@@ -157,8 +157,9 @@ def format_summary(run: Run) -> str:
     parts += ["", _iteration_line(its)]
     _, ev = evaluation(run)
     if ev:
+        target = run.manifest.config.evaluation.target_auc if run.manifest is not None else None
         reached = (f"time to target {ev['time_to_target_s']:.2f} s, samples to target {ev['samples_to_target']:,}"
-                   if "time_to_target_s" in ev else "target not reached")
+                   if "time_to_target_s" in ev else "no target set" if target is None else f"target {target:g} not reached")
         parts.append(f"evaluation: {ev['evaluations']} run(s), best AUROC {ev['best_auc']:.4f}, {reached}; training "
                      f"{ev['train_samples_per_s']:,.0f} samples/s, evaluations {ev['eval_s']:.2f} s in all")
     ranks = rank_table(run)
