@@ -155,7 +155,7 @@ def train(
     flush = records.flush
     evals: list[EvalRecord] = []
     feeder: InputFeeder | None = None
-    g = cfg.data.global_batch_size
+    global_batch = cfg.data.global_batch_size
     result_log.run_start()
     try:
         first = 0
@@ -163,7 +163,8 @@ def train(
         # dist is in flight while one runs, and its time stays out of every iteration's.
         for last in evals_after or [total - 1]:
             feeder = feeder_for(first, last + 1)
-            result_log.block_start(samples=first * g, epoch=first * g / data.train_rows if evals_after else 0.0)
+            result_log.block_start(samples=first * global_batch,
+                                   epoch=first * global_batch / data.train_rows if evals_after else 0.0)
             for it in range(first, last + 1):
                 feeder.prepare(it)
                 maybe_inject_fault(cfg, rank, it, recorder)
@@ -196,8 +197,9 @@ def train(
                 result = evaluate(files=data, stage=cfg.evaluation.stage, embeddings=embeddings, dense=dense,
                                   rank=rank, world_size=world, device=device, group=group)
                 evals.append(EvalRecord.of(result, index=len(evals), after_iteration=last,
-                                           trained_samples=(last + 1) * g, target=cfg.evaluation.target_auc))
-                result_log.evaluation(auc=result.auc, samples=(last + 1) * g, epoch=(last + 1) * g / data.train_rows)
+                                           trained_samples=(last + 1) * global_batch, target=cfg.evaluation.target_auc))
+                result_log.evaluation(auc=result.auc, samples=(last + 1) * global_batch,
+                                      epoch=(last + 1) * global_batch / data.train_rows)
                 if recorder is not None:
                     recorder.write_evals(evals[-1:])
                 if rank == 0:
@@ -208,7 +210,7 @@ def train(
         # What finished before the failure goes to disk first; the original error is the one
         # to report, so errors while cleaning up are only printed.
         def log_aborted() -> None:
-            result_log.run_stop(success=False, samples=len(records.losses) * g)
+            result_log.run_stop(success=False, samples=len(records.losses) * global_batch)
 
         for cleanup in (flush, log_aborted, *((feeder.close,) if feeder is not None else ())):
             try:
@@ -217,7 +219,7 @@ def train(
                 print(f"rank {rank}: {cleanup.__name__} after the failure failed: {cleanup_exc!r}", file=sys.stderr)
         raise
     flush()
-    result_log.run_stop(success=bool(evals) and evals[-1].reached_target, samples=first * g)
+    result_log.run_stop(success=bool(evals) and evals[-1].reached_target, samples=first * global_batch)
     if not keep_weights:
         return TrainResult(losses=records.losses, dense_state={}, shards=[], evals=evals)
     return TrainResult(
