@@ -189,19 +189,25 @@ class CriteoFiles:
         """The one place rows leave a mapped file (a test counts what passes here)."""
         return np.asarray(arr[first:first + count])
 
+    def _gather(self, pieces: list[tuple[Day, int, int]], column: int, bad, why: str) -> np.ndarray:
+        """One array's rows over the pieces (column: 0 dense, 1 labels, 2 + f feature f's ids);
+        a piece where bad(rows) holds is refused, naming its own file and rows."""
+        out = []
+        for day, a, n in pieces:
+            rows = self.read_rows(day.dense if column == 0 else day.labels if column == 1 else day.sparse[column - 2], a, n)
+            if bad is not None and rows.size and bad(rows):
+                where = day.files[1] if column == 1 else f"{day.files[2]} member {column - 2}.npy"
+                raise DataError(f"{where}: {why} in rows {a}..{a + n - 1}")
+            out.append(rows)
+        return np.concatenate(out)
+
     def _batch(self, pieces: list[tuple[Day, int, int]]) -> Batch:
-        dense = np.concatenate([self.read_rows(day.dense, a, n) for day, a, n in pieces])
-        labels = np.concatenate([self.read_rows(day.labels, a, n) for day, a, n in pieces]).reshape(-1)
-        if labels.size and (labels.min() < 0 or labels.max() > 1):
-            day, a, n = pieces[0]
-            raise DataError(f"{day.files[1]}: a label other than 0 or 1 in rows from {a}")
+        dense = self._gather(pieces, 0, None, "")
+        labels = self._gather(pieces, 1, lambda x: x.min() < 0 or x.max() > 1, "a label other than 0 or 1").reshape(-1)
         count = dense.shape[0]
         values = []
-        for f, hot in enumerate(self.model.multi_hot):
-            ids = np.concatenate([self.read_rows(day.sparse[f], a, n) for day, a, n in pieces])
-            if ids.size and ids.min() < 0:
-                day, a, n = pieces[0]
-                raise DataError(f"{day.files[2]} member {f}.npy: a negative id in rows from {a}")
+        for f in range(len(self.model.multi_hot)):
+            ids = self._gather(pieces, 2 + f, lambda x: x.min() < 0, "a negative id")
             values.append((ids.astype(np.int64) % self.hashes[f]).reshape(-1))  # sample by sample
         hot = np.asarray(self.model.multi_hot, dtype=np.int64)
         return Batch(

@@ -39,7 +39,7 @@ from harness.report_html import cells
 from harness.report_roofline import roofline_table, stage_work  # noqa: F401
 from harness.report_tables import (  # noqa: F401
     completeness, critical_stage_means, critical_stages, input_dist_overlap, input_dist_spans, iteration_table,
-    evaluation, job_iterations, rank_table, splits_exchanged, stage_stats, straggler_table,
+    evaluation, evaluation_lines, job_iterations, rank_table, splits_exchanged, stage_stats, straggler_table,
 )
 # The five stages of one iteration, in execution order (design.md, "The five stages").
 from harness.names import STAGES  # noqa: F401
@@ -158,10 +158,7 @@ def format_summary(run: Run) -> str:
     _, ev = evaluation(run)
     if ev:
         target = run.manifest.config.evaluation.target_auc if run.manifest is not None else None
-        reached = (f"time to target {ev['time_to_target_s']:.2f} s, samples to target {ev['samples_to_target']:,}"
-                   if "time_to_target_s" in ev else "no target set" if target is None else f"target {target:g} not reached")
-        parts.append(f"evaluation: {ev['evaluations']} run(s), best AUROC {ev['best_auc']:.4f}, {reached}; training "
-                     f"{ev['train_samples_per_s']:,.0f} samples/s, evaluations {ev['eval_s']:.2f} s in all")
+        parts.append("evaluation: " + "; ".join(evaluation_lines(ev, target)))
     ranks = rank_table(run)
     if not ranks.empty:
         parts += ["", _text_table(*cells(ranks))]

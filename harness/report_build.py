@@ -139,15 +139,7 @@ def _evaluation(run: Run, doc: Doc, csvs: dict, pngs: list) -> None:
         return
     target = run.manifest.config.evaluation.target_auc if run.manifest is not None else None
     doc.h2("Evaluation")
-    lines = [f"{len(table)} evaluation(s) on the held-out day, best AUROC {summary['best_auc']:.4f}"
-             + (f" (target {target:g})" if target is not None else ""),
-             f"training throughput {summary['train_samples_per_s']:,.0f} samples/s (iterations only); "
-             f"evaluations took {summary['eval_s']:.2f} s in all, outside every iteration"]
-    if "time_to_target_s" in summary:
-        lines.append(f"time to target {summary['time_to_target_s']:.2f} s (iteration 0's start to the end of the "
-                     f"evaluation that reached it), samples to target {summary['samples_to_target']:,}")
-    elif target is not None:
-        lines.append("the target was not reached")
+    lines = tables.evaluation_lines(summary, target)
     doc.bullets(lines)
     doc.table(table)
     csvs["evaluations"] = table

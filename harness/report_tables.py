@@ -388,3 +388,17 @@ def evaluation(run: Run) -> tuple[pd.DataFrame, dict[str, object]]:
         summary["time_to_target_s"] = float((int(hit["end_ns"].iloc[0]) - int(first.iloc[0])) / 1e9)
         summary["samples_to_target"] = int(hit["trained_samples"].iloc[0])
     return table, summary
+
+
+def evaluation_lines(summary: dict[str, object], target: float | None) -> list[str]:
+    """The evaluation summary in words: the report's bullets and the printed summary's line."""
+    lines = [f"{summary['evaluations']} evaluation(s), best AUROC {summary['best_auc']:.4f}"
+             + (f" (target {target:g})" if target is not None else "")]
+    if "time_to_target_s" in summary:
+        lines.append(f"time to target {summary['time_to_target_s']:.2f} s (iteration 0's start to the end of the "
+                     f"evaluation that reached it), samples to target {summary['samples_to_target']:,}")
+    else:
+        lines.append("no target set" if target is None else "target not reached")
+    lines.append(f"training {summary['train_samples_per_s']:,.0f} samples/s (iterations only); evaluations "
+                 f"{summary['eval_s']:.2f} s in all, outside every iteration")
+    return lines

@@ -137,20 +137,24 @@ def test_every_corruption_is_refused_in_one_line_naming_the_file(case, tmp_path)
     assert name in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
-@pytest.mark.parametrize("case, what", [("negative id", "member 3.npy: a negative id"),
-                                        ("label 2", "day_0_labels.npy: a label other than 0 or 1")])
-def test_bad_values_are_refused_in_the_batch_that_holds_them(case, what, tmp_path):
+@pytest.mark.parametrize("case, what", [
+    ("negative id", r"day_1_sparse_multi_hot.npz member 3.npy: a negative id in rows 0..2"),
+    ("label 2", r"day_1_labels.npy: a label other than 0 or 1 in rows 0..2"),
+])
+def test_bad_values_are_refused_naming_the_day_that_holds_them(case, what, tmp_path):
+    """Global batch 1 is day 0's last row and day 1's first three: the bad value sits in day 1."""
     folder = write_days(tmp_path / "d")
-    dense, labels, sparse = day_arrays(0, ROWS[0])
+    dense, labels, sparse = day_arrays(1, ROWS[1])
     if case == "negative id":
-        sparse[3][2, 0] = -5
-        np.savez(folder / "day_0_sparse_multi_hot.npz", **{str(f): s for f, s in enumerate(sparse)})
+        sparse[3][1, 0] = -5
+        np.savez(folder / "day_1_sparse_multi_hot.npz", **{str(f): s for f, s in enumerate(sparse)})
     else:
         labels[1] = 2
-        np.save(folder / "day_0_labels.npy", labels)
+        np.save(folder / "day_1_labels.npy", labels)
     files = CriteoFiles(folder, MODEL, global_batch_size=4)
+    files.global_batch(0)  # day 0 alone: clean
     with pytest.raises(DataError, match=what):
-        files.global_batch(0)
+        files.global_batch(1)
 
 
 def test_too_few_days_are_refused(tmp_path):

@@ -101,7 +101,7 @@ def test_a_run_stops_at_its_target_and_records_its_evaluations(tmp_path, capfd):
     first = iterations.loc[iterations["iteration"] == 0, "start_ns"].iloc[0]
     hit = evals[evals["reached_target"]].iloc[0]
     seconds = (hit["end_ns"] - first) / 1e9
-    assert f"time to target {seconds:.2f} s, samples to target {hit['trained_samples']:,}" in out
+    assert f"time to target {seconds:.2f} s" in out and f"samples to target {hit['trained_samples']:,}" in out
     assert main(["report", "--run", run.name, "--runs-root", str(runs), "--reports-root", str(tmp_path / "reports")]) == 0
     folder = tmp_path / "reports" / run.name
     md = (folder / "report.md").read_text()
