@@ -39,7 +39,7 @@ HAS_CUDA      := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_REQS    := $(if $(HAS_CUDA),requirements-cuda.txt,requirements-cpu.txt)
 STAMP         := $(VENV)/.installed-$(basename $(TORCH_REQS))
 
-.PHONY: help bench ablation report test perf check-bench-knobs venv clean-venv browser compare plan-compare gpu-check \
+.PHONY: help bench ablation report test test-cluster cluster-packages perf check-bench-knobs venv clean-venv browser compare plan-compare gpu-check \
         dataset data-perf check-dataset-out mlperf check-mlperf-data
 
 help:
@@ -54,6 +54,7 @@ help:
 	@echo "make ablation [PRESET=...] [NODES=...] [GPUS_PER_NODE=...] [SHARDING=...] [REPEATS=n (3)]"
 	@echo "make report [RUN=latest|<run_id>|<baseline_id>,<candidate_id>] | [ABLATION=latest|<id>] | [NSYS=<file.sqlite>]"
 	@echo "make test"
+	@echo "make test-cluster  (root: real test hosts as network namespaces, torchrun on each, a real Slurm; else one line)"
 	@echo "make perf   [PRESET=tiny|small (tiny)]   (timeline on vs off: the instrumentation's cost)"
 	@echo "make plan-compare [LAYOUTS=1x8,2x8,16x8]  (mlperf tables: this planner vs TorchRec's, planning only)"
 	@echo "make mlperf DATA=dir [TARGET_AUC=0.80275] [PRESET=...] [NODES=n] [GPUS_PER_NODE=n] [OPTS=\"...\"]"
@@ -127,6 +128,22 @@ browser:
 
 test: $(STAMP) browser
 	$(PY) -m pytest
+
+# Real hosts on this machine (network namespaces), torchrun on each, a real Slurm (tests/cluster/).
+# Needs root: elsewhere one line says why and nothing runs (exit 0). The packages come from the
+# distribution (as root, with apt-get); the check runs on the system python, before any install.
+test-cluster: $(STAMP)
+	@test "$$(id -u)" != 0 || $(MAKE) --no-print-directory cluster-packages
+	@$(PYTHON) -m tests.cluster.testhosts check; rc=$$?; test $$rc -ne 3 || exit 0; test $$rc -eq 0 && \
+	  echo "$(PY) -m pytest -m cluster tests/cluster" && $(PY) -m pytest -m cluster tests/cluster
+
+CLUSTER_PACKAGES := slurmd:slurm-wlm munged:munge ip:iproute2 nsenter:util-linux ping:iputils-ping
+cluster-packages:
+	@pkgs=""; for cp in $(CLUSTER_PACKAGES); do command -v $${cp%%:*} >/dev/null 2>&1 || pkgs="$$pkgs $${cp#*:}"; done; \
+	if [ -n "$$pkgs" ]; then \
+	  command -v apt-get >/dev/null 2>&1 || { echo "make test-cluster: missing$$pkgs and no apt-get to install them" >&2; exit 2; }; \
+	  echo "make test-cluster: installing$$pkgs"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$pkgs >/dev/null; fi
 
 # The instrumentation's own cost: timeline on vs off, interleaved runs (PRESET=tiny|small).
 perf: $(STAMP)

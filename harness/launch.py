@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.config import BenchConfig
-from harness.records import exit_description, rank_errors
+from harness.records import exit_description, rank_errors, wait_for_ranks_to_settle
 
 DEFAULT_PORT = 29500
 
@@ -49,6 +50,9 @@ class Launch:
     """This host's node (torchrun mode)."""
     env: dict[str, str] = field(default_factory=dict)
     """Set for every rank (e.g. NCCL settings)."""
+    cpus_per_node: int | None = None
+    """Slurm: the CPUs the job holds on each node (the fewest, when they differ), all given to that
+    node's one srun task; None when Slurm does not say."""
 
 
 def free_port() -> int:
@@ -58,13 +62,61 @@ def free_port() -> int:
 
 
 def slurm_head_node(environ: Mapping[str, str]) -> str:
-    """First host of the allocation; the literal shell expression when scontrol is not here (dry runs)."""
+    """First host of the allocation, as `scontrol show hostnames` expands SLURM_JOB_NODELIST (run
+    with `environ`, so its PATH and SLURM_CONF). A ValueError (one line) names what is missing: the
+    rendezvous endpoint goes to torchrun as it is, with no shell to expand anything."""
+    job = environ.get("SLURM_JOB_ID", "?")
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if not nodelist:
+        raise ValueError(f"inside Slurm job {job} but SLURM_JOB_NODELIST is not set, so the first node (the "
+                         "rendezvous host) is unknown: run make bench in the sbatch script or the salloc shell")
+    scontrol = shutil.which("scontrol", path=environ.get("PATH"))
+    if scontrol is None:
+        raise ValueError(f"inside Slurm job {job} but scontrol is not on PATH: it is needed to expand "
+                         f"SLURM_JOB_NODELIST={nodelist} into the first node's name")
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", environ["SLURM_JOB_NODELIST"]],
-                             capture_output=True, text=True, timeout=30, check=True)
-        return out.stdout.split()[0]
-    except (OSError, KeyError, IndexError, subprocess.SubprocessError):
-        return "$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1)"
+        out = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True,
+                             timeout=30, env=dict(environ))
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ValueError(f"`scontrol show hostnames {nodelist}` could not run: {exc}") from None
+    hosts = out.stdout.split()
+    if out.returncode != 0 or not hosts:
+        said = (out.stderr.strip().splitlines() or [f"exit code {out.returncode}, no host names"])[-1]
+        raise ValueError(f"`scontrol show hostnames {nodelist}` failed: {said}")
+    return hosts[0]
+
+
+def slurm_cpus_per_node(environ: Mapping[str, str]) -> int | None:
+    """The fewest CPUs the job holds on any of its nodes, from SLURM_JOB_CPUS_PER_NODE ('72(x2)',
+    '36,72(x3)'); None when unset or unreadable (srun then uses its own default)."""
+    counts = []
+    for part in environ.get("SLURM_JOB_CPUS_PER_NODE", "").split(","):
+        m = re.fullmatch(r"\s*(\d+)(\(x\d+\))?\s*", part)
+        if not m:
+            return None
+        counts.append(int(m.group(1)))
+    return min(counts) if counts else None
+
+
+def srun_argv(launch: Launch, run_dir: Path, run_id: str) -> list[str]:
+    """One srun task a node, each running that node's torchrun. The task gets every CPU the job
+    holds there: a step's task otherwise gets one CPU, and under task/affinity or task/cgroup the
+    node's torchrun and all its ranks would share that one core."""
+    cpus = [f"--cpus-per-task={launch.cpus_per_node}"] if launch.cpus_per_node else []
+    return ["srun", f"--nodes={launch.nodes}", "--ntasks-per-node=1", *cpus, "--kill-on-bad-exit=1",
+            *torchrun_argv(launch, run_dir, run_id, None)]
+
+
+def check_slurm_step(environ: Mapping[str, str]) -> None:
+    """The harness starts the job's srun itself, once: a bench started as an srun task (one a node)
+    would start one job step per task. A ValueError (one line) when that is what happened, or when
+    srun is missing."""
+    if "SLURM_STEP_ID" in environ:  # set in an srun task's environment, not in a batch script's or salloc's
+        raise ValueError(f"this bench is itself an srun task (SLURM_STEP_ID={environ['SLURM_STEP_ID']}); start "
+                         "make bench once, in the sbatch script or the salloc shell: it runs srun itself")
+    if shutil.which("srun", path=environ.get("PATH")) is None:
+        raise ValueError(f"inside Slurm job {environ.get('SLURM_JOB_ID', '?')} but srun is not on PATH: "
+                         "the harness starts one torchrun a node with it")
 
 
 def choose_launch(
@@ -90,7 +142,9 @@ def choose_launch(
         have = int(environ.get("SLURM_JOB_NUM_NODES", environ.get("SLURM_NNODES", "1")))
         if have < nodes:
             raise ValueError(f"NODES={nodes} but this Slurm allocation has {have} node(s); ask salloc/sbatch for {nodes}")
-        return Launch("slurm", nodes, g, f"{slurm_head_node(environ)}:{DEFAULT_PORT}", None, env)
+        check_slurm_step(environ)
+        return Launch("slurm", nodes, g, f"{slurm_head_node(environ)}:{DEFAULT_PORT}", None, env,
+                      cpus_per_node=slurm_cpus_per_node(environ))
     return Launch("local-simulation", nodes, g, f"127.0.0.1:{free_port()}", None, env)
 
 
@@ -112,8 +166,7 @@ def node_commands(launch: Launch, run_dir: Path, run_id: str) -> list[str]:
     env = " ".join(f"{k}={v}" for k, v in launch.env.items())
     prefix = f"{env} " if env else ""
     if launch.mode == "slurm":
-        line = shlex.join(["srun", f"--nodes={launch.nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-                           *torchrun_argv(launch, run_dir, run_id, None)])
+        line = shlex.join(srun_argv(launch, run_dir, run_id))
         return [f"node {k} (one srun task): {prefix}{line}" for k in range(launch.nodes)]
     if launch.mode == "torchrun":
         return [f"node {k}: {prefix}{shlex.join(torchrun_argv(launch, run_dir, run_id, k))}" for k in range(launch.nodes)]
@@ -132,8 +185,7 @@ def run(launch: Launch, run_dir: Path, *, run_id: str) -> None:
         _run_local(launch, run_dir, run_id)
         return
     if launch.mode == "slurm":
-        argv = ["srun", f"--nodes={launch.nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-                *torchrun_argv(launch, run_dir, run_id, None)]
+        argv = srun_argv(launch, run_dir, run_id)
     else:
         argv = torchrun_argv(launch, run_dir, run_id, launch.node_rank)
     # torchrun makes a /tmp/torchelastic_* folder a launch and leaves it: point its temp files into
@@ -141,6 +193,7 @@ def run(launch: Launch, run_dir: Path, *, run_id: str) -> None:
     with tempfile.TemporaryDirectory(prefix="harness-launch-") as tmp:
         code, tail = run_teeing_stderr(argv, env={**os.environ, **launch.env, "TMPDIR": tmp})
     if code != 0:
+        wait_for_ranks_to_settle(run_dir)
         errors = rank_errors(run_dir)
         cause = last_exception_line(tail)
         raise LaunchFailed("; ".join(errors) if errors else

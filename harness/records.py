@@ -163,13 +163,7 @@ def finish_run(run_dir: Path, *, error: str | None) -> RunManifest:
     """Status moves to completed or failed; the ranks' own notes (rank.json) are gathered in (a
     note torn by a dying rank or a full disk is left out)."""
     (Path(run_dir) / SPACE_RESERVE).unlink(missing_ok=True)
-    ranks = []
-    for p in sorted(Path(run_dir).glob("rank*/rank.json")):
-        try:
-            ranks.append(RankInfo.from_json(p.read_text()))
-        except (OSError, ValueError, TypeError):
-            continue
-    ranks = tuple(ranks)
+    ranks = tuple(_rank_infos(run_dir).values())
     done = dataclasses.replace(
         read_manifest(run_dir),
         status=RunStatus(state="failed" if error else "completed", error=error),
@@ -195,6 +189,41 @@ def exit_description(exitcode: int) -> str:
     return f"exit code {exitcode}"
 
 
+def _rank_infos(run_dir: Path) -> dict[int, RankInfo]:
+    """Each rank's rank.json that can be read (one torn by a dying rank is left out)."""
+    infos = {}
+    for p in sorted(Path(run_dir).glob("rank*/rank.json")):
+        try:
+            info = RankInfo.from_json(p.read_text())
+        except (OSError, ValueError, TypeError):
+            continue
+        infos[info.rank] = info
+    return infos
+
+
+def unsettled_ranks(run_dir: Path) -> list[int]:
+    """Ranks that started (rank.json) but have neither finished (peak memory noted) nor written an
+    error or a fault: still running, or gone without a word."""
+    run_dir = Path(run_dir)
+    return [r for r, info in sorted(_rank_infos(run_dir).items())
+            if info.peak_rss_gib is None and not any((run_dir / f"rank{r:05d}" / f).exists()
+                                                     for f in ("error.txt", "fault.txt"))]
+
+
+SETTLE_S = 20.0
+"""How long a failed multi-host launch waits for the other hosts' ranks to write their errors:
+a rank that times out on a lost peer writes its error about when ours did, but on its own clock."""
+
+
+def wait_for_ranks_to_settle(run_dir: Path, *, timeout_s: float = SETTLE_S) -> None:
+    """Until every started rank has finished or written its error, or `timeout_s`: on a multi-host
+    run this node's launcher knows only its own ranks' exits; the others speak through the shared
+    run folder, and a rank that never does is named as lost (rank_errors)."""
+    deadline = time.monotonic() + timeout_s
+    while unsettled_ranks(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 def rank_errors(run_dir: Path, exit_codes: Mapping[int, int] | None = None) -> list[str]:
     """'rank k: <what it said>' for each rank that noted a fault or wrote an error, the cause first.
 
@@ -202,10 +231,18 @@ def rank_errors(run_dir: Path, exit_codes: Mapping[int, int] | None = None) -> l
     waiting for it, so the note is what names the cause. Next, ranks that ended without a word
     (`exit_codes`, by rank, as the launcher saw them: a SIGKILL, an OOM kill, os._exit): every
     rank that fails by an exception writes error.txt on its way out, so a silent one died of
-    something outside, before the others, whose errors are what losing it did to them. Then
-    the written errors, earliest first.
+    something outside, before the others, whose errors are what losing it did to them. A launcher
+    of one host of several sees no other host's exit codes: a rank there that started and never
+    finished nor wrote an error is named as lost, by host. Then the written errors, earliest first.
+    On a run over several hosts each rank is named with its host and node.
     """
     run_dir = Path(run_dir)
+    infos = _rank_infos(run_dir)
+    multi_host = len({i.host for i in infos.values()}) > 1
+
+    def name(r: int) -> str:
+        info = infos.get(r)
+        return f"rank {r} ({info.host}, node {info.node})" if multi_host and info else f"rank {r}"
 
     def rank_of(path: Path) -> int:
         return int(path.parent.name[4:])
@@ -217,12 +254,20 @@ def rank_errors(run_dir: Path, exit_codes: Mapping[int, int] | None = None) -> l
     faults = sorted(run_dir.glob("rank*/fault.txt"))
     errors = sorted(run_dir.glob("rank*/error.txt"), key=lambda p: (p.stat().st_mtime_ns, rank_of(p)))
     spoke = {rank_of(p) for p in (*faults, *errors)}
+    exit_codes = exit_codes or {}
     # SIGTERM last: it is what a launcher sends the survivors when it tears the job down.
-    silent = [f"rank {r}: died without an error of its own ({exit_description(code)})"
-              for r, code in sorted((exit_codes or {}).items(), key=lambda rc: (rc[1] == -signal.SIGTERM, rc[0]))
+    silent = [f"{name(r)}: died without an error of its own ({exit_description(code)})"
+              for r, code in sorted(exit_codes.items(), key=lambda rc: (rc[1] == -signal.SIGTERM, rc[0]))
               if code != 0 and r not in spoke]
-    return ([f"rank {rank_of(p)}: {last_line(p)}" for p in faults] + silent
-            + [f"rank {rank_of(p)}: {last_line(p)}" for p in errors])
+    lost_by_host: dict[str, list[int]] = {}
+    for r in unsettled_ranks(run_dir):
+        if r not in exit_codes:
+            lost_by_host.setdefault(infos[r].host, []).append(r)
+    lost = [f"{name(ranks[0]) if len(ranks) == 1 else 'ranks ' + ', '.join(map(str, ranks)) + f' ({host})'}: "
+            "started, then neither finished nor wrote an error (killed, or its host lost)"
+            for host, ranks in sorted(lost_by_host.items(), key=lambda hr: hr[1][0])]
+    return ([f"{name(rank_of(p))}: {last_line(p)}" for p in faults] + silent + lost
+            + [f"{name(rank_of(p))}: {last_line(p)}" for p in errors])
 
 
 def wait_for_manifest(run_dir: Path, *, timeout_s: float) -> bool:

@@ -36,6 +36,24 @@ def optimizations_table(run: Run) -> pd.DataFrame | None:
                          for f in FLAGS])
 
 
+def _node_hosts(run: Run) -> dict[int, str]:
+    """Node -> the host its ranks noted (rank.json); two names would mean ranks of one node ran on
+    two hosts, which is then shown, not hidden. Empty without a manifest (an nsys trace)."""
+    if run.manifest is None:
+        return {}
+    seen: dict[int, set[str]] = {}
+    for r in run.manifest.ranks:
+        seen.setdefault(r.node, set()).add(r.host)
+    return {node: ",".join(sorted(names)) for node, names in seen.items()}
+
+
+def _with_hosts(table: pd.DataFrame, hosts: dict[int, str]) -> pd.DataFrame:
+    """A per-node table with a host column after node."""
+    out = table.copy()
+    out.insert(out.columns.get_loc("node") + 1, "host", [hosts.get(n, "") for n in out["node"]])
+    return out
+
+
 def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
     """Write the full report of one run (or nsys trace) into `out`; return the files written.
 
@@ -60,9 +78,10 @@ def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
     it_job, it_rank = tables.iteration_table(df, "job"), tables.iteration_table(df, "rank")
     doc.table(_drop_run_id(it_job))
     scopes = [it_job.assign(scope="job"), it_rank.assign(scope="rank")]
+    hosts = _node_hosts(run)
     if multi_node:
-        it_node = tables.iteration_table(df, "node")
-        doc.p("Per node (node iteration = its slowest rank):")
+        it_node = _with_hosts(tables.iteration_table(df, "node"), hosts)
+        doc.p("Per node (node iteration = its slowest rank), with the host each node's ranks ran on:")
         doc.table(_drop_run_id(it_node))
         scopes.append(it_node.assign(scope="node"))
     doc.p("Per rank:")
@@ -85,7 +104,9 @@ def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
             st_node = tables.stage_stats(df, "node")
             csvs["stages_by_node"] = st_node
             doc.h2("Stages per node (mean ms)")
-            doc.table(tables.stage_pivot(st_node, "node"), index=True)
+            pivot = tables.stage_pivot(st_node, "node")
+            pivot.insert(0, "host", [hosts.get(n, "") for n in pivot.index])
+            doc.table(pivot, index=True)
         strag = tables.straggler_table(df)
         csvs["stragglers"] = strag
         doc.h2("Stragglers")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import faulthandler
 import os
 import resource
 import socket
@@ -35,6 +36,9 @@ def maybe_avoid_record_streams(on: bool) -> None:
 
 def run_rank(run_dir: str) -> dict:
     """Entry point of one rank (torchrun or the in-process elastic launcher set RANK etc.)."""
+    # A rank killed by a signal (a C++ abort in a collective library, a segfault) leaves the Python
+    # stack of every thread in its log, not just the signal's name in torchrun's summary.
+    faulthandler.enable(all_threads=True)
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,9 @@ import torch.multiprocessing as mp
 
 
 def _rank_main(rank: int, world: int, fn: Callable[..., Any], args: tuple, out: str, device: str) -> None:
+    # A rank that dies on a signal (SIGABRT from C++ teardown, SIGSEGV) prints every thread's Python
+    # stack to its stderr, which pytest shows: mp.spawn alone reports only the signal's name.
+    faulthandler.enable(all_threads=True)
     torch.set_num_threads(1)
     if device == "cuda":
         torch.cuda.set_device(rank)

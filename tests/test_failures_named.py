@@ -143,3 +143,51 @@ def test_a_killed_launcher_leaves_a_running_run_that_the_report_calls_unfinished
     run = load_run(run_dir)
     assert set(run.iterations["rank"]) == {0, 1}  # what was flushed before the kill loads
     assert "DID NOT FINISH (status running" in format_summary(run)
+
+
+def _rank_json(run_dir: Path, rank: int, host: str, node: int, finished: bool) -> None:
+    from harness.manifest import RankInfo
+
+    info = RankInfo(run_id="x", rank=rank, node=node, host=host, pid=100 + rank, device="cpu", backend="gloo",
+                    threads=1, gemm_gflops=1.0, copy_gbps=1.0, peak_rss_gib=0.5 if finished else None)
+    (run_dir / f"rank{rank:05d}").mkdir(exist_ok=True)
+    (run_dir / f"rank{rank:05d}" / "rank.json").write_text(info.to_json())
+
+
+def test_a_host_whose_ranks_vanished_is_named_first_with_its_ranks(tmp_path):
+    """What node 0's launcher finds when host1 was killed: its own ranks wrote the connection
+    errors, host1's ranks started and then said nothing (this launcher cannot see their exits).
+    host1 and its ranks come first; every rank is named with its host and node."""
+    for rank, host in enumerate(("host0", "host0", "host1", "host1", "host2", "host2")):
+        _rank_json(tmp_path, rank, host, rank // 2, finished=host == "host2" and rank == 5)
+    (tmp_path / "rank00004" / "error.txt").write_text("Traceback ...\nRuntimeError: Timed out\n")
+    for rank in (0, 1):
+        (tmp_path / f"rank{rank:05d}" / "error.txt").write_text("Traceback ...\nRuntimeError: Connection closed by peer\n")
+        time.sleep(0.01)
+    assert rank_errors(tmp_path) == [
+        "ranks 2, 3 (host1): started, then neither finished nor wrote an error (killed, or its host lost)",
+        "rank 4 (host2, node 2): RuntimeError: Timed out",
+        "rank 0 (host0, node 0): RuntimeError: Connection closed by peer",
+        "rank 1 (host0, node 0): RuntimeError: Connection closed by peer",
+    ]
+
+
+def test_the_launcher_waits_for_the_other_hosts_ranks_to_settle(tmp_path):
+    """A rank of another host whose error lands a moment after ours is read, not named as lost."""
+    import threading
+
+    from harness.records import wait_for_ranks_to_settle
+
+    _rank_json(tmp_path, 0, "host0", 0, finished=False)
+    (tmp_path / "rank00000" / "error.txt").write_text("RuntimeError: Timed out\n")
+    _rank_json(tmp_path, 1, "host1", 1, finished=False)
+    late = threading.Timer(0.5, lambda: (tmp_path / "rank00001" / "error.txt").write_text("RuntimeError: Timed out too\n"))
+    late.start()
+    wait_for_ranks_to_settle(tmp_path, timeout_s=10)
+    late.join()
+    assert rank_errors(tmp_path)[-1] == "rank 1 (host1, node 1): RuntimeError: Timed out too"
+    start = time.monotonic()
+    _rank_json(tmp_path, 2, "host1", 1, finished=False)  # never speaks: the wait ends at its timeout
+    wait_for_ranks_to_settle(tmp_path, timeout_s=1)
+    assert time.monotonic() - start < 5
+    assert rank_errors(tmp_path)[0] == "rank 2 (host1, node 1): started, then neither finished nor wrote an error (killed, or its host lost)"

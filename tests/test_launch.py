@@ -18,17 +18,72 @@ from harness.presets import tiny
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_launcher_is_chosen_from_the_environment():
+def fake_slurm_bin(folder: Path, *, scontrol: str | None = "echo nodeA; echo nodeB", srun: bool = True) -> str:
+    """A PATH holding stand-ins for Slurm's commands: scontrol runs `scontrol` as a shell body."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, body in (("scontrol", scontrol), ("srun", "exit 0" if srun else None)):
+        if body is not None:
+            (folder / name).write_text(f"#!/bin/sh\n{body}\n")
+            (folder / name).chmod(0o755)
+    return str(folder)
+
+
+def slurm_env(path: str, **extra: str) -> dict[str, str]:
+    return {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[A-B]", "PATH": path, **extra}
+
+
+def test_launcher_is_chosen_from_the_environment(tmp_path):
     cfg = tiny(nodes=2, gpus_per_node=1)
     assert choose_launch(cfg, environ={}, rdzv_endpoint=None, node_rank=None).mode == "local-simulation"
-    slurm = choose_launch(cfg, environ={"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2"}, rdzv_endpoint=None,
-                          node_rank=None)
-    assert slurm.mode == "slurm"
+    slurm = choose_launch(cfg, environ=slurm_env(fake_slurm_bin(tmp_path)), rdzv_endpoint=None, node_rank=None)
+    assert slurm.mode == "slurm" and slurm.endpoint == "nodeA:29500"  # scontrol's first host
+    assert slurm.cpus_per_node is None  # Slurm did not say: srun's own default
     lines = node_commands(slurm, Path("runs/x"), "x")
     assert len(lines) == 2 and all("srun --nodes=2" in ln and "--nnodes=2" in ln for ln in lines)
     host = choose_launch(cfg, environ={"MASTER_ADDR": "h0", "NODE_RANK": "1"}, rdzv_endpoint=None, node_rank=None)
     assert (host.mode, host.endpoint, host.node_rank) == ("torchrun", "h0:29500", 1)
     assert "--node-rank=1" in node_commands(host, Path("runs/x"), "x")[1]
+
+
+@pytest.mark.parametrize("cpus, expected", [("72(x2)", 72), ("36,72(x3)", 36), ("16", 16), ("", None), ("lots", None)])
+def test_each_nodes_srun_task_gets_all_the_cpus_the_job_holds_there(tmp_path, cpus, expected):
+    launch = choose_launch(tiny(nodes=2, gpus_per_node=1), environ=slurm_env(fake_slurm_bin(tmp_path),
+                           SLURM_JOB_CPUS_PER_NODE=cpus), rdzv_endpoint=None, node_rank=None)
+    assert launch.cpus_per_node == expected
+    line = node_commands(launch, Path("runs/x"), "x")[0]
+    if expected is None:
+        assert "--cpus-per-task" not in line
+    else:
+        assert f"--cpus-per-task={expected} " in line
+
+
+@pytest.mark.parametrize("scontrol, srun, extra, message", [
+    # the bug a first real run would hit: scontrol failing gave torchrun the unexpanded "$(scontrol ...)"
+    ("echo 'slurm_load_ctl_conf error: Unable to contact slurm controller' >&2; exit 1", True, {},
+     "scontrol show hostnames node.A-B.` failed: slurm_load_ctl_conf error: Unable to contact slurm controller$"),
+    (None, True, {}, "scontrol is not on PATH"),
+    ("exit 0", True, {}, "failed: exit code 0, no host names"),
+    ("echo nodeA", False, {}, "srun is not on PATH"),
+    ("echo nodeA", True, {"SLURM_JOB_NODELIST": ""}, "SLURM_JOB_NODELIST is not set"),
+    ("echo nodeA", True, {"SLURM_STEP_ID": "0"}, "itself an srun task"),
+])
+def test_a_slurm_environment_the_harness_cannot_use_is_named(tmp_path, scontrol, srun, extra, message):
+    environ = slurm_env(fake_slurm_bin(tmp_path, scontrol=scontrol, srun=srun), **extra)
+    with pytest.raises(ValueError, match=message) as caught:
+        choose_launch(tiny(nodes=2, gpus_per_node=1), environ=environ, rdzv_endpoint=None, node_rank=None)
+    assert "\n" not in str(caught.value) and "$(" not in str(caught.value)
+
+
+def test_bench_in_an_unusable_slurm_job_fails_before_making_a_run_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[A-B]")
+    monkeypatch.setenv("PATH", fake_slurm_bin(tmp_path / "bin", scontrol="echo 'Invalid node name' >&2; exit 1")
+                       + ":/usr/bin:/bin")
+    code = main(["bench", "--preset", "tiny", "--nodes", "2", "--gpus-per-node", "1", "--runs-root", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "Invalid node name" in err[0], err
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("environ, message", [

@@ -81,3 +81,31 @@ def test_a_venv_of_the_other_variant_is_refused_before_any_install(tmp_path):
     assert out.stderr.strip().splitlines()[0] == (f"make: {venv} holds the cuda variant, this machine needs the cpu "
                                                   "variant: run make clean-venv first")
     assert not (venv / ".installed-requirements-cpu").exists() and list((venv / "bin").iterdir()) == []
+
+
+def test_make_test_cluster_says_in_one_line_why_it_cannot_run_without_root():
+    """Where test hosts cannot be made (not root), make test-cluster prints one line and succeeds;
+    the reason comes from making a namespace, so it names what is missing."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("needs root and runuser, to run make as an unprivileged user")
+    out = subprocess.run(["runuser", "-u", "nobody", "--", "make", "-s", "--no-print-directory", "test-cluster"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = (out.stdout + out.stderr).strip().splitlines()
+    assert out.returncode == 0 and lines == ["make test-cluster: skipped, test hosts need root (network namespaces "
+                                             "and links); this is uid 65534"], lines
+
+
+def test_unavailable_reason_names_a_failed_namespace(monkeypatch):
+    """As root without the right to make namespaces (a container without CAP_SYS_ADMIN), the reason
+    is the `ip` error itself."""
+    import tests.cluster.testhosts as th
+
+    monkeypatch.setattr(th.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(th.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(th, "_ip", lambda *a, check=True: subprocess.CompletedProcess(
+        ["ip", *a], 1, "", "mount --make-shared /run/netns failed: Operation not permitted"))
+    assert th.unavailable_reason() == ("cannot create a network namespace: mount --make-shared /run/netns failed: "
+                                       "Operation not permitted")
