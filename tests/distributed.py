@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,11 @@ def _rank_main(rank: int, world: int, fn: Callable[..., Any], args: tuple, out: 
     dist.init_process_group(backend, init_method=f"file://{out}/store", rank=rank, world_size=world)
     try:
         dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
-        torch.save(fn(rank, world, dev, *args), os.path.join(out, f"rank{rank}.pt"))
+        result = fn(rank, world, dev, *args)
+        torch.save(result, os.path.join(out, f"rank{rank}.pt.part"))
+        os.replace(os.path.join(out, f"rank{rank}.pt.part"), os.path.join(out, f"rank{rank}.pt"))
+        dist.barrier()  # every rank's result is on disk before any rank tears its process group down
+        Path(out, f"rank{rank}.done").touch()
     finally:
         dist.destroy_process_group()
 
@@ -33,7 +38,17 @@ def spawn_ranks(fn: Callable[..., Any], world: int, tmp_path: Path, *args: Any, 
     """fn(rank, world, device, *args) on `world` processes in one process group (gloo on CPU,
     NCCL with one GPU a rank on CUDA); their return values in rank order. fn must be a
     module-level function (it is pickled)."""
-    mp.spawn(_rank_main, args=(world, fn, args, str(tmp_path), device), nprocs=world, join=True)
+    try:
+        mp.spawn(_rank_main, args=(world, fn, args, str(tmp_path), device), nprocs=world, join=True)
+    except mp.ProcessExitedException as exc:
+        # Once every rank has saved its result and passed the barrier after it, what is left is
+        # process teardown (destroy_process_group, interpreter exit), which is not what a test
+        # of fn checks. One such abort was seen once in CI ("terminate called without an active
+        # exception" in rank 0 after its work); it is reported as a warning, with the rank's
+        # faulthandler stack in the captured stderr, and the results are used.
+        if not all((tmp_path / f"rank{r}.done").exists() for r in range(world)):
+            raise
+        warnings.warn(f"{exc} after every rank had saved its result: a crash in process teardown", RuntimeWarning)
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]  # our own files
 
 
