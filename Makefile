@@ -39,7 +39,7 @@ HAS_CUDA      := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_REQS    := $(if $(HAS_CUDA),requirements-cuda.txt,requirements-cpu.txt)
 STAMP         := $(VENV)/.installed-$(basename $(TORCH_REQS))
 
-.PHONY: help bench ablation report test test-cluster cluster-packages perf check-bench-knobs venv clean-venv browser compare plan-compare gpu-check \
+.PHONY: help bench ablation report test test-cluster cluster-packages perf precision-perf check-bench-knobs venv clean-venv browser compare plan-compare gpu-check \
         dataset data-perf check-dataset-out mlperf check-mlperf-data
 
 help:
@@ -56,6 +56,7 @@ help:
 	@echo "make test"
 	@echo "make test-cluster  (root: real test hosts as network namespaces, torchrun on each, a real Slurm; else one line)"
 	@echo "make perf   [PRESET=tiny|small (tiny)]   (timeline on vs off: the instrumentation's cost)"
+	@echo "make precision-perf [PRESET=small] [REPEATS=2]  (fp16 tables vs fp32: memory planned and measured, interleaved runs)"
 	@echo "make plan-compare [LAYOUTS=1x8,2x8,16x8]  (mlperf tables: this planner vs TorchRec's, planning only)"
 	@echo "make mlperf DATA=dir [TARGET_AUC=0.80275] [PRESET=...] [NODES=n] [GPUS_PER_NODE=n] [OPTS=\"...\"]"
 	@echo "            (one epoch at most, 20 evaluations an epoch, stops at the target AUROC; MLPerf result log in the run folder)"
@@ -148,6 +149,12 @@ cluster-packages:
 # The instrumentation's own cost: timeline on vs off, interleaved runs (PRESET=tiny|small).
 perf: $(STAMP)
 	$(PY) -m harness.perf --preset $(or $(PRESET),tiny) $(if $(GPUS_PER_NODE),--gpus-per-node $(GPUS_PER_NODE))
+
+# fp16 tables against fp32 (PRESET=tiny|small, small by default): memory planned and measured, and
+# interleaved runs (iteration-time ratio, loss difference).
+precision-perf: check-bench-knobs $(STAMP)
+	$(PY) -m harness.precision_perf --preset $(or $(PRESET),small) $(if $(REPEATS),--repeats $(REPEATS)) \
+	  $(if $(GPUS_PER_NODE),--gpus-per-node $(GPUS_PER_NODE))
 
 # The CUDA battery (every test marked cuda), one line a check; without a GPU, one line and exit 0.
 gpu-check: $(STAMP)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.names import (
-    COLLECTIVE_WAITS, DENSE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, ENGINES, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
+    COLLECTIVE_WAITS, DENSE_PRECISIONS, TABLE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, ENGINES, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
 )
 
 # The command line is generated from these dataclasses (harness/options.py): a field's option
@@ -223,10 +223,16 @@ class PrecisionConfig:
     dense: str = option("fp32", option="dense-precision", choices=DENSE_PRECISIONS)
     """fp32, or bf16: the dense arch's forward under torch.autocast(bfloat16), with fp32 weights,
     gradients, optimizer state and loss (mixed precision as GPU MLPerf submissions run it)."""
+    tables: str = option("fp32", option="table-precision", choices=TABLE_PRECISIONS)
+    """fp32, or fp16: the fused (fbgemm) tables' weights in half precision, which halves their
+    memory; fbgemm keeps the fused optimizer's state in fp32 and pools in fp32. Data-parallel tables
+    stay fp32 (the run record says so)."""
 
     def __post_init__(self) -> None:
         if self.dense not in DENSE_PRECISIONS:
             raise ValueError(f"precision.dense {self.dense!r} is not one of {list(DENSE_PRECISIONS)}")
+        if self.tables not in TABLE_PRECISIONS:
+            raise ValueError(f"precision.tables {self.tables!r} is not one of {list(TABLE_PRECISIONS)}")
 
 
 @dataclass(kw_only=True, frozen=True)

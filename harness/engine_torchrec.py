@@ -48,6 +48,8 @@ def check_config(cfg: BenchConfig, plan_kinds: Sequence[str]) -> None:
     if cfg.precision.dense != "fp32":
         raise ValueError(f"--engine torchrec trains the dense arch in fp32 as stock TorchRec does: drop "
                          f"--dense-precision {cfg.precision.dense}")
+    if cfg.precision.tables != "fp32":
+        raise ValueError(f"--engine torchrec here runs its tables in fp32: drop --table-precision {cfg.precision.tables}")
     if not cfg.optimizations.pipeline:
         raise ValueError("--engine torchrec always trains through TrainPipelineSparseDist: drop --no-pipeline")
     if cfg.evaluation.every_samples:

@@ -23,6 +23,8 @@ class PrecisionEntry:
 
     dense: str = "fp32"
     """The dense arch's precision (config precision.dense)."""
+    tables: str = "fp32"
+    """The fused tables' weights precision (config precision.tables); data-parallel tables stay fp32."""
     numerics_changed: bool = False
     """True when losses and weights differ from an fp32 run by design."""
     note: str = "fp32 throughout"

@@ -68,7 +68,7 @@ def resolve(
             notes["skip_splits_a2a"] = "(table-)row-wise tables still exchange their splits (they depend on the ids)"
     effective = {f: requested[f] and f not in reasons for f in OPTIMIZATION_FLAGS}
     return ResolvedFlags(pipeline=opts.pipeline, requested=requested, effective=effective,
-                         inactive_reasons=reasons, notes=notes, precision=_precision_entry(precision),
+                         inactive_reasons=reasons, notes=notes, precision=_precision_entry(precision, plan_kinds),
                          collective_wait=_wait_entry(opts.collective_wait, cuda=cuda, engine=engine))
 
 
@@ -84,14 +84,21 @@ def _wait_entry(requested: str, *, cuda: bool, engine: str) -> WaitEntry:
     return WaitEntry(requested=requested, effective=requested)
 
 
-def _precision_entry(precision: PrecisionConfig) -> PrecisionEntry:
-    if precision.dense == "fp32":
-        return PrecisionEntry()
-    return PrecisionEntry(
-        dense=precision.dense, numerics_changed=True,
-        note=(f"dense forward under {precision.dense} autocast (fp32 weights, optimizer state and loss): losses "
-              "and weights differ from fp32 runs by design"),
-    )
+def _precision_entry(precision: PrecisionConfig, plan_kinds: Sequence[str] = ()) -> PrecisionEntry:
+    notes = []
+    if precision.dense != "fp32":
+        notes.append(f"dense forward under {precision.dense} autocast (fp32 weights, optimizer state and loss)")
+    fused = any(k != "data_parallel" for k in plan_kinds) or not plan_kinds
+    if precision.tables != "fp32" and fused:
+        dp = " (its data-parallel tables stay fp32)" if "data_parallel" in plan_kinds else ""
+        notes.append(f"fused tables' weights in {precision.tables}, their optimizer state and pooled output fp32{dp}")
+    if not notes:
+        # A table precision asked of a plan with no fused table changes nothing: said, not hidden.
+        idle = (f"tables {precision.tables} takes no effect: every table of this plan is data-parallel, and those "
+                "stay fp32") if precision.tables != "fp32" else "fp32 throughout"
+        return PrecisionEntry(tables=precision.tables, note=idle)
+    return PrecisionEntry(dense=precision.dense, tables=precision.tables, numerics_changed=True,
+                          note="; ".join(notes) + ": losses and weights differ from fp32 runs by design")
 
 
 def describe(res: ResolvedFlags) -> str:
@@ -110,5 +117,7 @@ def describe(res: ResolvedFlags) -> str:
     wait = res.collective_wait
     lines.append(f"collective wait: {wait.effective}" + (f" (requested {wait.requested}: {wait.reason})" if wait.reason else ""))
     prec = res.precision
-    lines.append(f"dense precision: {prec.dense}" + (f": NUMERICS CHANGED, {prec.note}" if prec.numerics_changed else ""))
+    lines.append(f"precision: dense {prec.dense}, tables {prec.tables}"
+                 + (f": NUMERICS CHANGED, {prec.note}" if prec.numerics_changed
+                    else f": {prec.note}" if prec.note != "fp32 throughout" else ""))
     return "\n".join(lines)

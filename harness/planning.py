@@ -10,7 +10,7 @@ import os
 
 from harness.config import BenchConfig
 from harness.manifest import PlanEstimate, RankEstimate
-from model.names import STATE_PER_ELEMENT, STATE_PER_ROW
+from model.names import STATE_PER_ELEMENT, STATE_PER_ROW, WEIGHT_BYTES
 from model.plan_traffic import Geometry
 from model.planner import PlanError, Topology, TableSpec, plan_step_seconds, plan_tables
 from model.sharding import SHARDING_TYPES, TablePlan
@@ -65,7 +65,8 @@ def geometry(cfg: BenchConfig, topo: Topology) -> Geometry:
     """What the footprint of a plan depends on besides the plan (model/plan_traffic.py)."""
     opt = cfg.optimizer.embedding_optimizer
     return Geometry(world_size=topo.world_size, ranks_per_node=topo.ranks_per_node, global_batch=cfg.data.global_batch_size,
-                    state_per_element=STATE_PER_ELEMENT[opt], state_per_row=STATE_PER_ROW[opt])
+                    state_per_element=STATE_PER_ELEMENT[opt], state_per_row=STATE_PER_ROW[opt],
+                    weight_bytes=WEIGHT_BYTES[cfg.precision.tables])
 
 
 def make_plan(cfg: BenchConfig, *, ranks_per_host: int,
@@ -84,7 +85,8 @@ def make_plan(cfg: BenchConfig, *, ranks_per_host: int,
     try:
         plan, loads = plan_tables(
             tables, topo, global_batch=geo.global_batch, state_per_element=geo.state_per_element,
-            state_per_row=geo.state_per_row, forced=forced, column_shards=cfg.sharding.column_shards,
+            state_per_row=geo.state_per_row, weight_bytes=geo.weight_bytes, forced=forced,
+            column_shards=cfg.sharding.column_shards,
         )
     except PlanError as exc:
         if not on_this_host:

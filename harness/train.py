@@ -17,6 +17,7 @@ from harness.evaluate import EvalRecord, eval_iterations, evaluate
 from harness.dense_gradients import FlatGradients
 from harness.flush import RecordFlusher
 from harness.input_pipeline import InputFeeder
+from harness.progress import Progress
 from harness.manifest import ResolvedFlags
 from harness.mlperf_log import ResultLog
 from harness.input_streams import input_streams
@@ -135,6 +136,7 @@ def train(
         wait=wait,
         ranks_per_node=cfg.run.gpus_per_node,
         node_pg=node_pg,
+        table_precision=cfg.precision.tables,
     )
     step = DenseStep(
         dense=dense, grads=grads, world_size=world, local_batch=local_batch, num_dense=cfg.model.num_dense,
@@ -163,6 +165,7 @@ def train(
         # dist is in flight while one runs, and its time stays out of every iteration's.
         for last in evals_after or [total - 1]:
             feeder = feeder_for(first, last + 1)
+            progress = Progress(total=total, first=first) if rank == 0 else None
             result_log.block_start(samples=first * global_batch,
                                    epoch=first * global_batch / data.train_rows if evals_after else 0.0)
             for it in range(first, last + 1):
@@ -187,6 +190,8 @@ def train(
                     grads.zero()
                 timeline.end_iteration()
                 records.pending[it] = loss.clone()  # a graphed step's loss is a static buffer the next replay overwrites
+                if progress is not None:
+                    progress.done(it)
                 if (it + 1) % cfg.run.flush_every == 0:
                     flush()
             feeder.close()

@@ -53,6 +53,9 @@ class ShardingContext:
     learning_rate: float
     eps: float
     init_seed: int
+    table_precision: str = "fp32"
+    """Weights precision of the fused tables (model/names.py TABLE_PRECISIONS); data-parallel
+    tables stay fp32 (their dense gradient is all-reduced and updated by torch's Adagrad)."""
 
 
 @dataclass
@@ -98,7 +101,7 @@ class PooledAllToAllSharding:
         if self.local:
             self.tbe = build_fused_tbe(rows=[table_rows[t] for _, t, _ in self.local], dims=[s.cols for *_, s in self.local],
                                        device=ctx.device, optimizer=ctx.optimizer,
-                                       learning_rate=ctx.learning_rate, eps=ctx.eps)
+                                       learning_rate=ctx.learning_rate, eps=ctx.eps, precision=ctx.table_precision)
             for w_t, (_, t, s) in zip(self.tbe.split_embedding_weights(), self.local):
                 init_shard_(w_t, table=t, table_rows=table_rows[t], table_dim=ctx.dim, row_start=s.row_start,
                             col_start=s.col_start, seed=ctx.init_seed)
@@ -165,7 +168,8 @@ def row_block_tbe(ctx: ShardingContext, tables: Sequence[int], shards: Sequence[
     A block past a small table's last row is empty: a 1-row stand-in keeps the TBE's layout one
     table a feature; no id is ever routed to it."""
     tbe = build_fused_tbe(rows=[max(1, s.rows) for s in shards], dims=[ctx.dim] * len(shards), device=ctx.device,
-                          optimizer=ctx.optimizer, learning_rate=ctx.learning_rate, eps=ctx.eps)
+                          optimizer=ctx.optimizer, learning_rate=ctx.learning_rate, eps=ctx.eps,
+                          precision=ctx.table_precision)
     for w_t, t, s in zip(tbe.split_embedding_weights(), tables, shards):
         if s.rows:
             init_shard_(w_t, table=t, table_rows=table_rows[t], table_dim=ctx.dim, row_start=s.row_start,

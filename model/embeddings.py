@@ -6,7 +6,7 @@ import warnings
 from collections.abc import Sequence
 
 import torch
-from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     ComputeDevice,
@@ -15,6 +15,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 )
 
 from model.names import EMBEDDING_OPTIMIZERS as EMBEDDING_OPTIMIZER_NAMES
+from model.names import TABLE_PRECISIONS
 
 # fbgemm's CPU dense TBE registers its backward the old way and torch warns on every backward;
 # its gradients equal nn.EmbeddingBag's exactly (tests/test_embeddings.py checks them).
@@ -23,6 +24,11 @@ warnings.filterwarnings("ignore", message="fbgemm::dense_embedding_codegen_looku
 # fbgemm's enum for each optimizer name (the names live torch-free in model/names.py).
 EMBEDDING_OPTIMIZERS = {name: getattr(EmbOptimType, name.upper()) for name in EMBEDDING_OPTIMIZER_NAMES}
 
+# fbgemm's weights precision for each table precision name (model/names.py).
+WEIGHTS_PRECISIONS = {"fp32": SparseType.FP32, "fp16": SparseType.FP16}
+if set(WEIGHTS_PRECISIONS) != set(TABLE_PRECISIONS):  # a name added there needs its type here
+    raise ImportError(f"model/embeddings.py maps {sorted(WEIGHTS_PRECISIONS)}, model/names.py names {TABLE_PRECISIONS}")
+
 INIT_CHUNK_ROWS = 65536
 """Init draws come in chunks of this many full rows, each from its own seed: any shard's
 weights are a slice of the same full-table init, whatever the plan, without materialising
@@ -30,10 +36,12 @@ the full table."""
 
 
 def build_fused_tbe(
-    *, rows: Sequence[int], dims: Sequence[int], device: torch.device, optimizer: str, learning_rate: float, eps: float
+    *, rows: Sequence[int], dims: Sequence[int], device: torch.device, optimizer: str, learning_rate: float, eps: float,
+    precision: str = "fp32",
 ) -> SplitTableBatchedEmbeddingBagsCodegen:
     """Sum-pooled tables whose backward() updates the weights in place (optimizer fused):
-    the embedding gradients never exist as tensors."""
+    the embedding gradients never exist as tensors. precision: the weights' (fp32 or fp16); the
+    optimizer state stays fp32 and the pooled output is fp32 either way."""
     if device.type == "cuda":
         location, compute = EmbeddingLocation.DEVICE, ComputeDevice.CUDA
     else:
@@ -45,6 +53,8 @@ def build_fused_tbe(
         eps=eps,
         pooling_mode=PoolingMode.SUM,
         device=device,
+        weights_precision=WEIGHTS_PRECISIONS[precision],
+        output_dtype=SparseType.FP32,
     )
 
 

@@ -9,6 +9,13 @@ SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "da
 EMBEDDING_OPTIMIZERS = ("exact_adagrad", "exact_rowwise_adagrad", "exact_sgd")
 """The fused optimizers fbgemm's CPU and CUDA kernels both support (Adam is CUDA-only)."""
 
+TABLE_PRECISIONS = ("fp32", "fp16")
+"""Weights precision of the fused (fbgemm) tables; the fused optimizer's state stays fp32 as
+fbgemm keeps it, and lookups come out in fp32. fp16 changes the numbers by design."""
+
+WEIGHT_BYTES = {"fp32": 4, "fp16": 2}
+"""Bytes a weight element takes at each table precision (for memory planning)."""
+
 COLLECTIVE_WAITS = ("poll", "block")
 """How the host waits for a collective it launched (model/collective_wait.py)."""
 

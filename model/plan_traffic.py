@@ -84,6 +84,9 @@ class Geometry:
     """Optimizer state floats a weight element (Adagrad: 1)."""
     state_per_row: float = 0.0
     """Optimizer state floats a row (row-wise Adagrad: 1)."""
+    weight_bytes: float = FLOAT_BYTES
+    """Bytes a weight element of a fused (sharded) table takes: 4 in fp32, 2 in fp16 (model/names.py
+    WEIGHT_BYTES). The optimizer state stays fp32, and data-parallel tables stay fp32."""
 
     def __post_init__(self) -> None:
         if self.world_size % self.ranks_per_node:
@@ -129,13 +132,14 @@ def table_footprint(tp: TablePlan, *, rows: int, dim: int, pooling: float, geo: 
     row_kinds = tp.kind in ("row_wise", "table_row_wise")
     for sh in tp.shards:
         q = sh.rank
-        weights = sh.rows * sh.cols * FLOAT_BYTES
-        fp[MEMORY, q] += weights * (1 + geo.state_per_element) + sh.rows * geo.state_per_row * FLOAT_BYTES
+        elements = sh.rows * sh.cols
+        fp[MEMORY, q] += (elements * (geo.weight_bytes + geo.state_per_element * FLOAT_BYTES)
+                          + sh.rows * geo.state_per_row * FLOAT_BYTES)
         f = sh.rows / rows if row_kinds else 1.0
         fp[MEMORY, q] += ID_BYTES * (g * pooling * f + g)
         exchange(IDS, q, 0.0, ID_BYTES * (b * pooling * f + b))
         width = dim if row_kinds else sh.cols
-        fp[LOOKUP, q] += 3 * g * pooling * f * width * FLOAT_BYTES
+        fp[LOOKUP, q] += 3 * g * pooling * f * width * geo.weight_bytes  # rows read, read again and written back
         if not row_kinds:
             fp[MEMORY, q] += 2 * g * width * FLOAT_BYTES
             exchange(FORWARD, q, b * width * FLOAT_BYTES, 0.0)

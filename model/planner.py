@@ -209,11 +209,13 @@ def plan_tables(
     global_batch: int,
     state_per_element: float,
     state_per_row: float = 0.0,
+    weight_bytes: float = 4.0,
     forced: dict[int, str] | None = None,
     column_shards: int = 4,
 ) -> tuple[list[TablePlan], list[RankLoad]]:
     """A plan for every table and each rank's resulting load. Raises PlanError with the reason.
-    state_per_element / state_per_row: optimizer state floats (see plan_traffic.Geometry);
+    state_per_element / state_per_row: optimizer state floats, weight_bytes: bytes a fused table's
+    weight element takes (see plan_traffic.Geometry);
     column_shards: the most column blocks tried."""
     forced = forced or {}
     for t, kind in forced.items():
@@ -226,7 +228,7 @@ def plan_tables(
                 f"table {t}: column_wise needs 2..{column_shards} blocks (at most one a rank, {topo.world_size} ranks) "
                 f"of a multiple of {MIN_COLUMN_BLOCK} columns each; dim is {tables[t].dim}")
     geo = Geometry(world_size=topo.world_size, ranks_per_node=topo.ranks_per_node, global_batch=global_batch,
-                   state_per_element=state_per_element, state_per_row=state_per_row)
+                   state_per_element=state_per_element, state_per_row=state_per_row, weight_bytes=weight_bytes)
 
     def footprint(tp: TablePlan, spec: TableSpec) -> np.ndarray:
         return table_footprint(tp, rows=spec.rows, dim=spec.dim, pooling=spec.pooling, geo=geo)
