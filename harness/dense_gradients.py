@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from model.collective_bytes import CollectiveBytes
 from model.collective_wait import WaitFn, block
 
 DEFAULT_BUCKET_MIB = 4.0
@@ -74,7 +75,10 @@ class FlatGradients:
         group: dist.ProcessGroup | None,
         bucket_mib: float = DEFAULT_BUCKET_MIB,
         wait: WaitFn = block,
+        bytes_moved: CollectiveBytes | None = None,
     ) -> None:
+        """bytes_moved: where each bucket's all-reduce is counted (the records' bytes moved)."""
+        self.bytes_moved = bytes_moved
         if not bucket_mib > 0:
             raise ValueError(f"bucket_mib must be > 0, got {bucket_mib}")
         params = [p for p in module.parameters() if p.requires_grad]
@@ -114,6 +118,9 @@ class FlatGradients:
 
     def _launch(self, bucket: int) -> None:
         start, end = self.buckets[bucket]
+        if self.bytes_moved is not None:
+            self.bytes_moved.ring("dense_grads", nbytes=(end - start) * self.buffer.element_size(),
+                                  world_size=self.world_size, passes=2)
         self._works.append(dist.all_reduce(self.buffer[start:end], group=self.group, async_op=True))
         self._next = bucket + 1
 

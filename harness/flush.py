@@ -22,6 +22,8 @@ class RecordFlusher:
         """Iteration -> splits all-to-alls its input dist ran (engines that count them)."""
         self.losses: list[float] = []
         """Every flushed loss, in iteration order."""
+        self.moved: dict[int, dict[str, tuple[int, int]]] = {}
+        """Iteration -> exchange phase -> (bytes sent, bytes received) (model/collective_bytes.py)."""
 
     def flush(self) -> None:
         stage_spans, iter_spans = self.timeline.drain()
@@ -30,5 +32,6 @@ class RecordFlusher:
         self.losses.extend(values[i] for i in its)
         self.pending.clear()
         if self.recorder is not None:
-            self.recorder.write(stage_spans, iter_spans, values, splits_exchanged=self.exchanged)
+            self.recorder.write(stage_spans, iter_spans, values, splits_exchanged=self.exchanged, moved=self.moved)
         self.exchanged.clear()
+        self.moved.clear()

@@ -5,7 +5,7 @@ exists; the report side reads the flag and stage names without importing the con
 heavy neighbours. model/ owns the names of its own concepts (model/names.py).
 """
 
-from model.names import COLLECTIVE_WAITS, EMBEDDING_OPTIMIZERS, SHARDING_TYPES, TABLE_PRECISIONS
+from model.names import COLLECTIVE_WAITS, EMBEDDING_OPTIMIZERS, EXCHANGE_PHASES, SHARDING_TYPES, TABLE_PRECISIONS
 
 STAGES = ("input_dist", "emb_fwd", "dense_fwd_bwd", "emb_bwd", "dense_update")
 """The five stages of one iteration (design.md), in execution order. Records, reports and tests use exactly these."""
@@ -28,6 +28,13 @@ PRESET_NAMES = ("mlperf", "small", "tiny")
 ENGINES = ("harness", "torchrec")
 """Who trains: this project's sharded embeddings and loop, or stock TorchRec on the same config."""
 
+STAGE_OF_PHASE = {"ids": "input_dist", "pooled_fwd": "emb_fwd", "pooled_bwd": "emb_bwd", "table_grads": "emb_bwd",
+                  "dense_grads": "dense_fwd_bwd"}
+"""The stage each exchange phase's bytes are recorded under (model/collective_bytes.py PHASES): the
+dense gradients' all-reduce is launched bucket by bucket during the dense backward."""
+if set(STAGE_OF_PHASE) != set(EXCHANGE_PHASES) or not set(STAGE_OF_PHASE.values()) <= set(STAGES):
+    raise ImportError(f"harness/names.py STAGE_OF_PHASE maps {sorted(STAGE_OF_PHASE)}; model/names.py has {EXCHANGE_PHASES}")
+
 ENGINE_TIMED_STAGES = {"harness": STAGES, "torchrec": ("dense_update",)}
 """The stages each engine records. TorchRec's TrainPipelineSparseDist runs the others inside one
 `progress` call, interleaved with the next batch's input dist, with no seam to time them at
@@ -43,6 +50,6 @@ COMPACTED = "all"
 """A completed run's records, one file per rank and kind: rankNNNNN/<kind>-all.parquet (harness/records.py)."""
 
 __all__ = [
-    "COLLECTIVE_WAITS", "DENSE_PRECISIONS", "TABLE_PRECISIONS", "DEVICES", "EMBEDDING_OPTIMIZERS", "ENGINE_TIMED_STAGES", "ENGINES", "HARDWARE_PROFILES", "OPTIMIZATION_FLAGS",
+    "COLLECTIVE_WAITS", "DENSE_PRECISIONS", "TABLE_PRECISIONS", "STAGE_OF_PHASE", "DEVICES", "EMBEDDING_OPTIMIZERS", "ENGINE_TIMED_STAGES", "ENGINES", "HARDWARE_PROFILES", "OPTIMIZATION_FLAGS",
     "COMPACTED", "PRESET_NAMES", "RUN_STATES", "SHARDING_KINDS", "SHARDING_TYPES", "STAGES",
 ]

@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 
 from harness.manifest import GitState, RankInfo, RunManifest, RunStatus, Versions
-from harness.names import COMPACTED
+from harness.names import COMPACTED, STAGE_OF_PHASE
 from harness.timeline import StageSpan
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -270,6 +270,16 @@ def rank_errors(run_dir: Path, exit_codes: Mapping[int, int] | None = None) -> l
             + [f"{name(rank_of(p))}: {last_line(p)}" for p in errors])
 
 
+def _bytes_by_stage(phases: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """Exchange phase counts (model/collective_bytes.py) summed by the stage each belongs to."""
+    out: dict[str, tuple[int, int]] = {}
+    for phase, (sent, received) in phases.items():
+        stage = STAGE_OF_PHASE[phase]
+        s, r = out.get(stage, (0, 0))
+        out[stage] = (s + sent, r + received)
+    return out
+
+
 def wait_for_manifest(run_dir: Path, *, timeout_s: float) -> bool:
     """For nodes other than 0 of a multi-host run: node 0 writes the manifest."""
     deadline = time.monotonic() + timeout_s
@@ -292,7 +302,8 @@ class RankRecorder:
         self.eval_part = 0
 
     def write(self, stages: list[StageSpan], iterations: list[StageSpan], losses: dict[int, float],
-              *, splits_exchanged: dict[int, int] | None = None) -> None:
+              *, splits_exchanged: dict[int, int] | None = None,
+              moved: dict[int, dict[str, tuple[int, int]]] | None = None) -> None:
         if not iterations and not stages:
             return
         st = pd.DataFrame(
@@ -317,6 +328,15 @@ class RankRecorder:
         # How many splits all-to-alls the iteration's input dist ran (skip_splits_a2a makes it 0;
         # a batch off the fixed hotness falls back to the exchange and counts here).
         it["splits_exchanged"] = [int((splits_exchanged or {}).get(i, -1)) for i in it["iteration"]]
+        # Bytes the iteration's collectives moved to and from other ranks, in all and by the stage
+        # each exchange belongs to (counted at launch: the next batch's ids exchange, launched in
+        # this iteration, counts in this one). -1: not counted (an engine that does not).
+        moved = moved or {}
+        by_stage = {i: _bytes_by_stage(phases) for i, phases in moved.items()}
+        for side, k in (("sent_bytes", 0), ("recv_bytes", 1)):
+            it[side] = [sum(v[k] for v in by_stage[i].values()) if i in by_stage else -1 for i in it["iteration"]]
+            st[side] = [by_stage[i].get(s, (0, 0))[k] if i in by_stage else -1
+                        for i, s in zip(st["iteration"], st["stage"])]
         for df in (st, it):
             df["start_ns"] = df["start_ns"].astype("int64")
             df["end_ns"] = df["end_ns"].astype("int64")

@@ -107,6 +107,15 @@ def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
             pivot = tables.stage_pivot(st_node, "node")
             pivot.insert(0, "host", [hosts.get(n, "") for n in pivot.index])
             doc.table(pivot, index=True)
+        moved = tables.bytes_moved_table(run.stages)
+        if not moved.empty:
+            csvs["bytes_moved"] = moved
+            doc.h2("Bytes moved")
+            doc.p("What each rank's collectives sent to and received from other ranks an iteration, by the stage "
+                  "each exchange belongs to (counted at launch; collectives the library runs its own way counted as "
+                  "a ring moves them), and the rate over the stage's time: for a stage that overlaps other work "
+                  "that rate is a floor of the link's.")
+            doc.table(moved)
         strag = tables.straggler_table(df)
         csvs["stragglers"] = strag
         doc.h2("Stragglers")

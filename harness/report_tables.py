@@ -85,6 +85,30 @@ def stage_stats(runs: Runs, by: str = "job") -> pd.DataFrame:
     return out.sort_values([*keys, "_o"]).drop(columns=["_it", "_o"]).reset_index(drop=True)
 
 
+def bytes_moved_table(stages: pd.DataFrame) -> pd.DataFrame:
+    """Per stage, from one run's stage records (Run.stages, non-warm-up): the MB a rank sent to and
+    received from other ranks an iteration (mean over ranks and iterations), and the rate that
+    achieves over the stage's own time, GB/s (sent + received over the summed durations). A stage
+    whose exchange overlaps other work (a pipelined input_dist, the dense all-reduce under the
+    backward) shares its time, so its rate is a floor of the link's. Empty for records without
+    byte counts (runs before they were recorded, the torchrec engine)."""
+    cols = ["stage", "sent_mb", "recv_mb", "achieved_gbps", "records"]
+    if "sent_bytes" not in stages.columns:
+        return pd.DataFrame(columns=cols)
+    st = stages[~stages["warmup"].astype(bool) & (stages["sent_bytes"] >= 0)]
+    if st.empty:
+        return pd.DataFrame(columns=cols)
+    g = st.groupby("stage")
+    seconds = g["duration_ms"].sum() / 1e3
+    out = pd.DataFrame({
+        "sent_mb": g["sent_bytes"].mean() / 1e6, "recv_mb": g["recv_bytes"].mean() / 1e6,
+        "achieved_gbps": ((g["sent_bytes"].sum() + g["recv_bytes"].sum()) / seconds.where(seconds > 0)) / 1e9,
+        "records": g.size(),
+    }).reset_index()
+    out["_o"] = out["stage"].map({s: i for i, s in enumerate(STAGES)})
+    return out.sort_values("_o").drop(columns="_o")[cols].reset_index(drop=True)
+
+
 def stage_pivot(stats: pd.DataFrame, by: str, value: str = "mean_ms") -> pd.DataFrame:
     """stage_stats of one run as a wide table: a row per rank/node, a column per stage."""
     wide = stats.pivot_table(index=_by(by), columns="stage", values=value, aggfunc="first")

@@ -18,6 +18,7 @@ from harness.dense_gradients import FlatGradients
 from harness.flush import RecordFlusher
 from harness.input_pipeline import InputFeeder
 from harness.progress import Progress
+from model.collective_bytes import CollectiveBytes
 from harness.manifest import ResolvedFlags
 from harness.mlperf_log import ResultLog
 from harness.input_streams import input_streams
@@ -99,7 +100,9 @@ def train(
         result_log.init_start(cfg, platform=f"{cfg.run.nodes}x{cfg.run.gpus_per_node} {device.type}",
                               train_samples=data.train_rows, eval_samples=data.held_out_scored(cfg.evaluation.stage))
     dense = build_dense(cfg, device)
-    grads = FlatGradients(dense, world_size=world, group=group, wait=wait)
+    # Every collective counts the bytes it moves here; each iteration's go to its records.
+    moved = CollectiveBytes()
+    grads = FlatGradients(dense, world_size=world, group=group, wait=wait, bytes_moved=moved)
     # fused: one pass over each tensor (the for-loop Adagrad makes several over 64 MB on small);
     # it differs from that loop in the last bits only (measured), and every run uses it, flags or not.
     # It updates the parameters as one flat tensor (FlatGradients.flat_parameter): one kernel call.
@@ -137,6 +140,7 @@ def train(
         ranks_per_node=cfg.run.gpus_per_node,
         node_pg=node_pg,
         table_precision=cfg.precision.tables,
+        bytes_moved=moved,
     )
     step = DenseStep(
         dense=dense, grads=grads, world_size=world, local_batch=local_batch, num_dense=cfg.model.num_dense,
@@ -190,6 +194,7 @@ def train(
                     grads.zero()
                 timeline.end_iteration()
                 records.pending[it] = loss.clone()  # a graphed step's loss is a static buffer the next replay overwrites
+                records.moved[it] = moved.take()
                 if progress is not None:
                     progress.done(it)
                 if (it + 1) % cfg.run.flush_every == 0:
@@ -201,6 +206,7 @@ def train(
                 flush()
                 result = evaluate(files=data, stage=cfg.evaluation.stage, embeddings=embeddings, dense=dense,
                                   rank=rank, world_size=world, device=device, group=group)
+                moved.take()  # an evaluation's exchanges are no iteration's bytes
                 evals.append(EvalRecord.of(result, index=len(evals), after_iteration=last,
                                            trained_samples=(last + 1) * global_batch, target=cfg.evaluation.target_auc))
                 result_log.evaluation(auc=result.auc, samples=(last + 1) * global_batch,

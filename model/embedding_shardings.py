@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from model.collective_bytes import CollectiveBytes
 from model.collective_wait import WaitFn, block
 from model.embeddings import build_dense_tbe, build_fused_tbe, init_shard_
 from model.features import FeatureOrder, SparseFeatures
@@ -53,9 +54,23 @@ class ShardingContext:
     learning_rate: float
     eps: float
     init_seed: int
+    bytes_moved: CollectiveBytes | None = None
+    """Where the exchanges count the bytes they move (model/collective_bytes.py); None: not counted."""
     table_precision: str = "fp32"
     """Weights precision of the fused tables (model/names.py TABLE_PRECISIONS); data-parallel
     tables stay fp32 (their dense gradient is all-reduced and updated by torch's Adagrad)."""
+
+    def count_all_to_all(self, phase: str, send_splits: Sequence[int], recv_splits: Sequence[int],
+                         element_size: int) -> None:
+        """An all-to-all over the world group launched (bytes_moved; splits in elements)."""
+        if self.bytes_moved is not None:
+            self.bytes_moved.all_to_all(phase, send_splits=send_splits, recv_splits=recv_splits,
+                                        element_size=element_size, rank=self.rank)
+
+    def count_ring(self, phase: str, whole: torch.Tensor, ranks: int, *, passes: int) -> None:
+        """A reduce-scatter or all-gather (passes=1) or all-reduce (2) of `whole` over `ranks` ranks."""
+        if self.bytes_moved is not None:
+            self.bytes_moved.ring(phase, nbytes=whole.numel() * whole.element_size(), world_size=ranks, passes=passes)
 
 
 @dataclass
@@ -89,7 +104,8 @@ class PooledAllToAllSharding:
         self.widths = [sum(s[2].cols for s in r_slots) for r_slots in by_rank]
         self.send_order = FeatureOrder.of([s[0] for r_slots in by_rank for s in r_slots], ctx.device)
         self.ids = IdsAllToAll(send_slots=[len(s) for s in by_rank], recv_slots=len(self.local),
-                               world_size=w, group=ctx.ids_pg, device=ctx.device, transfer=ctx.transfer, wait=ctx.wait)
+                               world_size=w, group=ctx.ids_pg, device=ctx.device, transfer=ctx.transfer, wait=ctx.wait,
+                               count=ctx.count_all_to_all)
         # With fixed hotness every rank knows what any rank sends anyone: ids per sample per slot.
         self.hot_to = [sum(multi_hot[self.features[p]] for p, _, _ in r_slots) for r_slots in by_rank]
         self.slots_to = [len(r_slots) for r_slots in by_rank]
@@ -127,10 +143,11 @@ class PooledAllToAllSharding:
             pooled = torch.zeros(local_batch * ctx.world_size, 0, device=ctx.device)
         # pooled is (global batch, local columns) row-major: each batch owner's rows are contiguous.
         received = torch.empty(local_batch * sum(self.widths), device=ctx.device)
+        recv_splits = [local_batch * wd for wd in self.widths]
+        send_splits = [local_batch * self.widths[ctx.rank]] * ctx.world_size
+        ctx.count_all_to_all("pooled_fwd", send_splits, recv_splits, received.element_size())
         ctx.wait(dist.all_to_all_single(
-            received, pooled.detach().reshape(-1),
-            output_split_sizes=[local_batch * wd for wd in self.widths],
-            input_split_sizes=[local_batch * self.widths[ctx.rank]] * ctx.world_size,
+            received, pooled.detach().reshape(-1), output_split_sizes=recv_splits, input_split_sizes=send_splits,
             group=ctx.pg, async_op=True,
         ))
         by_rank = [c.view(local_batch, -1) for c in received.split([local_batch * wd for wd in self.widths])]
@@ -143,12 +160,10 @@ class PooledAllToAllSharding:
         grouped = grad.index_select(1, self.out_cols)
         send = torch.cat([c.reshape(-1) for c in grouped.split(self.widths, dim=1)])
         received = torch.empty(b * ctx.world_size * self.widths[ctx.rank], device=ctx.device)
-        work = dist.all_to_all_single(
-            received, send,
-            output_split_sizes=[b * self.widths[ctx.rank]] * ctx.world_size,
-            input_split_sizes=[b * wd for wd in self.widths],
-            group=ctx.pg, async_op=True,
-        )
+        recv_splits, send_splits = [b * self.widths[ctx.rank]] * ctx.world_size, [b * wd for wd in self.widths]
+        ctx.count_all_to_all("pooled_bwd", send_splits, recv_splits, received.element_size())
+        work = dist.all_to_all_single(received, send, output_split_sizes=recv_splits, input_split_sizes=send_splits,
+                                      group=ctx.pg, async_op=True)
         return BackwardInFlight(fwd, received, work)
 
     def finish_backward(self, flight: BackwardInFlight) -> None:
@@ -189,7 +204,8 @@ class RowWiseSharding:
         self.block_sizes = torch.tensor(self.blocks, dtype=torch.int64, device=ctx.device)
         self.local = [Shard(r, min(n, r * b), min(n, (r + 1) * b), 0, ctx.dim) for n, b in zip(rows, self.blocks)]
         self.ids = IdsAllToAll(send_slots=[len(self.features)] * w, recv_slots=len(self.features),
-                               world_size=w, group=ctx.ids_pg, device=ctx.device, transfer=ctx.transfer, wait=ctx.wait)
+                               world_size=w, group=ctx.ids_pg, device=ctx.device, transfer=ctx.transfer, wait=ctx.wait,
+                               count=ctx.count_all_to_all)
         self.tbe = row_block_tbe(ctx, self.features, self.local, table_rows)
 
     def prepare_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> PendingIds:
@@ -207,12 +223,14 @@ class RowWiseSharding:
         out = torch.empty(local_batch, pooled.shape[1], device=ctx.device)
         # Blocking whatever ctx.wait is: gloo's reduce_scatter work never reports completion to a
         # poll (is_completed() stays False, it has no future).
+        ctx.count_ring("pooled_fwd", pooled, ctx.world_size, passes=1)
         dist.reduce_scatter_single(out, pooled.detach(), group=ctx.pg)
         return out, ShardForward(pooled=pooled, local_batch=local_batch)
 
     def start_backward(self, fwd: ShardForward, grad: torch.Tensor) -> BackwardInFlight:
         """Every rank holding rows a sample used needs that sample's gradient: all-gather it (async)."""
         full = torch.empty(self.ctx.world_size * fwd.local_batch, grad.shape[1], device=self.ctx.device)
+        self.ctx.count_ring("pooled_bwd", full, self.ctx.world_size, passes=1)
         work = dist.all_gather_single(full, grad.contiguous(), group=self.ctx.pg, async_op=True)
         return BackwardInFlight(fwd, full, work)
 
@@ -263,7 +281,8 @@ class TableRowWiseSharding:
         self.local = [Shard(ctx.rank, min(rows[p], self.slice * blocks[p]), min(rows[p], (self.slice + 1) * blocks[p]),
                             0, ctx.dim) for p in mine]
         self.ids = IdsAllToAll(send_slots=[len(on_node[r // per_node]) for r in range(w)], recv_slots=len(mine),
-                               world_size=w, group=ctx.ids_pg, device=ctx.device, transfer=ctx.transfer, wait=ctx.wait)
+                               world_size=w, group=ctx.ids_pg, device=ctx.device, transfer=ctx.transfer, wait=ctx.wait,
+                               count=ctx.count_all_to_all)
         self.tbe = row_block_tbe(ctx, self.mine, self.local, table_rows) if mine else None
 
     def prepare_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> PendingIds:
@@ -291,9 +310,11 @@ class TableRowWiseSharding:
             pooled = self.tbe(local_ids.values, local_ids.offsets())  # partial sums, (global batch, mine * dim)
             summed = torch.empty(self.nodes * b, pooled.shape[1], device=ctx.device)
             # Blocking, as row-wise's: gloo's reduce_scatter work never reports completion to a poll.
+            ctx.count_ring("pooled_fwd", pooled, self.per_node, passes=1)
             dist.reduce_scatter_single(summed, pooled.detach(), group=ctx.node_pg)
         send, recv = self._exchange_sizes(b)
         received = torch.empty(sum(recv), device=ctx.device)
+        ctx.count_all_to_all("pooled_fwd", send, recv, received.element_size())
         ctx.wait(dist.all_to_all_single(received, summed.reshape(-1), output_split_sizes=recv, input_split_sizes=send,
                                         group=ctx.pg, async_op=True))
         parts = [c.view(b, -1) for c, n in zip(received.split(recv), recv) if n]  # nodes in order
@@ -306,6 +327,7 @@ class TableRowWiseSharding:
         send_back, recv_back = self._exchange_sizes(b)  # the forward's sizes, the other way round
         send = torch.cat([c.reshape(-1) for c in grad.split(self.node_widths, dim=1)])
         received = torch.empty(sum(send_back), device=self.ctx.device)
+        self.ctx.count_all_to_all("pooled_bwd", recv_back, send_back, received.element_size())
         work = dist.all_to_all_single(received, send, output_split_sizes=send_back, input_split_sizes=recv_back,
                                       group=self.ctx.pg, async_op=True)
         return BackwardInFlight(fwd, received, work)
@@ -317,6 +339,7 @@ class TableRowWiseSharding:
             return
         pooled = flight.fwd.pooled
         full = torch.empty_like(pooled)
+        self.ctx.count_ring("pooled_bwd", full, self.per_node, passes=1)
         dist.all_gather_single(full, flight.received.view(-1, pooled.shape[1]), group=self.ctx.node_pg)
         pooled.backward(full)
 
@@ -357,6 +380,7 @@ class DataParallelSharding:
         fwd.pooled.backward(grad)
         work = None
         if self.ctx.world_size > 1:
+            self.ctx.count_ring("table_grads", self.tbe.weights.grad, self.ctx.world_size, passes=2)
             work = dist.all_reduce(self.tbe.weights.grad, group=self.ctx.pg, async_op=True)
         return BackwardInFlight(fwd, self.tbe.weights.grad, work)
 

@@ -30,6 +30,10 @@ Splits = list[list[int]]
 """[lengths, values] per rank, on the host."""
 
 
+CountFn = Callable[[str, Sequence[int], Sequence[int], int], None]
+"""count(phase, send splits, recv splits, element size) of an all-to-all launched."""
+
+
 class HostRead(Protocol):
     """A device-to-host copy that may still be in flight."""
 
@@ -77,10 +81,13 @@ class IdsInFlight:
 class IdsAllToAll:
     def __init__(
         self, *, send_slots: Sequence[int], recv_slots: int, world_size: int, group, device: torch.device,
-        transfer: HostTransfer = PLAIN_TRANSFER, wait: WaitFn = block,
+        transfer: HostTransfer = PLAIN_TRANSFER, wait: WaitFn = block, count: CountFn | None = None,
     ) -> None:
+        """count(phase, send splits, recv splits, element size): told of every exchange launched
+        (ShardingContext.count_all_to_all: the bytes moved records); None: nothing counts."""
         self.world_size, self.group, self.device, self.transfer = world_size, group, device, transfer
         self.wait = wait
+        self.count = count or (lambda *_: None)
         self.recv_slots = recv_slots
         self.send_slots = torch.tensor(list(send_slots), dtype=torch.int64, device=device)
         self.dest_of_slot = torch.repeat_interleave(
@@ -101,6 +108,7 @@ class IdsAllToAll:
     def start_splits(self, counts: torch.Tensor) -> SplitsInFlight:
         """Launch the splits all-to-all of `counts` (from `counts()`); nothing here waits for it."""
         received = torch.empty_like(counts)
+        self.count("ids", [2] * self.world_size, [2] * self.world_size, counts.element_size())
         work = dist.all_to_all_single(received, counts, group=self.group, async_op=True)
         flight = SplitsInFlight(counts=counts, received=received, work=work)
         if self.transfer.non_blocking:
@@ -134,10 +142,10 @@ class IdsAllToAll:
         chunks = zip(lengths.split([s[0] for s in sent]), values.split([s[1] for s in sent]))
         packed = torch.cat([t for pair in chunks for t in pair])
         out = torch.empty(sum(s[0] + s[1] for s in received), dtype=values.dtype, device=self.device)
-        work = dist.all_to_all_single(
-            out, packed, output_split_sizes=[s[0] + s[1] for s in received],
-            input_split_sizes=[s[0] + s[1] for s in sent], group=self.group, async_op=True,
-        )
+        recv_splits, send_splits = [s[0] + s[1] for s in received], [s[0] + s[1] for s in sent]
+        self.count("ids", send_splits, recv_splits, out.element_size())
+        work = dist.all_to_all_single(out, packed, output_split_sizes=recv_splits, input_split_sizes=send_splits,
+                                      group=self.group, async_op=True)
         return IdsInFlight(out, work, received, grouped.lengths.dtype, batches.pop())
 
     def finish(self, flight: IdsInFlight) -> SparseFeatures:

@@ -16,6 +16,11 @@ fbgemm keeps it, and lookups come out in fp32. fp16 changes the numbers by desig
 WEIGHT_BYTES = {"fp32": 4, "fp16": 2}
 """Bytes a weight element takes at each table precision (for memory planning)."""
 
+EXCHANGE_PHASES = ("ids", "pooled_fwd", "pooled_bwd", "table_grads", "dense_grads")
+"""What a collective's bytes are counted as (model/collective_bytes.py). ids: the ids and splits
+all-to-alls; pooled_fwd / pooled_bwd: the pooled embeddings and their gradients; table_grads: the
+data-parallel tables' gradient all-reduce; dense_grads: the dense arch's."""
+
 COLLECTIVE_WAITS = ("poll", "block")
 """How the host waits for a collective it launched (model/collective_wait.py)."""
 

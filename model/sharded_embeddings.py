@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from model.collective_bytes import CollectiveBytes
 from model.collective_wait import WaitFn, block
 from model.embedding_shardings import (
     BackwardInFlight, DataParallelSharding, EmbeddingSharding, PooledAllToAllSharding, RowWiseSharding, ShardForward, ShardingContext,
@@ -90,17 +91,19 @@ class ShardedEmbeddingCollection:
         ranks_per_node: int | None = None,
         node_pg: dist.ProcessGroup | None = None,
         table_precision: str = "fp32",
+        bytes_moved: CollectiveBytes | None = None,
     ) -> None:
         """multi_hot: ids a sample has in each feature when hotness is fixed (what makes splits
         computable in advance); ids_pg: the process group of the ids exchange; ranks_per_node and
         node_pg (this rank's node's group): what table-row-wise tables need (None: one node);
-        table_precision: the fused tables' weights (fp32 or fp16)."""
+        table_precision: the fused tables' weights (fp32 or fp16); bytes_moved: where every exchange
+        counts the bytes it moves (None: not counted)."""
         check_plan(plan, table_rows, embedding_dim, world_size)
         ctx = ShardingContext(rank=rank, world_size=world_size, pg=pg, ids_pg=ids_pg, device=device,
                               ranks_per_node=ranks_per_node, node_pg=node_pg,
                               transfer=transfer, wait=wait, dim=embedding_dim, optimizer=optimizer,
                               learning_rate=learning_rate, eps=eps, init_seed=init_seed,
-                              table_precision=table_precision)
+                              table_precision=table_precision, bytes_moved=bytes_moved)
         self.num_features, self.dim, self.device = len(table_rows), embedding_dim, device
         kinds = [tp.kind for tp in plan]
         pooled = [t for t, k in enumerate(kinds) if k in ("table_wise", "column_wise")]

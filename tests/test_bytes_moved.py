@@ -1,0 +1,81 @@
+"""The bytes each collective moves, as the records hold them (issue 16, part 3): counted at each
+launch (model/collective_bytes.py), checked against counts made here by hand from the plan."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from harness.cli import main
+from harness.report import load_run, resolve_run
+from model.collective_bytes import CollectiveBytes
+
+
+def test_a_rank_counts_what_it_sends_and_receives_from_others_only():
+    c = CollectiveBytes()
+    c.all_to_all("pooled_fwd", send_splits=[3, 5, 7], recv_splits=[2, 4, 6], element_size=4, rank=1)
+    c.ring("dense_grads", nbytes=300, world_size=3, passes=2)  # all-reduce: 2 (w-1)/w n each way
+    c.ring("pooled_bwd", nbytes=300, world_size=3, passes=1)   # all-gather: (w-1)/w n
+    c.ring("table_grads", nbytes=300, world_size=1, passes=2)  # alone: nothing moves
+    assert c.take() == {"ids": (0, 0), "pooled_fwd": ((3 + 7) * 4, (2 + 6) * 4), "pooled_bwd": (200, 200),
+                        "table_grads": (0, 0), "dense_grads": (400, 400)}
+    assert c.take()["pooled_fwd"] == (0, 0)  # taken: counting starts again
+
+
+def test_records_hold_the_bytes_of_every_exchange(tmp_path):
+    """tiny on 2 ranks, every table table-wise, splits exchanged every iteration: per rank and
+    iteration, the pooled rows it sends its peer (forward) and gets back (backward), the ids
+    (lengths and values, int64) and their splits, the dense gradients' all-reduce."""
+    runs = tmp_path / "runs"
+    assert main(["bench", "--preset", "tiny", "--iters", "3", "--warmup", "1", "--sharding", "table_wise",
+                 "--no-skip-splits-a2a", "--runs-root", str(runs)]) == 0
+    run = load_run(resolve_run(runs, "latest"))
+    cfg, plan = run.manifest.config, run.manifest.plan
+    b, dim, hot = cfg.local_batch_size, cfg.model.embedding_dim, cfg.model.multi_hot
+    from harness.train import build_dense
+    import torch
+
+    dense_params = sum(p.numel() for p in build_dense(cfg, torch.device("cpu")).parameters())
+    tables_of = {r: [t for t, tp in enumerate(plan) if tp.shards[0].rank == r] for r in (0, 1)}
+    assert all(tp.kind == "table_wise" for tp in plan) and all(tables_of.values())
+    expected = {}
+    for r, peer in ((0, 1), (1, 0)):
+        ids_to_peer = sum(b + b * hot[t] for t in tables_of[peer])  # lengths + values of the peer's tables
+        ids_from_peer = sum(b + b * hot[t] for t in tables_of[r])
+        expected[r] = {
+            "input_dist": (8 * (ids_to_peer + 2), 8 * (ids_from_peer + 2)),  # + 2 split counts each way
+            "emb_fwd": (4 * b * dim * len(tables_of[r]), 4 * b * dim * len(tables_of[peer])),
+            "emb_bwd": (4 * b * dim * len(tables_of[peer]), 4 * b * dim * len(tables_of[r])),
+            "dense_fwd_bwd": (4 * dense_params, 4 * dense_params),  # 2 (w - 1) / w = 1 at 2 ranks
+            "dense_update": (0, 0),
+        }
+    st = run.stages[run.stages["iteration"] >= 1]  # iteration 0 also launches batch 1's ids exchange
+    for (rank, stage), rows in st.groupby(["rank", "stage"]):
+        last = rows[rows["iteration"] == rows["iteration"].max()]  # the last launches no next batch
+        steady = rows[rows["iteration"] < rows["iteration"].max()]
+        want = expected[rank][stage]
+        if stage == "input_dist":
+            assert (steady["sent_bytes"] == want[0]).all() and (steady["recv_bytes"] == want[1]).all(), (rank, steady)
+            assert (last["sent_bytes"] == 0).all()
+        else:
+            assert (rows["sent_bytes"] == want[0]).all() and (rows["recv_bytes"] == want[1]).all(), (rank, stage, rows)
+    its = run.iterations.set_index(["rank", "iteration"])
+    by_it = run.stages.groupby(["rank", "iteration"])[["sent_bytes", "recv_bytes"]].sum()
+    pd.testing.assert_frame_equal(its[["sent_bytes", "recv_bytes"]].sort_index(), by_it.sort_index(), check_names=False)
+
+
+def test_the_report_table_averages_an_iteration_and_rates_over_the_stages_time():
+    from harness.report_tables import bytes_moved_table
+
+    stages = pd.DataFrame({
+        "rank": [0, 0, 1, 1, 0], "iteration": [1, 1, 1, 1, 0], "warmup": [False, False, False, False, True],
+        "stage": ["emb_fwd", "dense_update", "emb_fwd", "dense_update", "emb_fwd"],
+        "sent_bytes": [2_000_000, 0, 4_000_000, 0, 9_000_000], "recv_bytes": [1_000_000, 0, 3_000_000, 0, 9_000_000],
+        "duration_ms": [2.0, 1.0, 8.0, 1.0, 1.0],
+    })
+    t = bytes_moved_table(stages).set_index("stage")
+    assert list(t.index) == ["emb_fwd", "dense_update"]  # stage order; the warm-up row left out
+    assert t.loc["emb_fwd", "sent_mb"] == pytest.approx(3.0) and t.loc["emb_fwd", "recv_mb"] == pytest.approx(2.0)
+    assert t.loc["emb_fwd", "achieved_gbps"] == pytest.approx(10e6 / 10e-3 / 1e9)  # 10 MB over 10 ms: 1 GB/s
+    assert t.loc["dense_update", "achieved_gbps"] == 0
+    assert bytes_moved_table(stages.drop(columns=["sent_bytes", "recv_bytes"])).empty  # older records
