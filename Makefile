@@ -56,7 +56,7 @@ help:
 	@echo "make test"
 	@echo "make test-cluster  (root: real test hosts as network namespaces, torchrun on each, a real Slurm; else one line)"
 	@echo "make perf   [PRESET=tiny|small (tiny)]   (timeline on vs off: the instrumentation's cost)"
-	@echo "make precision-perf [PRESET=small] [REPEATS=2]  (fp16 tables vs fp32: memory planned and measured, interleaved runs)"
+	@echo "make precision-perf [PRESET=small] [REPEATS=2]  (fp16 tables, fp16/bf16 on the wire vs fp32: memory, interleaved runs)"
 	@echo "make plan-compare [LAYOUTS=1x8,2x8,16x8]  (mlperf tables: this planner vs TorchRec's, planning only)"
 	@echo "make mlperf DATA=dir [TARGET_AUC=0.80275] [PRESET=...] [NODES=n] [GPUS_PER_NODE=n] [OPTS=\"...\"]"
 	@echo "            (one epoch at most, 20 evaluations an epoch, stops at the target AUROC; MLPerf result log in the run folder)"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.names import (
-    COLLECTIVE_WAITS, DENSE_PRECISIONS, TABLE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, ENGINES, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
+    COLLECTIVE_WAITS, COMM_PRECISIONS, DENSE_PRECISIONS, TABLE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, ENGINES, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
 )
 
 # The command line is generated from these dataclasses (harness/options.py): a field's option
@@ -227,12 +227,29 @@ class PrecisionConfig:
     """fp32, or fp16: the fused (fbgemm) tables' weights in half precision, which halves their
     memory; fbgemm keeps the fused optimizer's state in fp32 and pools in fp32. Data-parallel tables
     stay fp32 (the run record says so)."""
+    comm: str = option("fp32", option="comm-precision", choices=COMM_PRECISIONS)
+    """Precision of the pooled embeddings on the wire in the forward exchanges (all-to-all,
+    reduce-scatter): cast before, back to fp32 after, as TorchRec's quantized comms. fp32: none."""
+    comm_bwd: str = option("auto", option="comm-precision-bwd", choices=("auto", *COMM_PRECISIONS))
+    """Precision of their gradients on the wire in the backward exchanges; auto: bf16 when comm
+    is not fp32 (TorchRec's default), else fp32."""
+
+    @property
+    def wire_bwd(self) -> str:
+        """comm_bwd resolved: what the backward exchanges use."""
+        if self.comm_bwd != "auto":
+            return self.comm_bwd
+        return "fp32" if self.comm == "fp32" else "bf16"
 
     def __post_init__(self) -> None:
         if self.dense not in DENSE_PRECISIONS:
             raise ValueError(f"precision.dense {self.dense!r} is not one of {list(DENSE_PRECISIONS)}")
         if self.tables not in TABLE_PRECISIONS:
             raise ValueError(f"precision.tables {self.tables!r} is not one of {list(TABLE_PRECISIONS)}")
+        if self.comm not in COMM_PRECISIONS:
+            raise ValueError(f"precision.comm {self.comm!r} is not one of {list(COMM_PRECISIONS)}")
+        if self.comm_bwd not in ("auto", *COMM_PRECISIONS):
+            raise ValueError(f"precision.comm_bwd {self.comm_bwd!r} is not one of {['auto', *COMM_PRECISIONS]}")
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -50,6 +50,9 @@ def check_config(cfg: BenchConfig, plan_kinds: Sequence[str]) -> None:
                          f"--dense-precision {cfg.precision.dense}")
     if cfg.precision.tables != "fp32":
         raise ValueError(f"--engine torchrec here runs its tables in fp32: drop --table-precision {cfg.precision.tables}")
+    if cfg.precision.comm != "fp32" or cfg.precision.wire_bwd != "fp32":
+        raise ValueError("--engine torchrec here sends its pooled embeddings in fp32: drop --comm-precision / "
+                         "--comm-precision-bwd")
     if not cfg.optimizations.pipeline:
         raise ValueError("--engine torchrec always trains through TrainPipelineSparseDist: drop --no-pipeline")
     if cfg.evaluation.every_samples:

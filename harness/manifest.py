@@ -25,6 +25,10 @@ class PrecisionEntry:
     """The dense arch's precision (config precision.dense)."""
     tables: str = "fp32"
     """The fused tables' weights precision (config precision.tables); data-parallel tables stay fp32."""
+    comm: str = "fp32"
+    """The pooled embeddings' precision on the wire, forward (config precision.comm)."""
+    comm_bwd: str = "fp32"
+    """Their gradients' precision on the wire, backward (config precision.comm_bwd, resolved)."""
     numerics_changed: bool = False
     """True when losses and weights differ from an fp32 run by design."""
     note: str = "fp32 throughout"

@@ -5,7 +5,7 @@ exists; the report side reads the flag and stage names without importing the con
 heavy neighbours. model/ owns the names of its own concepts (model/names.py).
 """
 
-from model.names import COLLECTIVE_WAITS, EMBEDDING_OPTIMIZERS, EXCHANGE_PHASES, SHARDING_TYPES, TABLE_PRECISIONS
+from model.names import COLLECTIVE_WAITS, COMM_PRECISIONS, EMBEDDING_OPTIMIZERS, EXCHANGE_PHASES, SHARDING_TYPES, TABLE_PRECISIONS
 
 STAGES = ("input_dist", "emb_fwd", "dense_fwd_bwd", "emb_bwd", "dense_update")
 """The five stages of one iteration (design.md), in execution order. Records, reports and tests use exactly these."""
@@ -50,6 +50,6 @@ COMPACTED = "all"
 """A completed run's records, one file per rank and kind: rankNNNNN/<kind>-all.parquet (harness/records.py)."""
 
 __all__ = [
-    "COLLECTIVE_WAITS", "DENSE_PRECISIONS", "TABLE_PRECISIONS", "STAGE_OF_PHASE", "DEVICES", "EMBEDDING_OPTIMIZERS", "ENGINE_TIMED_STAGES", "ENGINES", "HARDWARE_PROFILES", "OPTIMIZATION_FLAGS",
+    "COLLECTIVE_WAITS", "COMM_PRECISIONS", "DENSE_PRECISIONS", "TABLE_PRECISIONS", "STAGE_OF_PHASE", "DEVICES", "EMBEDDING_OPTIMIZERS", "ENGINE_TIMED_STAGES", "ENGINES", "HARDWARE_PROFILES", "OPTIMIZATION_FLAGS",
     "COMPACTED", "PRESET_NAMES", "RUN_STATES", "SHARDING_KINDS", "SHARDING_TYPES", "STAGES",
 ]

@@ -89,15 +89,22 @@ def _precision_entry(precision: PrecisionConfig, plan_kinds: Sequence[str] = ())
     if precision.dense != "fp32":
         notes.append(f"dense forward under {precision.dense} autocast (fp32 weights, optimizer state and loss)")
     fused = any(k != "data_parallel" for k in plan_kinds) or not plan_kinds
+    wire = (precision.comm, precision.wire_bwd)
+    if wire != ("fp32", "fp32") and fused:
+        notes.append(f"pooled embeddings sent in {wire[0]} and their gradients in {wire[1]}, cast back to fp32 on "
+                     "arrival (a reduce-scatter sums in the wire precision)")
     if precision.tables != "fp32" and fused:
         dp = " (its data-parallel tables stay fp32)" if "data_parallel" in plan_kinds else ""
         notes.append(f"fused tables' weights in {precision.tables}, their optimizer state and pooled output fp32{dp}")
     if not notes:
-        # A table precision asked of a plan with no fused table changes nothing: said, not hidden.
-        idle = (f"tables {precision.tables} takes no effect: every table of this plan is data-parallel, and those "
-                "stay fp32") if precision.tables != "fp32" else "fp32 throughout"
-        return PrecisionEntry(tables=precision.tables, note=idle)
-    return PrecisionEntry(dense=precision.dense, tables=precision.tables, numerics_changed=True,
+        # A table or wire precision asked of a plan with no fused table changes nothing: said, not hidden.
+        asked = [f"tables {precision.tables}"] * (precision.tables != "fp32") + [f"comm {wire[0]}/{wire[1]}"] * (
+            wire != ("fp32", "fp32"))
+        idle = (f"{' and '.join(asked)} take no effect: every table of this plan is data-parallel, and those stay "
+                "fp32 and exchange no pooled embeddings") if asked else "fp32 throughout"
+        return PrecisionEntry(tables=precision.tables, comm=wire[0], comm_bwd=wire[1], note=idle)
+    return PrecisionEntry(dense=precision.dense, tables=precision.tables, comm=wire[0], comm_bwd=wire[1],
+                          numerics_changed=True,
                           note="; ".join(notes) + ": losses and weights differ from fp32 runs by design")
 
 
@@ -117,7 +124,7 @@ def describe(res: ResolvedFlags) -> str:
     wait = res.collective_wait
     lines.append(f"collective wait: {wait.effective}" + (f" (requested {wait.requested}: {wait.reason})" if wait.reason else ""))
     prec = res.precision
-    lines.append(f"precision: dense {prec.dense}, tables {prec.tables}"
+    lines.append(f"precision: dense {prec.dense}, tables {prec.tables}, comm {prec.comm}/{prec.comm_bwd}"
                  + (f": NUMERICS CHANGED, {prec.note}" if prec.numerics_changed
                     else f": {prec.note}" if prec.note != "fp32 throughout" else ""))
     return "\n".join(lines)

@@ -1,12 +1,15 @@
-"""`make precision-perf`: what fp16 tables (--table-precision fp16) buy and cost, on one config.
+"""`make precision-perf`: what lower precision buys and costs, on one config: fp16 tables
+(--table-precision fp16) and the pooled embeddings in fp16 or bf16 on the wire (--comm-precision).
 
 1. Memory: the weights each rank's tables hold, as the planner counts them (two bytes a weight
    element in fp16, four in fp32) and as measured: the resident memory a fresh process gains
    building rank r's sharded embeddings of one plan (every table table-wise), at each precision,
    with no optimizer state (exact_sgd: the weights alone) and with the config's optimizer.
-2. Time and numbers: whole bench runs at each precision, interleaved in ABBA order so drift hits
-   both alike, repeated; per run the iteration-time p50, then the median of the paired ratios,
-   and the largest loss difference to the fp32 run of the same repeat (same batches, same init).
+2. Time and numbers: whole bench runs of fp32 and each variant, in one order then the reverse
+   so drift hits all alike, repeated; per run the iteration-time p50, then the median of the
+   ratios to the same repeat's fp32 run, and the loss difference to it after the run and the
+   largest on the way (same batches, same init). The bytes each variant moves are in its
+   records (the report's Bytes moved table).
 """
 
 from __future__ import annotations
@@ -25,6 +28,15 @@ from pathlib import Path
 from harness import cli, report
 
 PRECISIONS = ("fp32", "fp16")
+"""Table precisions measured for memory."""
+
+VARIANTS = {
+    "fp32": [],
+    "tables fp16": ["--table-precision", "fp16"],
+    "comm fp16": ["--comm-precision", "fp16"],  # gradients back in bf16 (auto)
+    "comm bf16": ["--comm-precision", "bf16"],
+}
+"""The runs, each against fp32: the options each adds to the bench command."""
 
 
 def _rss_bytes() -> int:
@@ -118,25 +130,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  rank {rank}: weights planned {mib(m, 'planned_weight_bytes')}, held as tensors {mib(m, 'weight_bytes')}; "
               f"resident memory gained building the tables: {mib(bare, 'rss_gained')} without optimizer state "
               f"(exact_sgd), {mib(m, 'rss_gained')} with the config's (fp32 in both)", flush=True)
-    p50 = {prec: [] for prec in PRECISIONS}
-    loss_diff = []
+    p50: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    finals: dict[str, list[tuple[float, float]]] = {name: [] for name in VARIANTS if name != "fp32"}
+    names = list(VARIANTS)
     for r in range(args.repeats):
         runs = {}
-        for prec in PRECISIONS if r % 2 == 0 else PRECISIONS[::-1]:  # ABBA order: drift cancels
-            run = _run([*base, "--table-precision", prec], args.runs_root)
-            runs[prec] = run
-            p50[prec].append(report.iteration_summary(run)["iter_ms_p50"])
-            print(f"repeat {r + 1}/{args.repeats} tables {prec}: iter_ms p50 {p50[prec][-1]:9.3f}  ({run.run_id})", flush=True)
-        losses = {prec: run.iterations.set_index(["rank", "iteration"])["loss"] for prec, run in runs.items()}
-        last = {prec: float(loss.groupby(level="iteration").mean().iloc[-1]) for prec, loss in losses.items()}
-        loss_diff.append((last["fp32"], last["fp16"], float((losses["fp16"] - losses["fp32"]).abs().max())))
-    ratios = [b / a for a, b in zip(p50["fp32"], p50["fp16"])]
+        for name in names if r % 2 == 0 else names[::-1]:  # forward, then backward: drift hits all alike
+            run = _run([*base, *VARIANTS[name]], args.runs_root)
+            runs[name] = run
+            p50[name].append(report.iteration_summary(run)["iter_ms_p50"])
+            print(f"repeat {r + 1}/{args.repeats} {name:12s}: iter_ms p50 {p50[name][-1]:9.3f}  ({run.run_id})", flush=True)
+        losses = {name: run.iterations.set_index(["rank", "iteration"])["loss"] for name, run in runs.items()}
+        last = {name: float(loss.groupby(level="iteration").mean().iloc[-1]) for name, loss in losses.items()}
+        for name in finals:
+            finals[name].append((last[name] - last["fp32"], float((losses[name] - losses["fp32"]).abs().max())))
     iters = runs["fp32"].manifest.config.run.iters + runs["fp32"].manifest.config.run.warmup_iters
-    print(f"tables fp16 / fp32 iteration time (p50s, median of {args.repeats} interleaved pairs): "
-          f"{statistics.median(ratios):.3f} (pairs {', '.join(f'{x:.3f}' for x in ratios)})")
-    for r, (a, b, worst) in enumerate(loss_diff):
-        print(f"repeat {r + 1}: loss after {iters} iterations (mean over ranks) fp32 {a:.4f}, fp16 {b:.4f}, "
-              f"difference {b - a:+.2e}; largest difference at any iteration {worst:.2e}")
+    print(f"against fp32 (iteration-time p50s, median of {args.repeats} interleaved pairs; loss after {iters} "
+          "iterations, mean over ranks; same batches and init):")
+    for name in finals:
+        ratios = [b / a for a, b in zip(p50["fp32"], p50[name])]
+        d_last = statistics.median(d for d, _ in finals[name])
+        worst = max(w for _, w in finals[name])
+        print(f"  {name:12s}: time x{statistics.median(ratios):.3f} (pairs {', '.join(f'{x:.3f}' for x in ratios)}), "
+              f"final loss difference {d_last:+.2e}, largest on the way {worst:.2e}")
     return 0
 
 

@@ -323,11 +323,12 @@ def inactive_flags(run: Run) -> dict[str, str]:
 
 
 def numerics_note(run: Run) -> str | None:
-    """What changes the run's numbers by design (a dense or table precision other than fp32); None if nothing."""
+    """What changes the run's numbers by design (a dense, table or wire precision other than fp32); None if nothing."""
     prec = run.manifest.optimizations.precision if run.manifest else None
     if not (prec and prec.numerics_changed):
         return None
-    label = f"dense precision {prec.dense}" if prec.tables == "fp32" else f"precision dense {prec.dense}, tables {prec.tables}"
+    label = (f"dense precision {prec.dense}" if (prec.tables, prec.comm, prec.comm_bwd) == ("fp32", "fp32", "fp32")
+             else f"precision dense {prec.dense}, tables {prec.tables}, comm {prec.comm}/{prec.comm_bwd}")
     return f"{label}: {prec.note}"
 
 

@@ -141,6 +141,8 @@ def train(
         node_pg=node_pg,
         table_precision=cfg.precision.tables,
         bytes_moved=moved,
+        comm_fwd=cfg.precision.comm,
+        comm_bwd=cfg.precision.wire_bwd,
     )
     step = DenseStep(
         dense=dense, grads=grads, world_size=world, local_batch=local_batch, num_dense=cfg.model.num_dense,

@@ -22,8 +22,15 @@ from model.collective_bytes import CollectiveBytes
 from model.collective_wait import WaitFn, block
 from model.embeddings import build_dense_tbe, build_fused_tbe, init_shard_
 from model.features import FeatureOrder, SparseFeatures
+from model.names import COMM_PRECISIONS
 from model.ids_all_to_all import PLAIN_TRANSFER, HostTransfer, IdsAllToAll, PendingIds, Ready
 from model.sharding import Shard, row_block
+
+
+WIRE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+"""torch dtype of each communication precision name (model/names.py COMM_PRECISIONS)."""
+if set(WIRE_DTYPES) != set(COMM_PRECISIONS):  # a name added there needs its dtype here
+    raise ImportError(f"model/embedding_shardings.py maps {sorted(WIRE_DTYPES)}, model/names.py names {COMM_PRECISIONS}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +66,20 @@ class ShardingContext:
     table_precision: str = "fp32"
     """Weights precision of the fused tables (model/names.py TABLE_PRECISIONS); data-parallel
     tables stay fp32 (their dense gradient is all-reduced and updated by torch's Adagrad)."""
+
+    comm_fwd: str = "fp32"
+    """Precision of the pooled embeddings on the wire, forward (model/names.py COMM_PRECISIONS):
+    cast before each exchange, back to fp32 after (a reduce-scatter also sums in it)."""
+    comm_bwd: str = "fp32"
+    """Precision of the pooled embeddings' gradients on the wire, backward."""
+
+    @property
+    def fwd_dtype(self) -> torch.dtype:
+        return WIRE_DTYPES[self.comm_fwd]
+
+    @property
+    def bwd_dtype(self) -> torch.dtype:
+        return WIRE_DTYPES[self.comm_bwd]
 
     def count_all_to_all(self, phase: str, send_splits: Sequence[int], recv_splits: Sequence[int],
                          element_size: int) -> None:
@@ -142,14 +163,15 @@ class PooledAllToAllSharding:
         else:
             pooled = torch.zeros(local_batch * ctx.world_size, 0, device=ctx.device)
         # pooled is (global batch, local columns) row-major: each batch owner's rows are contiguous.
-        received = torch.empty(local_batch * sum(self.widths), device=ctx.device)
+        received = torch.empty(local_batch * sum(self.widths), device=ctx.device, dtype=ctx.fwd_dtype)
         recv_splits = [local_batch * wd for wd in self.widths]
         send_splits = [local_batch * self.widths[ctx.rank]] * ctx.world_size
         ctx.count_all_to_all("pooled_fwd", send_splits, recv_splits, received.element_size())
         ctx.wait(dist.all_to_all_single(
-            received, pooled.detach().reshape(-1), output_split_sizes=recv_splits, input_split_sizes=send_splits,
-            group=ctx.pg, async_op=True,
+            received, pooled.detach().reshape(-1).to(ctx.fwd_dtype), output_split_sizes=recv_splits,
+            input_split_sizes=send_splits, group=ctx.pg, async_op=True,
         ))
+        received = received.float()  # no copy in fp32
         by_rank = [c.view(local_batch, -1) for c in received.split([local_batch * wd for wd in self.widths])]
         out = torch.cat(by_rank, dim=1).index_select(1, self.in_cols)
         return out, ShardForward(pooled=pooled, local_batch=local_batch)
@@ -158,8 +180,8 @@ class PooledAllToAllSharding:
         """Send each shard's owner its columns of the pooled gradient (async)."""
         ctx, b = self.ctx, fwd.local_batch
         grouped = grad.index_select(1, self.out_cols)
-        send = torch.cat([c.reshape(-1) for c in grouped.split(self.widths, dim=1)])
-        received = torch.empty(b * ctx.world_size * self.widths[ctx.rank], device=ctx.device)
+        send = torch.cat([c.reshape(-1) for c in grouped.split(self.widths, dim=1)]).to(ctx.bwd_dtype)
+        received = torch.empty(b * ctx.world_size * self.widths[ctx.rank], device=ctx.device, dtype=ctx.bwd_dtype)
         recv_splits, send_splits = [b * self.widths[ctx.rank]] * ctx.world_size, [b * wd for wd in self.widths]
         ctx.count_all_to_all("pooled_bwd", send_splits, recv_splits, received.element_size())
         work = dist.all_to_all_single(received, send, output_split_sizes=recv_splits, input_split_sizes=send_splits,
@@ -170,7 +192,7 @@ class PooledAllToAllSharding:
         """Wait for the gradients of this rank's shards, then the fused backward-and-update."""
         self.ctx.wait(flight.work)
         if self.tbe is not None:
-            flight.fwd.pooled.backward(flight.received.view(flight.fwd.local_batch * self.ctx.world_size, -1))
+            flight.fwd.pooled.backward(flight.received.float().view(flight.fwd.local_batch * self.ctx.world_size, -1))
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
         if self.tbe is None:
@@ -220,23 +242,25 @@ class RowWiseSharding:
     def forward(self, local_ids: SparseFeatures, local_batch: int) -> tuple[torch.Tensor, ShardForward]:
         ctx = self.ctx
         pooled = self.tbe(local_ids.values, local_ids.offsets())  # partial sums, (global batch, F * dim)
-        out = torch.empty(local_batch, pooled.shape[1], device=ctx.device)
+        out = torch.empty(local_batch, pooled.shape[1], device=ctx.device, dtype=ctx.fwd_dtype)
+        send = pooled.detach().to(ctx.fwd_dtype)
         # Blocking whatever ctx.wait is: gloo's reduce_scatter work never reports completion to a
         # poll (is_completed() stays False, it has no future).
-        ctx.count_ring("pooled_fwd", pooled, ctx.world_size, passes=1)
-        dist.reduce_scatter_single(out, pooled.detach(), group=ctx.pg)
-        return out, ShardForward(pooled=pooled, local_batch=local_batch)
+        ctx.count_ring("pooled_fwd", send, ctx.world_size, passes=1)
+        dist.reduce_scatter_single(out, send, group=ctx.pg)
+        return out.float(), ShardForward(pooled=pooled, local_batch=local_batch)
 
     def start_backward(self, fwd: ShardForward, grad: torch.Tensor) -> BackwardInFlight:
         """Every rank holding rows a sample used needs that sample's gradient: all-gather it (async)."""
-        full = torch.empty(self.ctx.world_size * fwd.local_batch, grad.shape[1], device=self.ctx.device)
+        full = torch.empty(self.ctx.world_size * fwd.local_batch, grad.shape[1], device=self.ctx.device,
+                           dtype=self.ctx.bwd_dtype)
         self.ctx.count_ring("pooled_bwd", full, self.ctx.world_size, passes=1)
-        work = dist.all_gather_single(full, grad.contiguous(), group=self.ctx.pg, async_op=True)
+        work = dist.all_gather_single(full, grad.contiguous().to(self.ctx.bwd_dtype), group=self.ctx.pg, async_op=True)
         return BackwardInFlight(fwd, full, work)
 
     def finish_backward(self, flight: BackwardInFlight) -> None:
         self.ctx.wait(flight.work)
-        flight.fwd.pooled.backward(flight.received)
+        flight.fwd.pooled.backward(flight.received.float())
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
         return [(t, s, w) for t, s, w in zip(self.features, self.local, self.tbe.split_embedding_weights()) if s.rows]
@@ -305,18 +329,20 @@ class TableRowWiseSharding:
 
     def forward(self, local_ids: SparseFeatures, local_batch: int) -> tuple[torch.Tensor, ShardForward]:
         ctx, b = self.ctx, local_batch
-        pooled, summed = None, torch.empty(0, device=ctx.device)
+        pooled, summed = None, torch.empty(0, device=ctx.device, dtype=ctx.fwd_dtype)
         if self.tbe is not None:
             pooled = self.tbe(local_ids.values, local_ids.offsets())  # partial sums, (global batch, mine * dim)
-            summed = torch.empty(self.nodes * b, pooled.shape[1], device=ctx.device)
+            summed = torch.empty(self.nodes * b, pooled.shape[1], device=ctx.device, dtype=ctx.fwd_dtype)
+            partial = pooled.detach().to(ctx.fwd_dtype)
             # Blocking, as row-wise's: gloo's reduce_scatter work never reports completion to a poll.
-            ctx.count_ring("pooled_fwd", pooled, self.per_node, passes=1)
-            dist.reduce_scatter_single(summed, pooled.detach(), group=ctx.node_pg)
+            ctx.count_ring("pooled_fwd", partial, self.per_node, passes=1)
+            dist.reduce_scatter_single(summed, partial, group=ctx.node_pg)
         send, recv = self._exchange_sizes(b)
-        received = torch.empty(sum(recv), device=ctx.device)
+        received = torch.empty(sum(recv), device=ctx.device, dtype=ctx.fwd_dtype)
         ctx.count_all_to_all("pooled_fwd", send, recv, received.element_size())
         ctx.wait(dist.all_to_all_single(received, summed.reshape(-1), output_split_sizes=recv, input_split_sizes=send,
                                         group=ctx.pg, async_op=True))
+        received = received.float()  # no copy in fp32
         parts = [c.view(b, -1) for c, n in zip(received.split(recv), recv) if n]  # nodes in order
         out = torch.cat(parts, dim=1) if parts else torch.zeros(b, 0, device=ctx.device)
         return out, ShardForward(pooled=pooled, local_batch=b)
@@ -325,8 +351,8 @@ class TableRowWiseSharding:
         """Each node's columns of the pooled gradient to the rank holding this rank's slice there (async)."""
         b = fwd.local_batch
         send_back, recv_back = self._exchange_sizes(b)  # the forward's sizes, the other way round
-        send = torch.cat([c.reshape(-1) for c in grad.split(self.node_widths, dim=1)])
-        received = torch.empty(sum(send_back), device=self.ctx.device)
+        send = torch.cat([c.reshape(-1) for c in grad.split(self.node_widths, dim=1)]).to(self.ctx.bwd_dtype)
+        received = torch.empty(sum(send_back), device=self.ctx.device, dtype=self.ctx.bwd_dtype)
         self.ctx.count_all_to_all("pooled_bwd", recv_back, send_back, received.element_size())
         work = dist.all_to_all_single(received, send, output_split_sizes=send_back, input_split_sizes=recv_back,
                                       group=self.ctx.pg, async_op=True)
@@ -338,10 +364,10 @@ class TableRowWiseSharding:
         if self.tbe is None:
             return
         pooled = flight.fwd.pooled
-        full = torch.empty_like(pooled)
+        full = torch.empty_like(pooled, dtype=self.ctx.bwd_dtype)
         self.ctx.count_ring("pooled_bwd", full, self.per_node, passes=1)
         dist.all_gather_single(full, flight.received.view(-1, pooled.shape[1]), group=self.ctx.node_pg)
-        pooled.backward(full)
+        pooled.backward(full.float())
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
         if self.tbe is None:

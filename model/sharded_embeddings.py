@@ -92,18 +92,22 @@ class ShardedEmbeddingCollection:
         node_pg: dist.ProcessGroup | None = None,
         table_precision: str = "fp32",
         bytes_moved: CollectiveBytes | None = None,
+        comm_fwd: str = "fp32",
+        comm_bwd: str = "fp32",
     ) -> None:
         """multi_hot: ids a sample has in each feature when hotness is fixed (what makes splits
         computable in advance); ids_pg: the process group of the ids exchange; ranks_per_node and
         node_pg (this rank's node's group): what table-row-wise tables need (None: one node);
         table_precision: the fused tables' weights (fp32 or fp16); bytes_moved: where every exchange
-        counts the bytes it moves (None: not counted)."""
+        counts the bytes it moves (None: not counted); comm_fwd / comm_bwd: the pooled embeddings'
+        and their gradients' precision on the wire."""
         check_plan(plan, table_rows, embedding_dim, world_size)
         ctx = ShardingContext(rank=rank, world_size=world_size, pg=pg, ids_pg=ids_pg, device=device,
                               ranks_per_node=ranks_per_node, node_pg=node_pg,
                               transfer=transfer, wait=wait, dim=embedding_dim, optimizer=optimizer,
                               learning_rate=learning_rate, eps=eps, init_seed=init_seed,
-                              table_precision=table_precision, bytes_moved=bytes_moved)
+                              table_precision=table_precision, bytes_moved=bytes_moved,
+                              comm_fwd=comm_fwd, comm_bwd=comm_bwd)
         self.num_features, self.dim, self.device = len(table_rows), embedding_dim, device
         kinds = [tp.kind for tp in plan]
         pooled = [t for t, k in enumerate(kinds) if k in ("table_wise", "column_wise")]

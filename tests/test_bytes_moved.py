@@ -22,13 +22,16 @@ def test_a_rank_counts_what_it_sends_and_receives_from_others_only():
     assert c.take()["pooled_fwd"] == (0, 0)  # taken: counting starts again
 
 
-def test_records_hold_the_bytes_of_every_exchange(tmp_path):
+@pytest.mark.parametrize("comm, fwd_bytes, bwd_bytes", [("fp32", 4, 4), ("bf16", 2, 2)])
+def test_records_hold_the_bytes_of_every_exchange(tmp_path, comm, fwd_bytes, bwd_bytes):
     """tiny on 2 ranks, every table table-wise, splits exchanged every iteration: per rank and
     iteration, the pooled rows it sends its peer (forward) and gets back (backward), the ids
-    (lengths and values, int64) and their splits, the dense gradients' all-reduce."""
+    (lengths and values, int64) and their splits, the dense gradients' all-reduce. With the
+    pooled embeddings sent in fp16 or bf16 (their gradients then in bf16), those take 2 bytes a
+    value: exactly half of fp32."""
     runs = tmp_path / "runs"
     assert main(["bench", "--preset", "tiny", "--iters", "3", "--warmup", "1", "--sharding", "table_wise",
-                 "--no-skip-splits-a2a", "--runs-root", str(runs)]) == 0
+                 "--no-skip-splits-a2a", "--comm-precision", comm, "--runs-root", str(runs)]) == 0
     run = load_run(resolve_run(runs, "latest"))
     cfg, plan = run.manifest.config, run.manifest.plan
     b, dim, hot = cfg.local_batch_size, cfg.model.embedding_dim, cfg.model.multi_hot
@@ -44,8 +47,8 @@ def test_records_hold_the_bytes_of_every_exchange(tmp_path):
         ids_from_peer = sum(b + b * hot[t] for t in tables_of[r])
         expected[r] = {
             "input_dist": (8 * (ids_to_peer + 2), 8 * (ids_from_peer + 2)),  # + 2 split counts each way
-            "emb_fwd": (4 * b * dim * len(tables_of[r]), 4 * b * dim * len(tables_of[peer])),
-            "emb_bwd": (4 * b * dim * len(tables_of[peer]), 4 * b * dim * len(tables_of[r])),
+            "emb_fwd": (fwd_bytes * b * dim * len(tables_of[r]), fwd_bytes * b * dim * len(tables_of[peer])),
+            "emb_bwd": (bwd_bytes * b * dim * len(tables_of[peer]), bwd_bytes * b * dim * len(tables_of[r])),
             "dense_fwd_bwd": (4 * dense_params, 4 * dense_params),  # 2 (w - 1) / w = 1 at 2 ranks
             "dense_update": (0, 0),
         }
@@ -79,3 +82,25 @@ def test_the_report_table_averages_an_iteration_and_rates_over_the_stages_time()
     assert t.loc["emb_fwd", "achieved_gbps"] == pytest.approx(10e6 / 10e-3 / 1e9)  # 10 MB over 10 ms: 1 GB/s
     assert t.loc["dense_update", "achieved_gbps"] == 0
     assert bytes_moved_table(stages.drop(columns=["sent_bytes", "recv_bytes"])).empty  # older records
+
+
+def test_row_wise_exchanges_move_half_the_bytes_at_16_bits(tmp_path):
+    """2 nodes x 2 ranks, a row-wise and a table-row-wise table among table-wise ones, fp16 forward
+    and (auto) bf16 backward: every pooled exchange (reduce-scatters, all-to-alls, all-gathers)
+    moves exactly half the fp32 bytes, and nothing else changes."""
+    comm = "fp16"
+    moved = {}
+    for c in ("fp32", comm):
+        runs = tmp_path / c
+        assert main(["bench", "--preset", "tiny", "--nodes", "2", "--gpus-per-node", "2", "--iters", "2",
+                     "--warmup", "1", "--sharding", "table_wise", "--shard", "0=row_wise,20=table_row_wise",
+                     "--comm-precision", c, "--runs-root", str(runs)]) == 0
+        st = load_run(resolve_run(runs, "latest")).stages
+        assert {"row_wise", "table_row_wise"} <= {tp.kind for tp in load_run(resolve_run(runs, "latest")).manifest.plan}
+        moved[c] = st.groupby(["rank", "iteration", "stage"])[["sent_bytes", "recv_bytes"]].sum()
+    for stage in ("emb_fwd", "emb_bwd"):
+        full = moved["fp32"].xs(stage, level="stage")
+        assert (full > 0).all().all()
+        pd.testing.assert_frame_equal(moved[comm].xs(stage, level="stage") * 2, full)
+    for stage in ("input_dist", "dense_fwd_bwd"):
+        pd.testing.assert_frame_equal(moved[comm].xs(stage, level="stage"), moved["fp32"].xs(stage, level="stage"))

@@ -40,11 +40,11 @@ def test_command_line_and_manifest_entry(capsys):
     assert cfg.precision.dense == "bf16"
     flags = plan_and_flags(cfg, ranks_per_host=2)[2]  # what the manifest stores as its flags
     assert flags.precision.dense == "bf16" and flags.precision.numerics_changed is True
-    assert "precision: dense bf16, tables fp32: NUMERICS CHANGED" in describe(flags)
+    assert "precision: dense bf16, tables fp32, comm fp32/fp32: NUMERICS CHANGED" in describe(flags)
     assert not any(flags.requested.values())  # not an optimization flag
     default = plan_and_flags(config_from_args(parser.parse_args(["bench", "--preset", "tiny"])), ranks_per_host=2)[2]
     assert default.precision.numerics_changed is False
-    assert "precision: dense fp32, tables fp32" in describe(default) and "NUMERICS" not in describe(default)
+    assert "precision: dense fp32, tables fp32, comm fp32/fp32" in describe(default) and "NUMERICS" not in describe(default)
     with pytest.raises(SystemExit):
         main(["bench", "--preset", "tiny", "--dense-precision", "fp16"])
     assert "invalid choice: 'fp16'" in capsys.readouterr().err
@@ -92,7 +92,7 @@ def test_table_precision_is_checked_recorded_and_said_when_it_cannot_take_effect
     idle = plan_and_flags(config_from_args(parser.parse_args(["bench", "--preset", "tiny", "--table-precision", "fp16"])),
                           ranks_per_host=2)[2]
     assert idle.precision.tables == "fp16" and not idle.precision.numerics_changed
-    assert "takes no effect: every table of this plan is data-parallel" in describe(idle)
+    assert "tables fp16 take no effect: every table of this plan is data-parallel" in describe(idle)
     with pytest.raises(SystemExit):
         main(["bench", "--preset", "tiny", "--table-precision", "bf16"])
     assert "invalid choice: 'bf16'" in capsys.readouterr().err
@@ -152,3 +152,43 @@ def test_fp16_table_losses_stay_within_tolerance_of_fp32(tmp_path):
     diff = (losses["fp16"] - losses["fp32"]).abs()
     assert diff.max() < TABLE_LOSS_TOLERANCE, diff
     assert diff.max() > 0, "fp16 tables gave the fp32 losses bitwise: the precision did not reach the TBEs"
+
+
+# --comm-precision ---------------------------------------------------------------------------------
+
+# On the wire bf16 keeps 8 significand bits (each pooled value rounded by up to 2^-9, 2e-3,
+# relative), fp16 11 bits (4.9e-4); the backward sends the gradients in bf16 either way (auto).
+# tiny's pooled values feed logits below 0.1 in size, so the loss moves by about 2e-4 a step at
+# most, compounding over 20. Measured (seed 0, both ranks, 20 iterations, a plan with every fused
+# kind): fp16 forward 1.2e-4, bf16 forward 1.0e-3. The control, fp32 with the fused tables' updates
+# lost: 4.2e-2 (above). 1e-2 leaves 10x room over bf16's drift and sits 4x below the control.
+COMM_LOSS_TOLERANCE = 1e-2
+
+
+def test_comm_precision_is_checked_resolved_and_recorded():
+    with pytest.raises(ValueError, match="precision.comm 'fp8' is not one of"):
+        PrecisionConfig(comm="fp8")
+    assert PrecisionConfig(comm="fp16").wire_bwd == "bf16" and PrecisionConfig().wire_bwd == "fp32"
+    assert PrecisionConfig(comm="fp16", comm_bwd="fp16").wire_bwd == "fp16"
+    cfg = config_from_args(build_parser().parse_args(["bench", "--preset", "tiny", "--comm-precision", "bf16",
+                                                      "--sharding", "table_wise"]))
+    flags = plan_and_flags(cfg, ranks_per_host=2)[2]
+    assert (flags.precision.comm, flags.precision.comm_bwd, flags.precision.numerics_changed) == ("bf16", "bf16", True)
+    assert "pooled embeddings sent in bf16 and their gradients in bf16" in describe(flags)
+    idle = plan_and_flags(config_from_args(build_parser().parse_args(["bench", "--preset", "tiny", "--comm-precision",
+                                                                      "fp16"])), ranks_per_host=2)[2]
+    assert not idle.precision.numerics_changed and "comm fp16/bf16 take no effect" in describe(idle)
+
+
+@pytest.mark.parametrize("comm", ["fp16", "bf16"])
+def test_comm_precision_losses_stay_within_tolerance_of_fp32(tmp_path, comm):
+    losses = {}
+    for c in ("fp32", comm):
+        cfg = _fused_cfg("fp32").replace(precision=PrecisionConfig(comm=c))
+        plan, _ = make_plan(cfg, ranks_per_host=2)
+        out = tmp_path / c
+        out.mkdir()
+        losses[c] = torch.tensor([r["losses"] for r in run_ranks(cfg, plan, out)], dtype=torch.float64)
+    diff = (losses[comm] - losses["fp32"]).abs()
+    assert diff.max() < COMM_LOSS_TOLERANCE, diff
+    assert diff.max() > 0, f"{comm} on the wire gave the fp32 losses bitwise: the casts did not reach the exchanges"
