@@ -54,6 +54,7 @@ def measure_rank_memory(argv: list[str], rank: int, precision: str) -> dict:
     from harness.config import PrecisionConfig
     from harness.options import config_from_args
     from harness.planning import make_plan
+    from model.names import WEIGHT_BYTES
     from model.sharded_embeddings import ShardedEmbeddingCollection
 
     cfg = config_from_args(cli.build_parser().parse_args(["bench", *argv]))
@@ -78,11 +79,10 @@ def measure_rank_memory(argv: list[str], rank: int, precision: str) -> dict:
     before = _rss_bytes()
     emb = build()
     gained = _rss_bytes() - before
-    kinds = {tp.kind for tp in plan}
     fused = [w for t, _, w in emb.shard_weights() if plan[t].kind != "data_parallel"]
     planned = sum(sh.rows * sh.cols for tp in plan if tp.kind != "data_parallel" for sh in tp.shards if sh.rank == rank)
     return {"rss_gained": gained, "weight_bytes": sum(w.numel() * w.element_size() for w in fused),
-            "planned_weight_bytes": planned * (2 if precision == "fp16" else 4), "kinds": sorted(kinds)}
+            "planned_weight_bytes": planned * WEIGHT_BYTES[precision]}
 
 
 def _memory_in_subprocess(argv: list[str], rank: int, precision: str) -> dict:

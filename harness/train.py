@@ -18,7 +18,6 @@ from harness.dense_gradients import FlatGradients
 from harness.flush import RecordFlusher
 from harness.input_pipeline import InputFeeder
 from harness.progress import Progress
-from model.collective_bytes import CollectiveBytes
 from harness.manifest import ResolvedFlags
 from harness.mlperf_log import ResultLog
 from harness.input_streams import input_streams
@@ -26,6 +25,7 @@ from harness.optimizations import input_thread_launches, resolve
 from harness.pinned_d2h import HostCopies
 from harness.records import RankRecorder
 from harness.timeline import Timeline
+from model.collective_bytes import CollectiveBytes
 from model.collective_wait import WAITS
 from model.dense import DenseArch
 from model.ids_all_to_all import HostTransfer

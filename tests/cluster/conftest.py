@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -62,7 +61,3 @@ def wait_all(procs: list[subprocess.Popen], timeout_s: float) -> list[int]:
 
 def tails(logs: Path) -> str:
     return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-2500:] for p in sorted(logs.glob("*.log")))
-
-
-def python() -> str:
-    return sys.executable

@@ -195,7 +195,7 @@ class TestHosts(Mapping[str, Host]):
                     time.sleep(0.2)
 
     def teardown(self) -> None:
-        _teardown(self.bridge, [h.netns for h in self._hosts.values()], [h.link for h in self._hosts.values()])
+        _teardown([self.bridge], [h.netns for h in self._hosts.values()], [h.link for h in self._hosts.values()])
 
 
 def _kill_netns(netns: str) -> None:
@@ -214,7 +214,7 @@ def _kill_netns(netns: str) -> None:
         time.sleep(0.1)
 
 
-def _teardown(bridge: str, namespaces: Sequence[str], links: Sequence[str] = ()) -> None:
+def _teardown(bridges: Sequence[str], namespaces: Sequence[str], links: Sequence[str] = ()) -> None:
     for netns in namespaces:
         _kill_netns(netns)
     # A namespace outlives its processes while a socket of theirs still holds it (a connection
@@ -225,29 +225,21 @@ def _teardown(bridge: str, namespaces: Sequence[str], links: Sequence[str] = ())
     for netns in namespaces:
         _ip("netns", "delete", netns, check=False)
         shutil.rmtree(NETNS_ETC / netns, ignore_errors=True)
-    if bridge:
+    for bridge in bridges:
         _ip("link", "delete", bridge, check=False)
 
 
 def clean_stale() -> None:
-    """Remove what a fixture whose process is gone left behind."""
-    names = _ip("netns", "list", check=False).stdout.split("\n")
-    stale: dict[int, list[str]] = {}
-    for line in names:
-        m = re.match(rf"({PREFIX}(\d+)[a-z]-\S+)", line.strip())
-        if m and not _alive(int(m.group(2))):
-            stale.setdefault(int(m.group(2)), []).append(m.group(1))
-    links = _ip("-o", "link", "show", "type", "bridge", check=False).stdout
-    for m in re.finditer(rf"\d+: ({PREFIX}(\d+)[a-z]v\d+)[:@]", _ip("-o", "link", "show", "type", "veth", check=False).stdout):
-        if not _alive(int(m.group(2))):
-            _ip("link", "delete", m.group(1), check=False)
-    bridges: dict[int, list[str]] = {}
-    for m in re.finditer(rf"\d+: ({PREFIX}(\d+)[a-z]b)[:@]", links):
-        bridges.setdefault(int(m.group(2)), []).append(m.group(1))
-    for pid in set(stale) | set(bridges):
-        if not _alive(pid):
-            for bridge in bridges.get(pid, [""]):
-                _teardown(bridge, stale.pop(pid, []))
+    """Remove what a fixture whose process is gone left behind: its namespaces (and their
+    /etc/netns folders), links and bridge, all named after that process's pid."""
+
+    def dead(listing: str, pattern: str) -> list[str]:
+        return [m.group(1) for m in re.finditer(pattern, listing, re.M) if not _alive(int(m.group(2)))]
+
+    links = _ip("-o", "link", "show", check=False).stdout
+    _teardown(bridges=dead(links, rf"^\d+: ({PREFIX}(\d+)[a-z]b)[:@]"),
+              namespaces=dead(_ip("netns", "list", check=False).stdout, rf"^({PREFIX}(\d+)[a-z]-\S+)"),
+              links=dead(links, rf"^\d+: ({PREFIX}(\d+)[a-z]v\d+)[:@]"))
 
 
 def _alive(pid: int) -> bool:
