@@ -61,7 +61,7 @@ help:
 	@echo "make mlperf DATA=dir [TARGET_AUC=0.80275] [PRESET=...] [NODES=n] [GPUS_PER_NODE=n] [OPTS=\"...\"]"
 	@echo "            (one epoch at most, 20 evaluations an epoch, stops at the target AUROC; MLPerf result log in the run folder)"
 	@echo "make dataset OUT=dir [ROWS=100000 a day] [DAYS=3] [PRESET=tiny] [SEED=0]  (synthetic days in the MLPerf file layout)"
-	@echo "make data-perf [DATA=dir] [PRESET=small]  (the file loader's samples/s on one rank, beside the synthetic stream's)"
+	@echo "make data-perf [DATA=dir] [PRESET=small] [RUN=id|latest]  (the file loader's samples/s on one rank, beside the synthetic stream's and RUN's training)"
 	@echo "make gpu-check  (on a GPU host: the CUDA battery, a line a check and a verdict; elsewhere one line)"
 	@echo "OPTS passes extra flags to 'python -m harness bench' (see: $(PY) -m harness bench --help)"
 
@@ -180,7 +180,8 @@ mlperf: check-bench-knobs check-mlperf-data $(STAMP)
 	  $(if $(ENGINE),--engine $(ENGINE)) $(if $(RUN_ID),--run-id $(RUN_ID)) $(OPTS)
 
 data-perf: check-bench-knobs $(STAMP)
-	$(PY) -m harness.data_perf $(if $(DATA),--data $(DATA)) $(if $(PRESET),--preset $(PRESET))
+	$(PY) -m harness.data_perf $(if $(DATA),--data $(DATA)) $(if $(PRESET),--preset $(PRESET)) \
+	  $(if $(RUN),--against-run $(RUN))
 
 clean-venv:
 	rm -rf $(VENV)

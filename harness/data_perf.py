@@ -4,7 +4,8 @@ One rank reads whole global batches of the preset (the most a rank ever reads) f
 --data, or from days generated for the run in a temporary folder (then in the page cache, as
 files a run reads twice are); the synthetic stream is timed beside it, interleaved. It prints
 samples a second for each; a run is never bound by data while these stay well above its
-training throughput (the bench's samples/s).
+training throughput. Given a bench run (--against-run, make's RUN=), it prints that run's training
+samples/s and the loader's multiple of it (the goal: at least 5x, so data never bounds a run).
 """
 
 from __future__ import annotations
@@ -19,6 +20,20 @@ from harness.criteo_files import CriteoFiles, DataError
 from harness.data import SyntheticCriteo
 from harness.make_dataset import main as make_dataset
 from harness.presets import PRESETS
+from harness.report import ReportError, iteration_summary
+from harness.report_load import load_run, resolve_run
+
+# The loader must outrun training by this much, so that data never bounds a run (issue 13).
+GOAL_MULTIPLE = 5.0
+
+
+def training_rate(runs_root: Path, run: str) -> tuple[str, float]:
+    """(a line naming the run, its training samples/s over its timed iterations)."""
+    loaded = load_run(resolve_run(runs_root, run))
+    rate = iteration_summary(loaded)["samples_per_s"]
+    m = loaded.manifest
+    return (f"run {m.run_id} ({m.config.run.preset}, {m.world_size} ranks, global batch "
+            f"{m.config.data.global_batch_size})"), rate
 
 
 def _time_batches(source, batches: range) -> float:
@@ -34,7 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, default=None, help="an MLPerf-layout folder (default: generate one)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="small", help="model and batch (default %(default)s)")
     p.add_argument("--batches", type=int, default=30, help="global batches timed (default %(default)s)")
+    p.add_argument("--against-run", default=None, metavar="RUN",
+                   help="a bench run id (or latest) whose training samples/s the loader is set against")
+    p.add_argument("--runs-root", type=Path, default=Path("runs"), help="where runs live (default %(default)s)")
     args = p.parse_args(argv)
+    against = None
+    if args.against_run is not None:  # read first: a bad run id fails before any timing
+        try:
+            against = training_rate(args.runs_root, args.against_run)
+        except ReportError as exc:
+            p.error(str(exc))
     cfg = PRESETS[args.preset]()
     g = cfg.data.global_batch_size
     with tempfile.TemporaryDirectory(prefix="data-perf-") as tmp:
@@ -65,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     n = args.batches * g
     print(f"loader, one rank, global batch {g} ({args.preset}), {args.batches} batches: "
           f"files {n / seconds['files']:,.0f} samples/s, synthetic stream {n / seconds['synthetic']:,.0f} samples/s")
+    if against is not None:
+        name, rate = against
+        multiple = n / seconds["files"] / rate
+        verdict = "met" if multiple >= GOAL_MULTIPLE else "MISSED: data would bound training"
+        print(f"training, {name}: {rate:,.0f} samples/s; the loader is x{multiple:,.1f} that "
+              f"(goal >= x{GOAL_MULTIPLE:g}: {verdict})")
     return 0
 
 
