@@ -229,10 +229,11 @@ class PrecisionConfig:
     stay fp32 (the run record says so)."""
     comm: str = option("fp32", option="comm-precision", choices=COMM_PRECISIONS)
     """Precision of the pooled embeddings on the wire in the forward exchanges (all-to-all,
-    reduce-scatter): cast before, back to fp32 after, as TorchRec's quantized comms. fp32: none."""
+    reduce-scatter): encoded before, decoded to fp32 after, as TorchRec's quantized comms. fp16 and
+    bf16 are casts; fp8 is e4m3 with a per-row fp32 scale (model/wire_codec.py). fp32: none."""
     comm_bwd: str = option("auto", option="comm-precision-bwd", choices=("auto", *COMM_PRECISIONS))
-    """Precision of their gradients on the wire in the backward exchanges; auto: bf16 when comm
-    is not fp32 (TorchRec's default), else fp32."""
+    """Precision of their gradients on the wire in the backward exchanges (fp8: e5m2, per-row
+    scaled); auto: bf16 when comm is not fp32 (TorchRec's default), else fp32."""
 
     @property
     def wire_bwd(self) -> str:

@@ -91,8 +91,11 @@ def _precision_entry(precision: PrecisionConfig, plan_kinds: Sequence[str] = ())
     fused = any(k != "data_parallel" for k in plan_kinds) or not plan_kinds
     wire = (precision.comm, precision.wire_bwd)
     if wire != ("fp32", "fp32") and fused:
-        notes.append(f"pooled embeddings sent in {wire[0]} and their gradients in {wire[1]}, cast back to fp32 on "
-                     "arrival (a reduce-scatter sums in the wire precision)")
+        how = ("row-wise partial sums are exchanged whole and summed in fp32" if wire[0] == "fp8"
+               else f"a reduce-scatter sums in {wire[0]}")
+        how += "; fp8 rows carry a per-row fp32 scale" if "fp8" in wire else ""
+        notes.append(f"pooled embeddings sent in {wire[0]} and their gradients in {wire[1]}, decoded to fp32 on "
+                     f"arrival ({how})")
     if precision.tables != "fp32" and fused:
         dp = " (its data-parallel tables stay fp32)" if "data_parallel" in plan_kinds else ""
         notes.append(f"fused tables' weights in {precision.tables}, their optimizer state and pooled output fp32{dp}")

@@ -1,5 +1,6 @@
 """`make precision-perf`: what lower precision buys and costs, on one config: fp16 tables
-(--table-precision fp16) and the pooled embeddings in fp16 or bf16 on the wire (--comm-precision).
+(--table-precision fp16) and the pooled embeddings in fp16, bf16 or fp8 on the wire
+(--comm-precision; fp8 also with its gradients in fp8, --comm-precision-bwd fp8).
 
 1. Memory: the weights each rank's tables hold, as the planner counts them (two bytes a weight
    element in fp16, four in fp32) and as measured: the resident memory a fresh process gains
@@ -8,8 +9,8 @@
 2. Time and numbers: whole bench runs of fp32 and each variant, in one order then the reverse
    so drift hits all alike, repeated; per run the iteration-time p50, then the median of the
    ratios to the same repeat's fp32 run, and the loss difference to it after the run and the
-   largest on the way (same batches, same init). The bytes each variant moves are in its
-   records (the report's Bytes moved table).
+   largest on the way (same batches, same init), and the bytes its pooled exchanges moved
+   (emb_fwd and emb_bwd, from the records) over fp32's.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ VARIANTS = {
     "tables fp16": ["--table-precision", "fp16"],
     "comm fp16": ["--comm-precision", "fp16"],  # gradients back in bf16 (auto)
     "comm bf16": ["--comm-precision", "bf16"],
+    "comm fp8": ["--comm-precision", "fp8"],  # gradients back in bf16 (auto)
+    "comm fp8/fp8": ["--comm-precision", "fp8", "--comm-precision-bwd", "fp8"],
 }
 """The runs, each against fp32: the options each adds to the bench command."""
 
@@ -97,6 +100,12 @@ def _memory_in_subprocess(argv: list[str], rank: int, precision: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def pooled_bytes(run) -> float:
+    """Bytes the pooled exchanges (emb_fwd, emb_bwd) sent, a rank and timed iteration."""
+    st = run.stages[~run.stages["warmup"] & run.stages["stage"].isin(["emb_fwd", "emb_bwd"])]
+    return float(st["sent_bytes"].sum() / st[["rank", "iteration"]].drop_duplicates().shape[0])
+
+
 def _run(argv: list[str], runs_root: Path):
     with contextlib.redirect_stdout(io.StringIO()):
         code = cli.main(["bench", *argv, "--runs-root", str(runs_root)])
@@ -140,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             runs[name] = run
             p50[name].append(report.iteration_summary(run)["iter_ms_p50"])
             print(f"repeat {r + 1}/{args.repeats} {name:12s}: iter_ms p50 {p50[name][-1]:9.3f}  ({run.run_id})", flush=True)
+        moved = {name: pooled_bytes(run) for name, run in runs.items()}
         losses = {name: run.iterations.set_index(["rank", "iteration"])["loss"] for name, run in runs.items()}
         last = {name: float(loss.groupby(level="iteration").mean().iloc[-1]) for name, loss in losses.items()}
         for name in finals:
@@ -152,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         d_last = statistics.median(d for d, _ in finals[name])
         worst = max(w for _, w in finals[name])
         print(f"  {name:12s}: time x{statistics.median(ratios):.3f} (pairs {', '.join(f'{x:.3f}' for x in ratios)}), "
-              f"final loss difference {d_last:+.2e}, largest on the way {worst:.2e}")
+              f"final loss difference {d_last:+.2e}, largest on the way {worst:.2e}; pooled bytes "
+              f"x{moved[name] / moved['fp32']:.3f}")
     return 0
 
 

@@ -22,15 +22,9 @@ from model.collective_bytes import CollectiveBytes
 from model.collective_wait import WaitFn, block
 from model.embeddings import build_dense_tbe, build_fused_tbe, init_shard_
 from model.features import FeatureOrder, SparseFeatures
-from model.names import COMM_PRECISIONS
 from model.ids_all_to_all import PLAIN_TRANSFER, HostTransfer, IdsAllToAll, PendingIds, Ready
 from model.sharding import Shard, row_block
-
-
-WIRE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-"""torch dtype of each communication precision name (model/names.py COMM_PRECISIONS)."""
-if set(WIRE_DTYPES) != set(COMM_PRECISIONS):  # a name added there needs its dtype here
-    raise ImportError(f"model/embedding_shardings.py maps {sorted(WIRE_DTYPES)}, model/names.py names {COMM_PRECISIONS}")
+from model.wire_codec import BACKWARD_CODECS, FORWARD_CODECS, WireCodec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,24 +63,52 @@ class ShardingContext:
 
     comm_fwd: str = "fp32"
     """Precision of the pooled embeddings on the wire, forward (model/names.py COMM_PRECISIONS):
-    cast before each exchange, back to fp32 after (a reduce-scatter also sums in it)."""
+    encoded before each exchange, decoded to fp32 after (model/wire_codec.py; a reduce-scatter
+    sums in a 16-bit precision, fp8 rows are summed after decoding)."""
     comm_bwd: str = "fp32"
     """Precision of the pooled embeddings' gradients on the wire, backward."""
 
     @property
-    def fwd_dtype(self) -> torch.dtype:
-        return WIRE_DTYPES[self.comm_fwd]
+    def fwd_codec(self) -> WireCodec:
+        return FORWARD_CODECS[self.comm_fwd]
 
     @property
-    def bwd_dtype(self) -> torch.dtype:
-        return WIRE_DTYPES[self.comm_bwd]
+    def bwd_codec(self) -> WireCodec:
+        return BACKWARD_CODECS[self.comm_bwd]
+
+    def reduce_scatter_rows(self, phase: str, rows: torch.Tensor, ranks: int, group) -> torch.Tensor:
+        """Sum `rows` (ranks x b rows of partial sums, block j for rank j of `group`) over the
+        group's ranks, leaving this rank its b summed rows (fp32; the wire carried the forward
+        codec's units).
+
+        Blocking whatever `wait` is: gloo's reduce_scatter work never reports completion to a
+        poll (is_completed() stays False, it has no future)."""
+        codec, width = self.fwd_codec, rows.shape[1]
+        b = rows.shape[0] // ranks
+        wire = codec.encode(rows)
+        if codec.sums_on_wire:
+            out = torch.empty(b, wire.shape[1], device=self.device, dtype=wire.dtype)
+            self.count_ring(phase, wire, ranks, passes=1)
+            dist.reduce_scatter_single(out, wire, group=group)
+            return codec.decode(out, width)
+        # Encoded rows cannot be summed in flight: every rank's block for this rank comes whole
+        # (the bytes a ring reduce-scatter would move), decoded and summed here in fp32.
+        parts = torch.empty(wire.numel(), device=self.device, dtype=wire.dtype)  # flat: splits count units
+        splits = [b * wire.shape[1]] * ranks
+        self.count_all_to_all(phase, splits, splits, wire.element_size(),
+                              group_rank=self.rank if group is None else dist.get_rank(group))
+        self.wait(dist.all_to_all_single(parts, wire.reshape(-1), output_split_sizes=splits, input_split_sizes=splits,
+                                         group=group, async_op=True))
+        return codec.decode(parts.view(ranks * b, -1), width).view(ranks, b, width).sum(dim=0)
 
     def count_all_to_all(self, phase: str, send_splits: Sequence[int], recv_splits: Sequence[int],
-                         element_size: int) -> None:
-        """An all-to-all over the world group launched (bytes_moved; splits in elements)."""
+                         element_size: int, *, group_rank: int | None = None) -> None:
+        """An all-to-all launched (bytes_moved; splits in elements), over the world group or one
+        where this rank is `group_rank` (its own block moves nothing)."""
         if self.bytes_moved is not None:
             self.bytes_moved.all_to_all(phase, send_splits=send_splits, recv_splits=recv_splits,
-                                        element_size=element_size, rank=self.rank)
+                                        element_size=element_size,
+                                        rank=self.rank if group_rank is None else group_rank)
 
     def count_ring(self, phase: str, whole: torch.Tensor, ranks: int, *, passes: int) -> None:
         """A reduce-scatter or all-gather (passes=1) or all-reduce (2) of `whole` over `ranks` ranks."""
@@ -163,26 +185,29 @@ class PooledAllToAllSharding:
         else:
             pooled = torch.zeros(local_batch * ctx.world_size, 0, device=ctx.device)
         # pooled is (global batch, local columns) row-major: each batch owner's rows are contiguous.
-        received = torch.empty(local_batch * sum(self.widths), device=ctx.device, dtype=ctx.fwd_dtype)
-        recv_splits = [local_batch * wd for wd in self.widths]
-        send_splits = [local_batch * self.widths[ctx.rank]] * ctx.world_size
+        codec = ctx.fwd_codec
+        send = codec.encode(pooled.detach())
+        recv_splits = [local_batch * codec.units(wd) for wd in self.widths]
+        send_splits = [local_batch * codec.units(self.widths[ctx.rank])] * ctx.world_size
+        received = torch.empty(sum(recv_splits), device=ctx.device, dtype=send.dtype)
         ctx.count_all_to_all("pooled_fwd", send_splits, recv_splits, received.element_size())
         ctx.wait(dist.all_to_all_single(
-            received, pooled.detach().reshape(-1).to(ctx.fwd_dtype), output_split_sizes=recv_splits,
+            received, send.reshape(-1), output_split_sizes=recv_splits,
             input_split_sizes=send_splits, group=ctx.pg, async_op=True,
         ))
-        received = received.float()  # no copy in fp32
-        by_rank = [c.view(local_batch, -1) for c in received.split([local_batch * wd for wd in self.widths])]
+        by_rank = [codec.decode(c.view(local_batch, codec.units(wd)), wd)
+                   for c, wd in zip(received.split(recv_splits), self.widths)]
         out = torch.cat(by_rank, dim=1).index_select(1, self.in_cols)
         return out, ShardForward(pooled=pooled, local_batch=local_batch)
 
     def start_backward(self, fwd: ShardForward, grad: torch.Tensor) -> BackwardInFlight:
         """Send each shard's owner its columns of the pooled gradient (async)."""
-        ctx, b = self.ctx, fwd.local_batch
+        ctx, b, codec = self.ctx, fwd.local_batch, self.ctx.bwd_codec
         grouped = grad.index_select(1, self.out_cols)
-        send = torch.cat([c.reshape(-1) for c in grouped.split(self.widths, dim=1)]).to(ctx.bwd_dtype)
-        received = torch.empty(b * ctx.world_size * self.widths[ctx.rank], device=ctx.device, dtype=ctx.bwd_dtype)
-        recv_splits, send_splits = [b * self.widths[ctx.rank]] * ctx.world_size, [b * wd for wd in self.widths]
+        send = torch.cat([codec.encode(c).reshape(-1) for c in grouped.split(self.widths, dim=1)])
+        mine = codec.units(self.widths[ctx.rank])
+        received = torch.empty(b * ctx.world_size * mine, device=ctx.device, dtype=send.dtype)
+        recv_splits, send_splits = [b * mine] * ctx.world_size, [b * codec.units(wd) for wd in self.widths]
         ctx.count_all_to_all("pooled_bwd", send_splits, recv_splits, received.element_size())
         work = dist.all_to_all_single(received, send, output_split_sizes=recv_splits, input_split_sizes=send_splits,
                                       group=ctx.pg, async_op=True)
@@ -192,7 +217,8 @@ class PooledAllToAllSharding:
         """Wait for the gradients of this rank's shards, then the fused backward-and-update."""
         self.ctx.wait(flight.work)
         if self.tbe is not None:
-            flight.fwd.pooled.backward(flight.received.float().view(flight.fwd.local_batch * self.ctx.world_size, -1))
+            rows = flight.received.view(flight.fwd.local_batch * self.ctx.world_size, -1)
+            flight.fwd.pooled.backward(self.ctx.bwd_codec.decode(rows, self.widths[self.ctx.rank]))
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
         if self.tbe is None:
@@ -242,25 +268,21 @@ class RowWiseSharding:
     def forward(self, local_ids: SparseFeatures, local_batch: int) -> tuple[torch.Tensor, ShardForward]:
         ctx = self.ctx
         pooled = self.tbe(local_ids.values, local_ids.offsets())  # partial sums, (global batch, F * dim)
-        out = torch.empty(local_batch, pooled.shape[1], device=ctx.device, dtype=ctx.fwd_dtype)
-        send = pooled.detach().to(ctx.fwd_dtype)
-        # Blocking whatever ctx.wait is: gloo's reduce_scatter work never reports completion to a
-        # poll (is_completed() stays False, it has no future).
-        ctx.count_ring("pooled_fwd", send, ctx.world_size, passes=1)
-        dist.reduce_scatter_single(out, send, group=ctx.pg)
-        return out.float(), ShardForward(pooled=pooled, local_batch=local_batch)
+        out = ctx.reduce_scatter_rows("pooled_fwd", pooled.detach(), ctx.world_size, ctx.pg)
+        return out, ShardForward(pooled=pooled, local_batch=local_batch)
 
     def start_backward(self, fwd: ShardForward, grad: torch.Tensor) -> BackwardInFlight:
         """Every rank holding rows a sample used needs that sample's gradient: all-gather it (async)."""
-        full = torch.empty(self.ctx.world_size * fwd.local_batch, grad.shape[1], device=self.ctx.device,
-                           dtype=self.ctx.bwd_dtype)
+        send = self.ctx.bwd_codec.encode(grad.contiguous())
+        full = torch.empty(self.ctx.world_size * fwd.local_batch, send.shape[1], device=self.ctx.device,
+                           dtype=send.dtype)
         self.ctx.count_ring("pooled_bwd", full, self.ctx.world_size, passes=1)
-        work = dist.all_gather_single(full, grad.contiguous().to(self.ctx.bwd_dtype), group=self.ctx.pg, async_op=True)
+        work = dist.all_gather_single(full, send, group=self.ctx.pg, async_op=True)
         return BackwardInFlight(fwd, full, work)
 
     def finish_backward(self, flight: BackwardInFlight) -> None:
         self.ctx.wait(flight.work)
-        flight.fwd.pooled.backward(flight.received.float())
+        flight.fwd.pooled.backward(self.ctx.bwd_codec.decode(flight.received, flight.fwd.pooled.shape[1]))
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
         return [(t, s, w) for t, s, w in zip(self.features, self.local, self.tbe.split_embedding_weights()) if s.rows]
@@ -319,55 +341,57 @@ class TableRowWiseSharding:
         # Every bucket goes to exactly one rank: the values keep their number (sized on the host).
         return PendingIds(self.ids, bucketed.permute(self.send_order, total_values=values.numel()))
 
-    def _exchange_sizes(self, b: int) -> tuple[list[int], list[int]]:
-        """(what this rank sends each rank, what it receives from each) in the forward all-to-all:
-        a slice holder sends each owner of its slice that owner's rows of its node's tables."""
-        w, n, mine = self.ctx.world_size, self.nodes, self.node_widths[self.ctx.rank // self.per_node]
+    def _exchange_sizes(self, b: int, codec: WireCodec) -> tuple[list[int], list[int]]:
+        """(what this rank sends each rank, what it receives from each) in the forward all-to-all,
+        in the codec's units: a slice holder sends each owner of its slice that owner's rows of
+        its node's tables."""
+        w, n = self.ctx.world_size, self.nodes
+        mine = codec.units(self.node_widths[self.ctx.rank // self.per_node])
         send = [b * mine if s // n == self.slice else 0 for s in range(w)]
-        recv = [b * self.node_widths[r // self.per_node] if r % self.per_node == self.owner_slice else 0 for r in range(w)]
+        recv = [b * codec.units(self.node_widths[r // self.per_node]) if r % self.per_node == self.owner_slice else 0
+                for r in range(w)]
         return send, recv
 
     def forward(self, local_ids: SparseFeatures, local_batch: int) -> tuple[torch.Tensor, ShardForward]:
-        ctx, b = self.ctx, local_batch
-        pooled, summed = None, torch.empty(0, device=ctx.device, dtype=ctx.fwd_dtype)
+        ctx, b, codec = self.ctx, local_batch, self.ctx.fwd_codec
+        pooled, summed = None, torch.empty(0, device=ctx.device, dtype=codec.dtype)
         if self.tbe is not None:
             pooled = self.tbe(local_ids.values, local_ids.offsets())  # partial sums, (global batch, mine * dim)
-            summed = torch.empty(self.nodes * b, pooled.shape[1], device=ctx.device, dtype=ctx.fwd_dtype)
-            partial = pooled.detach().to(ctx.fwd_dtype)
-            # Blocking, as row-wise's: gloo's reduce_scatter work never reports completion to a poll.
-            ctx.count_ring("pooled_fwd", partial, self.per_node, passes=1)
-            dist.reduce_scatter_single(summed, partial, group=ctx.node_pg)
-        send, recv = self._exchange_sizes(b)
-        received = torch.empty(sum(recv), device=ctx.device, dtype=ctx.fwd_dtype)
+            # The node's sums, encoded again for the trip across nodes (exact for a cast codec).
+            summed = codec.encode(ctx.reduce_scatter_rows("pooled_fwd", pooled.detach(), self.per_node, ctx.node_pg))
+        send, recv = self._exchange_sizes(b, codec)
+        received = torch.empty(sum(recv), device=ctx.device, dtype=codec.dtype)
         ctx.count_all_to_all("pooled_fwd", send, recv, received.element_size())
         ctx.wait(dist.all_to_all_single(received, summed.reshape(-1), output_split_sizes=recv, input_split_sizes=send,
                                         group=ctx.pg, async_op=True))
-        received = received.float()  # no copy in fp32
-        parts = [c.view(b, -1) for c, n in zip(received.split(recv), recv) if n]  # nodes in order
-        out = torch.cat(parts, dim=1) if parts else torch.zeros(b, 0, device=ctx.device)
+        widths = [self.node_widths[r // self.per_node] for r in range(ctx.world_size)]
+        parts = [codec.decode(c.view(b, -1), wd) for c, n, wd in zip(received.split(recv), recv, widths) if n]
+        out = torch.cat(parts, dim=1) if parts else torch.zeros(b, 0, device=ctx.device)  # nodes in order
         return out, ShardForward(pooled=pooled, local_batch=b)
 
     def start_backward(self, fwd: ShardForward, grad: torch.Tensor) -> BackwardInFlight:
         """Each node's columns of the pooled gradient to the rank holding this rank's slice there (async)."""
-        b = fwd.local_batch
-        send_back, recv_back = self._exchange_sizes(b)  # the forward's sizes, the other way round
-        send = torch.cat([c.reshape(-1) for c in grad.split(self.node_widths, dim=1)]).to(self.ctx.bwd_dtype)
-        received = torch.empty(sum(send_back), device=self.ctx.device, dtype=self.ctx.bwd_dtype)
+        b, codec = fwd.local_batch, self.ctx.bwd_codec
+        send_back, recv_back = self._exchange_sizes(b, codec)  # the forward's sizes, the other way round
+        send = torch.cat([codec.encode(c).reshape(-1) for c in grad.split(self.node_widths, dim=1)])
+        received = torch.empty(sum(send_back), device=self.ctx.device, dtype=codec.dtype)
         self.ctx.count_all_to_all("pooled_bwd", recv_back, send_back, received.element_size())
         work = dist.all_to_all_single(received, send, output_split_sizes=send_back, input_split_sizes=recv_back,
                                       group=self.ctx.pg, async_op=True)
         return BackwardInFlight(fwd, received, work)
 
     def finish_backward(self, flight: BackwardInFlight) -> None:
-        """Wait for this rank's slice of the gradients, gather the node's slices, the fused update."""
+        """Wait for this rank's slice of the gradients, gather the node's slices (still encoded:
+        one rounding), the fused update."""
         self.ctx.wait(flight.work)
         if self.tbe is None:
             return
-        pooled = flight.fwd.pooled
-        full = torch.empty_like(pooled, dtype=self.ctx.bwd_dtype)
+        pooled, codec = flight.fwd.pooled, self.ctx.bwd_codec
+        rows = flight.received.view(-1, codec.units(pooled.shape[1]))
+        full = torch.empty(pooled.shape[0], rows.shape[1], device=self.ctx.device, dtype=rows.dtype)
         self.ctx.count_ring("pooled_bwd", full, self.per_node, passes=1)
-        dist.all_gather_single(full, flight.received.view(-1, pooled.shape[1]), group=self.ctx.node_pg)
-        pooled.backward(full.float())
+        dist.all_gather_single(full, rows, group=self.ctx.node_pg)
+        pooled.backward(codec.decode(full, pooled.shape[1]))
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
         if self.tbe is None:

@@ -21,9 +21,9 @@ EXCHANGE_PHASES = ("ids", "pooled_fwd", "pooled_bwd", "table_grads", "dense_grad
 all-to-alls; pooled_fwd / pooled_bwd: the pooled embeddings and their gradients; table_grads: the
 data-parallel tables' gradient all-reduce; dense_grads: the dense arch's."""
 
-COMM_PRECISIONS = ("fp32", "fp16", "bf16")
-"""Precision of the pooled embeddings and their gradients on the wire (TorchRec's qcomms): cast
-before each exchange, back to fp32 after. fp8 (per-row scaled) is not implemented yet."""
+COMM_PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
+"""Precision of the pooled embeddings and their gradients on the wire (TorchRec's qcomms): encoded
+before each exchange, decoded to fp32 after; fp8 rows carry a per-row scale (model/wire_codec.py)."""
 
 COLLECTIVE_WAITS = ("poll", "block")
 """How the host waits for a collective it launched (model/collective_wait.py)."""

@@ -104,3 +104,60 @@ def test_row_wise_exchanges_move_half_the_bytes_at_16_bits(tmp_path):
         pd.testing.assert_frame_equal(moved[comm].xs(stage, level="stage") * 2, full)
     for stage in ("input_dist", "dense_fwd_bwd"):
         pd.testing.assert_frame_equal(moved[comm].xs(stage, level="stage"), moved["fp32"].xs(stage, level="stage"))
+
+
+def _row_bytes(precision: str, width: int) -> int:
+    """Bytes one row of `width` pooled values takes on the wire, by hand: 4 or 2 a value, or fp8's
+    byte a value plus the row's fp32 scale."""
+    return {"fp32": 4 * width, "bf16": 2 * width, "fp16": 2 * width, "fp8": width + 4}[precision]
+
+
+def test_fp8_rows_move_at_most_30_percent_of_the_fp32_bytes(tmp_path):
+    """tiny on 2 ranks, table-wise but table 0 row-wise, pooled embeddings and gradients in fp8:
+    the records hold, per rank and iteration, a byte a value plus 4 bytes of scale a row in
+    every pooled exchange: the all-to-alls (a row is a sample's values for all the tables one
+    rank owns) and row-wise's exchanged partial sums and all-gathered gradients (a row is one
+    table wide). Against the fp32 run's records: at most 30% in both directions, the ids and
+    the dense gradients unchanged."""
+    moved, runs_of = {}, {}
+    for comm in ("fp32", "fp8"):
+        runs = tmp_path / comm
+        assert main(["bench", "--preset", "tiny", "--iters", "3", "--warmup", "1", "--sharding", "table_wise",
+                     "--shard", "0=row_wise", "--comm-precision", comm, "--comm-precision-bwd", comm,
+                     "--runs-root", str(runs)]) == 0
+        runs_of[comm] = run = load_run(resolve_run(runs, "latest"))
+        moved[comm] = run.stages.groupby(["rank", "iteration", "stage"])[["sent_bytes", "recv_bytes"]].sum()
+    cfg, plan = runs_of["fp8"].manifest.config, runs_of["fp8"].manifest.plan
+    b, dim = cfg.local_batch_size, cfg.model.embedding_dim
+    assert plan[0].kind == "row_wise" and all(tp.kind == "table_wise" for tp in plan[1:])
+    width = {r: dim * sum(tp.kind == "table_wise" and tp.shards[0].rank == r for tp in plan) for r in (0, 1)}
+    for rank, peer in ((0, 1), (1, 0)):
+        for comm in ("fp32", "fp8"):
+            # 2 ranks: the row-wise reduce (or fp8's exchange of partial sums) and the all-gather
+            # each move the peer's half of the global batch's rows, b rows one table wide.
+            rw = b * _row_bytes(comm, dim)
+            want = {"emb_fwd": (b * _row_bytes(comm, width[rank]) + rw, b * _row_bytes(comm, width[peer]) + rw),
+                    "emb_bwd": (b * _row_bytes(comm, width[peer]) + rw, b * _row_bytes(comm, width[rank]) + rw)}
+            got = moved[comm].xs(rank, level="rank")
+            for stage, (sent, recv) in want.items():
+                rows = got.xs(stage, level="stage")
+                assert (rows["sent_bytes"] == sent).all() and (rows["recv_bytes"] == recv).all(), (comm, rank, stage, rows)
+    for stage in ("emb_fwd", "emb_bwd"):
+        ratio = moved["fp8"].xs(stage, level="stage") / moved["fp32"].xs(stage, level="stage")
+        assert (ratio <= 0.30).all().all() and (ratio > 0.25).all().all(), (stage, ratio)
+    for stage in ("input_dist", "dense_fwd_bwd"):
+        pd.testing.assert_frame_equal(moved["fp8"].xs(stage, level="stage"), moved["fp32"].xs(stage, level="stage"))
+
+
+def test_precision_perf_counts_pooled_bytes_a_rank_and_timed_iteration():
+    from types import SimpleNamespace
+
+    from harness.precision_perf import pooled_bytes
+
+    stages = pd.DataFrame({
+        "rank": [0, 0, 0, 1, 1, 0], "iteration": [1, 1, 1, 1, 1, 0], "warmup": [False] * 5 + [True],
+        "stage": ["emb_fwd", "emb_bwd", "input_dist", "emb_fwd", "dense_fwd_bwd", "emb_fwd"],
+        "sent_bytes": [100, 60, 7, 40, 9, 1000],
+    })
+    # Two (rank, iteration) pairs timed; pooled stages sent 100 + 60 + 40 bytes.
+    assert pooled_bytes(SimpleNamespace(stages=stages)) == 100.0

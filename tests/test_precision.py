@@ -156,16 +156,21 @@ def test_fp16_table_losses_stay_within_tolerance_of_fp32(tmp_path):
 
 # On the wire bf16 keeps 8 significand bits (each pooled value rounded by up to 2^-9, 2e-3,
 # relative), fp16 11 bits (4.9e-4); the backward sends the gradients in bf16 either way (auto).
-# tiny's pooled values feed logits below 0.1 in size, so the loss moves by about 2e-4 a step at
-# most, compounding over 20. Measured (seed 0, both ranks, 20 iterations, a plan with every fused
-# kind): fp16 forward 1.2e-4, bf16 forward 1.0e-3. The control, fp32 with the fused tables' updates
-# lost: 4.2e-2 (above). 1e-2 leaves 10x room over bf16's drift and sits 4x below the control.
+# fp8 rows are scaled to their largest value: e4m3 stores 3 significand bits (each value rounded
+# by up to 2^-4, 6e-2, relative; a row's tiny values to 2^-10 of its scale), e5m2 gradients 2 bits
+# (1.3e-1). tiny's pooled values feed logits below 0.1 in size, so the loss moves by about 2e-4 a
+# step at most at 16 bits and ~3e-3 at fp8, with errors of either sign that mostly cancel over a
+# row's 16 to 208 values, compounding over 20 steps. Measured (seed 0, both ranks, 20 iterations,
+# a plan with every fused kind): fp16 forward 1.2e-4, bf16 forward 1.0e-3, fp8 forward (bf16 back)
+# 8.5e-4, fp8 both ways 1.0e-3. The control, fp32 with the fused tables' updates lost: 4.2e-2
+# (above). 1e-2 leaves 10x room over the largest drift and sits 4x below the control.
 COMM_LOSS_TOLERANCE = 1e-2
 
 
 def test_comm_precision_is_checked_resolved_and_recorded():
-    with pytest.raises(ValueError, match="precision.comm 'fp8' is not one of"):
-        PrecisionConfig(comm="fp8")
+    with pytest.raises(ValueError, match="precision.comm 'int8' is not one of"):
+        PrecisionConfig(comm="int8")
+    assert PrecisionConfig(comm="fp8").wire_bwd == "bf16"
     assert PrecisionConfig(comm="fp16").wire_bwd == "bf16" and PrecisionConfig().wire_bwd == "fp32"
     assert PrecisionConfig(comm="fp16", comm_bwd="fp16").wire_bwd == "fp16"
     cfg = config_from_args(build_parser().parse_args(["bench", "--preset", "tiny", "--comm-precision", "bf16",
@@ -178,11 +183,11 @@ def test_comm_precision_is_checked_resolved_and_recorded():
     assert not idle.precision.numerics_changed and "comm fp16/bf16 take no effect" in describe(idle)
 
 
-@pytest.mark.parametrize("comm", ["fp16", "bf16"])
-def test_comm_precision_losses_stay_within_tolerance_of_fp32(tmp_path, comm):
+@pytest.mark.parametrize("comm, comm_bwd", [("fp16", "auto"), ("bf16", "auto"), ("fp8", "auto"), ("fp8", "fp8")])
+def test_comm_precision_losses_stay_within_tolerance_of_fp32(tmp_path, comm, comm_bwd):
     losses = {}
-    for c in ("fp32", comm):
-        cfg = _fused_cfg("fp32").replace(precision=PrecisionConfig(comm=c))
+    for c, bwd in (("fp32", "auto"), (comm, comm_bwd)):
+        cfg = _fused_cfg("fp32").replace(precision=PrecisionConfig(comm=c, comm_bwd=bwd))
         plan, _ = make_plan(cfg, ranks_per_host=2)
         out = tmp_path / c
         out.mkdir()
