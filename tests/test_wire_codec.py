@@ -70,3 +70,17 @@ def test_16_and_32_bit_precisions_are_plain_casts(name, dtype):
         assert codec.units(7) == 7 and codec.sums_on_wire and wire.dtype == dtype
         assert torch.equal(codec.decode(wire, 7), rows.to(dtype).float())
     assert not FORWARD_CODECS["fp8"].sums_on_wire
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_fp8_rows_encode_to_the_same_bytes_on_cuda(direction):
+    """The fp8 codec on a CUDA tensor writes the bytes it writes on the CPU (one code path, one
+    format on every device), and decodes them to the same values."""
+    codec = (FORWARD_CODECS if direction == "forward" else BACKWARD_CODECS)["fp8"]
+    rows = torch.randn(256, 136, generator=torch.Generator().manual_seed(2)) * 10
+    cpu = codec.encode(rows)
+    gpu = codec.encode(rows.cuda())
+    assert gpu.is_cuda and torch.equal(gpu.cpu(), cpu)
+    assert torch.equal(codec.decode(gpu, 136).cpu(), codec.decode(cpu, 136))
