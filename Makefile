@@ -40,7 +40,7 @@ TORCH_REQS    := $(if $(HAS_CUDA),requirements-cuda.txt,requirements-cpu.txt)
 STAMP         := $(VENV)/.installed-$(basename $(TORCH_REQS))
 
 .PHONY: help bench ablation report test test-cluster cluster-packages perf precision-perf check-bench-knobs venv clean-venv browser compare plan-compare gpu-check \
-        dataset data-perf check-dataset-out mlperf check-mlperf-data
+        dataset data-perf check-dataset-out mlperf check-mlperf-data ext perf-dynamic
 
 help:
 	@echo "make bench  [PRESET=$(subst $() ,|,$(VALID_PRESETS))] [NODES=n] [GPUS_PER_NODE=n] [ITERS=n] [WARMUP=n]"
@@ -62,6 +62,8 @@ help:
 	@echo "            (one epoch at most, 20 evaluations an epoch, stops at the target AUROC; MLPerf result log in the run folder)"
 	@echo "make dataset OUT=dir [ROWS=100000 a day] [DAYS=3] [PRESET=tiny] [SEED=0]  (synthetic days in the MLPerf file layout)"
 	@echo "make data-perf [DATA=dir] [PRESET=small] [RUN=id|latest]  (the file loader's samples/s on one rank, beside the synthetic stream's and RUN's training)"
+	@echo "make ext  (the C++ extensions in csrc/; make test and perf-dynamic build them)"
+	@echo "make perf-dynamic  (ID transformer: M ids/s against a Python dict and torch.unique; hit rate against slots, a plot)"
 	@echo "make gpu-check  (on a GPU host: the CUDA battery, a line a check and a verdict; elsewhere one line)"
 	@echo "OPTS passes extra flags to 'python -m harness bench' (see: $(PY) -m harness bench --help)"
 
@@ -99,6 +101,16 @@ $(STAMP): requirements.txt $(TORCH_REQS) requirements-torchrec.txt requirements-
 
 venv: $(STAMP)
 
+# The C++ extensions (csrc/), built by torch's extension tooling with the machine's compiler into
+# model/, beside the Python that loads them; rebuilt when a source changes.
+EXT_SUFFIX    := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+EXT           := model/_id_transformer$(EXT_SUFFIX)
+$(EXT): $(STAMP) $(wildcard csrc/*.cpp) csrc/setup.py
+	$(PY) csrc/setup.py -q build_ext --inplace --build-temp build/csrc
+	@touch $@
+
+ext: $(EXT)
+
 # Only the knobs the user set become options (make knob -> harness option).
 KNOB_ARGS = $(if $(PRESET),--preset $(PRESET)) $(if $(NODES),--nodes $(NODES)) \
   $(if $(GPUS_PER_NODE),--gpus-per-node $(GPUS_PER_NODE)) $(if $(ITERS),--iters $(ITERS)) \
@@ -127,7 +139,7 @@ browser:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	else echo "make: no chromium and no apt-get: the browser check of report.html will be skipped" >&2; fi
 
-test: $(STAMP) browser
+test: $(STAMP) $(EXT) browser
 	$(PY) -m pytest
 
 # Real hosts on this machine (network namespaces), torchrun on each, a real Slurm (tests/cluster/).
@@ -155,6 +167,11 @@ perf: $(STAMP)
 precision-perf: check-bench-knobs $(STAMP)
 	$(PY) -m harness.precision_perf --preset $(or $(PRESET),small) $(if $(REPEATS),--repeats $(REPEATS)) \
 	  $(if $(GPUS_PER_NODE),--gpus-per-node $(GPUS_PER_NODE))
+
+# The ID transformer (csrc/): transform throughput against a Python dict and torch.unique, and hit
+# rate against slots for power-law ids under each policy (a plot in reports/perf-dynamic/).
+perf-dynamic: $(STAMP) $(EXT)
+	$(PY) -m harness.perf_dynamic
 
 # The CUDA battery (every test marked cuda), one line a check; without a GPU, one line and exit 0.
 gpu-check: $(STAMP)

@@ -1,0 +1,15 @@
+"""Builds the project's C++ extensions with torch's extension tooling (make ext runs it):
+
+    python csrc/setup.py build_ext --inplace --build-temp build/csrc
+
+from the repository root; each module lands beside the Python that uses it (model/).
+"""
+
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+setup(
+    name="dlrm-harness-csrc",
+    ext_modules=[CppExtension("model._id_transformer", ["csrc/id_transformer.cpp"], extra_compile_args=["-O3"])],
+    cmdclass={"build_ext": BuildExtension},
+)

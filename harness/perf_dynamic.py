@@ -1,0 +1,169 @@
+"""`make perf-dynamic`: the ID transformer (csrc/id_transformer.cpp) on its own, one thread.
+
+1. Throughput: a table of --slots slots filled, then batches of --batch ids in which a set share
+   hits resident ids and the rest are ids never seen (each admitted, evicting the coldest);
+   M ids/s of the transformer at hit rates of 50, 90 and 99%, against a Python dict transformer
+   (an OrderedDict LRU, the same job in plain Python) and against raw torch.unique of the same
+   ids (deduplication alone, no table). Only the calls are timed; batches are made outside.
+2. Hit rate against slots for power-law ids (Zipf, --alpha) under each policy, after a warm-up
+   half of the stream: printed, and plotted in reports/perf-dynamic/hit_rate.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+from model.id_transformer import POLICIES, IdTransformer
+
+HIT_RATES = (0.5, 0.9, 0.99)
+GOAL_VS_DICT = 50.0
+"""The transformer's throughput over the Python dict's that issue 15 asks for."""
+
+
+def dict_lru(table: OrderedDict, ids: list[int]) -> list[int]:
+    """The Python baseline: each id's slot, admitting misses into the least recent id's slot."""
+    out = []
+    for i in ids:
+        s = table.get(i)
+        if s is None:
+            _, s = table.popitem(last=False)
+            table[i] = s
+        else:
+            table.move_to_end(i)
+        out.append(s)
+    return out
+
+
+def mixed_batch(resident: torch.Tensor, n: int, hit_rate: float, next_new: int, gen) -> tuple[torch.Tensor, int]:
+    """n ids: round(n * hit_rate) drawn from the resident ids, the rest new, shuffled."""
+    hits = round(n * hit_rate)
+    drawn = resident[torch.randint(0, resident.numel(), (hits,), generator=gen)]
+    new = torch.arange(next_new, next_new + n - hits)
+    return torch.cat([drawn, new])[torch.randperm(n, generator=gen)], next_new + n - hits
+
+
+def throughput(slots: int, batch: int, batches: int, seed: int) -> list[dict]:
+    rows = []
+    gen = torch.Generator().manual_seed(seed)
+    for rate in HIT_RATES:
+        fast = IdTransformer(slots, "lru")
+        fast.transform(torch.arange(slots))
+        table = OrderedDict((i, i) for i in range(slots))
+        next_new, seconds, py_seconds, uniq_seconds, misses = slots, 0.0, 0.0, 0.0, 0
+        for b in range(batches):
+            held = fast.slot_ids()
+            ids, next_new = mixed_batch(held[held >= 0], batch, rate, next_new, gen)
+            start = time.perf_counter()
+            got = fast.transform(ids)
+            seconds += time.perf_counter() - start
+            misses += got.admitted_ids.numel()
+            start = time.perf_counter()
+            torch.unique(ids, return_inverse=True)
+            uniq_seconds += time.perf_counter() - start
+            if b < 2:  # the Python baseline is slow: two batches give its rate
+                as_list = ids.tolist()
+                start = time.perf_counter()
+                dict_lru(table, as_list)
+                py_seconds += time.perf_counter() - start
+        n = batch * batches
+        row = {"hit_rate": rate, "measured_hit_rate": 1 - misses / n, "transformer": n / seconds / 1e6,
+               "python_dict": 2 * batch / py_seconds / 1e6, "torch_unique": n / uniq_seconds / 1e6}
+        row["vs_dict"] = row["transformer"] / row["python_dict"]
+        print(f"hit rate {rate:.0%} (measured {row['measured_hit_rate']:.1%}): transformer {row['transformer']:.2f} "
+              f"M ids/s, Python dict {row['python_dict']:.3f} M ids/s (x{row['vs_dict']:.1f}; goal x{GOAL_VS_DICT:g}: "
+              f"{'met' if row['vs_dict'] >= GOAL_VS_DICT else 'MISSED'}), torch.unique {row['torch_unique']:.2f} "
+              "M ids/s", flush=True)
+        rows.append(row)
+    return rows
+
+
+def power_law_ids(n: int, universe: int, alpha: float, gen) -> torch.Tensor:
+    """Zipf-like ids: rank r drawn with weight r^-alpha, ranks scattered over the id space."""
+    weights = torch.arange(1, universe + 1, dtype=torch.float64) ** -alpha
+    ranks = torch.multinomial(weights, n, replacement=True, generator=gen)
+    return (ranks * 2654435761) % (1 << 40)
+
+
+def hit_rates(slot_counts: list[int], batch: int, batches: int, universe: int, alpha: float, seed: int):
+    stream = power_law_ids(batch * batches, universe, alpha, torch.Generator().manual_seed(seed)).view(batches, batch)
+    # The ceiling: an id seen for the first time misses whatever the slots (no eviction at all).
+    half = batch * (batches - batches // 2)
+    seen_before = set(stream[: batches // 2].reshape(-1).tolist())
+    first = 0
+    for i in stream[batches // 2 :].reshape(-1).tolist():
+        if i not in seen_before:
+            first += 1
+            seen_before.add(i)
+    ceiling = 1 - first / half
+    print(f"ceiling (every id ever seen kept): {ceiling:.1%}", flush=True)
+    curves = {}
+    for policy in POLICIES:
+        curves[policy] = []
+        for slots in slot_counts:
+            t = IdTransformer(slots, policy, half_life=10 * batch)
+            misses = 0
+            for b in range(batches):
+                got = t.transform(stream[b])
+                if b >= batches // 2:
+                    misses += got.admitted_ids.numel()
+            curves[policy].append(1 - misses / half)
+        print(f"{policy:6s}: " + ", ".join(f"{s:,} slots {h:.1%}" for s, h in zip(slot_counts, curves[policy])),
+              flush=True)
+    return curves, ceiling
+
+
+def plot(slot_counts: list[int], curves: dict, ceiling: float, out: Path, alpha: float, universe: int) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for policy, rates in curves.items():
+        ax.plot(slot_counts, [100 * r for r in rates], marker="o", label=policy)
+    ax.axhline(100 * ceiling, color="grey", linestyle="--", label="ceiling: no eviction")
+    ax.set_xscale("log")
+    ax.set_xlabel("slots")
+    ax.set_ylabel("hit rate, % (second half of the stream)")
+    ax.set_title(f"ID transformer hit rate, power-law ids (alpha {alpha}, {universe:,} ids)")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "hit_rate.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="harness.perf_dynamic", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--slots", type=int, default=1 << 20, help="slots of the throughput table (default %(default)s)")
+    p.add_argument("--batch", type=int, default=1 << 16, help="ids a batch (default %(default)s)")
+    p.add_argument("--batches", type=int, default=10, help="batches timed a hit rate (default %(default)s)")
+    p.add_argument("--alpha", type=float, default=1.05, help="power-law exponent of the hit-rate ids")
+    p.add_argument("--universe", type=int, default=4_000_000, help="distinct ids the power law draws from")
+    p.add_argument("--out", type=Path, default=Path("reports/perf-dynamic"), help="where the plot goes")
+    args = p.parse_args(argv)
+    for name in ("slots", "batch", "batches", "universe"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be a positive integer")
+    torch.set_num_threads(1)  # one thread, as the goal is stated
+    print(f"throughput: {args.slots:,} slots, batches of {args.batch:,} ids, {args.batches} a hit rate, one thread",
+          flush=True)
+    throughput(args.slots, args.batch, args.batches, seed=0)
+    slot_counts = [1 << k for k in range(13, 22, 2)]  # from twice the distinct ids a batch can hold
+    print(f"hit rate against slots: power-law ids (alpha {args.alpha}) over {args.universe:,}", flush=True)
+    curves, ceiling = hit_rates(slot_counts, batch=4096, batches=120, universe=args.universe, alpha=args.alpha, seed=1)
+    print(f"wrote {plot(slot_counts, curves, ceiling, args.out, args.alpha, args.universe)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""Where a dynamic table's rows live: the ID transformer (csrc/id_transformer.cpp, built by
+`make ext`) maps global ids to a fixed number of slots, admitting new ids and evicting the
+coldest under an LRU, LFU or hybrid (decayed LFU, LRU ties) policy.
+
+`IdTransformer.transform(ids)` gives each id's slot and what moved: the ids admitted (in the
+order they first occur in the batch) with their slots, and the ids evicted (coldest first) with
+the slots they left, which the admitted ids reuse. A row evicted goes to the parameter server
+before its slot is reused; a row admitted is initialised or fetched from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+POLICIES = ("lru", "lfu", "hybrid")
+"""Eviction policies: least recent; fewest accesses (least recent among equals); accesses with
+their counter halved every `half_life` id occurrences since the last, least recent among equals."""
+
+DEFAULT_HALF_LIFE = 1 << 20
+"""Id occurrences after which a hybrid counter halves (about 10 batches of small's 4096 x 26 ids)."""
+
+
+def _extension():
+    try:
+        from model import _id_transformer
+    except ImportError as exc:  # a checkout where `make ext` has not run
+        raise ImportError(f"the ID transformer extension is not built ({exc}); run `make ext`") from exc
+    return _id_transformer
+
+
+@dataclass(frozen=True)
+class Transformed:
+    slots: torch.Tensor
+    """The slot of each id, in the shape of the ids."""
+    admitted_ids: torch.Tensor
+    admitted_slots: torch.Tensor
+    evicted_ids: torch.Tensor
+    evicted_slots: torch.Tensor
+
+
+class IdTransformer:
+    """A table's id -> slot map with `capacity` slots (thread-safe; see csrc/id_transformer.cpp)."""
+
+    def __init__(self, capacity: int, policy: str = "hybrid", half_life: int = DEFAULT_HALF_LIFE) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"id transformer policy {policy!r} is not one of {', '.join(POLICIES)}")
+        self._impl = _extension().IdTransformer(capacity, policy, half_life)
+        self.policy = policy
+
+    @property
+    def capacity(self) -> int:
+        return self._impl.capacity
+
+    def transform(self, ids: torch.Tensor) -> Transformed:
+        """Raises ValueError when the batch has more distinct ids than slots; the table is then
+        left exactly as it was (nothing admitted, no recency or count changed)."""
+        return Transformed(*self._impl.transform(ids))
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Each id's slot, -1 where it is not resident; recency and counts are left alone."""
+        return self._impl.lookup(ids)
+
+    def slot_ids(self) -> torch.Tensor:
+        """The id each slot holds, -1 for slots never used."""
+        return self._impl.slot_ids()
+
+    def resident(self) -> int:
+        return self._impl.resident()

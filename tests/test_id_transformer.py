@@ -1,0 +1,205 @@
+"""The C++ ID transformer (csrc/id_transformer.cpp) against a plain Python model of each policy:
+the same slots, the same admissions and the same evictions in the same order, on random,
+power-law and adversarial id streams."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+import torch
+
+from model.id_transformer import POLICIES, IdTransformer
+
+
+class DictModel:
+    """Each policy as its definition reads, with dicts and a full sort: one clock tick an id
+    occurrence; a batch's new ids take never-used slots in order, then the slots of the coldest
+    ids the batch did not touch."""
+
+    def __init__(self, capacity: int, policy: str, half_life: int) -> None:
+        self.capacity, self.policy, self.half_life = capacity, policy, half_life
+        self.slot_of: dict[int, int] = {}
+        self.held: dict[int, list[int]] = {}  # slot -> [id, last tick, count]
+        self.clock = 0
+
+    def heat(self, count: int, last: int, now: int) -> int:
+        if self.policy == "lru":
+            return 0
+        if self.policy == "lfu":
+            return count
+        halvings = (now - last) // self.half_life
+        return 0 if halvings >= 62 else count >> halvings
+
+    def transform(self, ids: list[int]):
+        saved = copy.deepcopy((self.slot_of, self.held, self.clock))
+        try:
+            return self._transform(ids)
+        except ValueError:  # a refused batch changes nothing
+            self.slot_of, self.held, self.clock = saved
+            raise
+
+    def _transform(self, ids: list[int]):
+        start, new = self.clock, {}
+        for i in ids:
+            now = self.clock
+            self.clock += 1
+            if i in self.slot_of:
+                entry = self.held[self.slot_of[i]]
+                if self.policy == "lfu":
+                    entry[2] += 1
+                elif self.policy == "hybrid":
+                    entry[2] = self.heat(entry[2], entry[1], now) + 1
+                entry[1] = now
+            else:
+                new[i] = [now, new.get(i, [0, 0])[1] + 1]
+        never_used = list(range(len(self.held), self.capacity))[: len(new)]
+        ranked = sorted((self.heat(c, last, start), last, s) for s, (_, last, c) in self.held.items() if last < start)
+        victims = [s for *_, s in ranked[: len(new) - len(never_used)]]
+        if len(never_used) + len(victims) < len(new):
+            raise ValueError("more distinct ids than slots")
+        evicted = [(self.held[s][0], s) for s in victims]
+        for i, _ in evicted:
+            del self.slot_of[i]
+        admitted = []
+        for (i, (last, count)), s in zip(new.items(), never_used + victims):
+            self.held[s] = [i, last, count]
+            self.slot_of[i] = s
+            admitted.append((i, s))
+        return [self.slot_of[i] for i in ids], admitted, evicted
+
+
+def check_stream(batches, capacity: int, policy: str, half_life: int = 7) -> int:
+    """Both on the same batches; returns how many evictions they agreed on."""
+    model, fast = DictModel(capacity, policy, half_life), IdTransformer(capacity, policy, half_life)
+    evictions = 0
+    for b, batch in enumerate(batches):
+        try:
+            slots, admitted, evicted = model.transform(batch)
+        except ValueError:
+            with pytest.raises(ValueError, match="distinct ids|slots at once"):
+                fast.transform(torch.tensor(batch, dtype=torch.int64))
+            continue
+        got = fast.transform(torch.tensor(batch, dtype=torch.int64))
+        assert got.slots.tolist() == slots, (policy, b)
+        assert list(zip(got.admitted_ids.tolist(), got.admitted_slots.tolist())) == admitted, (policy, b)
+        assert list(zip(got.evicted_ids.tolist(), got.evicted_slots.tolist())) == evicted, (policy, b)
+        evictions += len(evicted)
+    resident = fast.slot_ids().tolist()
+    assert sorted(i for i in resident if i >= 0) == sorted(model.slot_of)
+    assert fast.lookup(torch.tensor(sorted(model.slot_of))).tolist() == [model.slot_of[i] for i in sorted(model.slot_of)]
+    return evictions
+
+
+def power_law(n_batches: int, batch: int, universe: int, seed: int, alpha: float = 1.2) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    weights = torch.arange(1, universe + 1, dtype=torch.float64) ** -alpha
+    ids = torch.multinomial(weights, n_batches * batch, replacement=True, generator=gen)
+    scrambled = (ids * 2654435761 + 12345) % (1 << 40)  # spread the hot ids over the id space
+    return scrambled.view(n_batches, batch).tolist()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_uniform_random_streams_match_the_dict_model(policy):
+    gen = torch.Generator().manual_seed(0)
+    batches = torch.randint(0, 300, (60, 40), generator=gen).tolist()
+    assert check_stream(batches, 64, policy) > 500
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_power_law_streams_match_the_dict_model(policy):
+    assert check_stream(power_law(80, 64, 5000, seed=1), 200, policy, half_life=300) > 500
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_adversarial_streams_match_the_dict_model(policy):
+    cap = 16
+    scan = [[i % (cap + 1)] for i in range(200)]  # a cyclic scan one id wider than the table
+    hot_and_scan = [[1, 2, 3, 1, 2, 3, 100 + b] for b in range(100)]  # a hot set beside a one-off scan
+    full = [list(range(b * 8, b * 8 + cap)) for b in range(30)]  # every batch as wide as the table
+    same = [[7] * 50 for _ in range(5)]
+    big = [[(1 << 62) + b, (1 << 63) - 1 - b, b << 40] for b in range(40)]  # ids at the top of int64
+    stride = [[(b * 7 + j) * 4096 for j in range(5)] for b in range(60)]  # ids sharing low bits
+    # Batches one id too wide between ordinary ones: refused, and the table goes on as before.
+    too_wide = [list(range(b * 3, b * 3 + cap + 1)) if b % 4 == 3 else [b, b + 1, 2 * b] for b in range(40)]
+    for batches in (scan, hot_and_scan, full, same, big, stride, too_wide):
+        check_stream(batches, cap, policy, half_life=5)
+
+
+def test_the_policies_evict_differently_where_they_should():
+    """An id used 20 times long ago, then one-off ids: LRU evicts it first, LFU never, and
+    hybrid once its counter has decayed below the others'. Worked out by hand below."""
+    evicted = {}
+    for policy in POLICIES:
+        t = IdTransformer(3, policy, half_life=1)
+        for batch in ([1] * 20, [2], [3]):  # ticks 0-19, 20, 21
+            t.transform(torch.tensor(batch))
+        evicted[policy] = [t.transform(torch.tensor([i])).evicted_ids.item() for i in (4, 5, 6)]  # ticks 22-24
+    # lru: the least recent each time: 1 (tick 19), then 2, then 3.
+    # lfu: 1 keeps its 20; the others have 1 each, oldest first: 2, 3, then 4.
+    # hybrid, one halving a tick: at tick 22, 1 has 20 >> 3 = 2, 2 has 1 >> 2 = 0, 3 has 0: 2 goes.
+    # At 23: 1 has 20 >> 4 = 1, 3 and 4 have 0: 3 goes (older). At 24: 1 has 20 >> 5 = 0, as 4 and
+    # 5 do, and 1 is the oldest: 1 goes.
+    assert evicted == {"lru": [1, 2, 3], "lfu": [2, 3, 4], "hybrid": [2, 3, 1]}
+
+
+def test_a_batch_wider_than_the_table_is_refused_and_admits_nothing():
+    t = IdTransformer(4, "lru")
+    t.transform(torch.tensor([10, 11, 12]))
+    before = t.slot_ids().tolist()
+    with pytest.raises(ValueError, match="more distinct ids than the table's 4 slots"):
+        t.transform(torch.tensor([1, 2, 3, 4, 5]))
+    with pytest.raises(ValueError, match="a batch needs 5 slots at once"):
+        t.transform(torch.tensor([10, 11, 12, 1, 2]))
+    assert t.slot_ids().tolist() == before and t.lookup(torch.tensor([1, 2, 3, 4, 5])).tolist() == [-1] * 5
+    with pytest.raises(ValueError, match="non-negative"):
+        t.transform(torch.tensor([-3]))
+    with pytest.raises(ValueError, match="int64"):
+        t.transform(torch.tensor([1], dtype=torch.int32))
+    with pytest.raises(ValueError, match="policy 'mru' is not one of"):
+        IdTransformer(4, "mru")
+
+
+def test_two_threads_transforming_at_once_keep_the_table_whole():
+    """The input-dist thread and another caller: every batch's ids end resident with one slot
+    each, and no slot holds two ids."""
+    t = IdTransformer(512, "hybrid", half_life=100)
+    errors = []
+
+    def work(seed: int) -> None:
+        try:
+            for batch in power_law(200, 64, 4000, seed=seed):
+                ids = torch.tensor(batch)
+                slots = t.transform(ids).slots
+                seen = {}
+                for i, s in zip(batch, slots.tolist()):
+                    assert seen.setdefault(i, s) == s
+        except Exception as exc:  # reported in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in (3, 4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    held = [i for i in t.slot_ids().tolist() if i >= 0]
+    assert len(held) == len(set(held)) == t.resident() == 512
+    assert t.lookup(torch.tensor(held)).tolist() == [s for s, i in enumerate(t.slot_ids().tolist()) if i >= 0]
+
+
+def test_perf_dynamic_batches_hit_their_share_and_the_dict_baseline_is_an_lru():
+    """The benchmark's batches hit resident ids at exactly the asked share, and its Python
+    baseline evicts as the transformer's lru does where a batch has one id (no batch to protect)."""
+    from collections import OrderedDict
+
+    from harness.perf_dynamic import dict_lru, mixed_batch
+
+    t = IdTransformer(100, "lru")
+    t.transform(torch.arange(100))
+    ids, next_new = mixed_batch(t.slot_ids(), 1000, 0.9, 100, torch.Generator().manual_seed(0))
+    assert next_new == 200 and int((ids >= 100).sum()) == 100 and len(set(ids[ids >= 100].tolist())) == 100
+    table = OrderedDict((i, i) for i in range(100))
+    stream = power_law(300, 1, 500, seed=5)
+    assert dict_lru(table, [b[0] for b in stream]) == [t.transform(torch.tensor(b)).slots.item() for b in stream]
