@@ -40,7 +40,7 @@ TORCH_REQS    := $(if $(HAS_CUDA),requirements-cuda.txt,requirements-cpu.txt)
 STAMP         := $(VENV)/.installed-$(basename $(TORCH_REQS))
 
 .PHONY: help bench ablation report test test-cluster cluster-packages perf precision-perf check-bench-knobs venv clean-venv browser compare plan-compare gpu-check \
-        dataset data-perf check-dataset-out mlperf check-mlperf-data ext perf-dynamic
+        dataset data-perf check-dataset-out mlperf check-mlperf-data ext perf-dynamic redis-server
 
 help:
 	@echo "make bench  [PRESET=$(subst $() ,|,$(VALID_PRESETS))] [NODES=n] [GPUS_PER_NODE=n] [ITERS=n] [WARMUP=n]"
@@ -139,7 +139,14 @@ browser:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	else echo "make: no chromium and no apt-get: the browser check of report.html will be skipped" >&2; fi
 
-test: $(STAMP) $(EXT) browser
+# The Redis parameter store's tests start a real redis-server on a loopback port: the
+# distribution's package, installed once; without apt-get those tests say they skipped and why.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || if command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null; \
+	else echo "make: no redis-server and no apt-get: the Redis parameter-store tests will be skipped" >&2; fi
+
+test: $(STAMP) $(EXT) browser redis-server
 	$(PY) -m pytest
 
 # Real hosts on this machine (network namespaces), torchrun on each, a real Slurm (tests/cluster/).

@@ -1,0 +1,240 @@
+"""The parameter server of dynamic tables: a key-value store of evicted rows (issue 15, part 3).
+
+A dynamic table keeps a fixed number of slots (model/id_transformer.py). When an id is evicted,
+its row and its optimizer state go here, as one float32 vector of the table's row width; when it
+comes back, they are read from here. The store is only a key-value store: (table, id) -> row.
+
+- `EmbeddedStore` (the default): in this process, in host memory up to a budget, then in a
+  memory-mapped file under the run folder up to a second budget.
+- `RedisStore` (`redis://host:port[/db]`): one key a row, written and read in pipelined batches,
+  for a store shared by many ranks and hosts.
+
+Both raise `StoreError` with one line when they cannot do what is asked: unreachable, or full.
+A put that cannot be stored whole stores nothing (the rows stay in their slots, and the run
+fails saying so); a get returns which ids it found.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlparse
+
+import numpy as np
+import torch
+
+
+class StoreError(RuntimeError):
+    """The store is unreachable or full (one line, naming it)."""
+
+
+class ParamStore(Protocol):
+    def put(self, table: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Store rows[i] (float32, (n, width)) as the row of ids[i] (int64) of `table`; ids are distinct."""
+
+    def get(self, table: int, ids: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(found: bool (n,), rows: float32 (n, width), zeros where not found)."""
+
+    def close(self) -> None: ...
+
+
+def _check(ids: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+    if ids.dtype != torch.int64 or ids.dim() != 1:
+        raise ValueError("store: ids must be a 1-d int64 tensor")
+    if rows is not None and (rows.dtype != torch.float32 or rows.dim() != 2 or rows.shape[0] != ids.numel()):
+        raise ValueError("store: rows must be float32, one row an id")
+
+
+class EmbeddedStore:
+    """Rows in host memory up to `memory_bytes`, then in `spill_dir/table<t>.f32` (memory-mapped,
+    grown as needed) up to `spill_bytes`; beyond both, a put fails whole."""
+
+    def __init__(self, *, memory_bytes: int, spill_dir: Path, spill_bytes: int) -> None:
+        if memory_bytes < 0 or spill_bytes < 0:
+            raise ValueError("store: budgets must be >= 0 bytes")
+        self.memory_bytes, self.spill_bytes, self.spill_dir = memory_bytes, spill_bytes, Path(spill_dir)
+        self._tables: dict[int, _Table] = {}
+
+    def _table(self, table: int, width: int) -> _Table:
+        t = self._tables.get(table)
+        if t is None:
+            t = self._tables[table] = _Table(self, table, width)
+        elif t.width != width:
+            raise ValueError(f"store: table {table} holds rows of {t.width} floats, not {width}")
+        return t
+
+    def bytes_held(self) -> tuple[int, int]:
+        """(bytes in memory, bytes in spill files) the rows take."""
+        memory = sum(t.memory_rows_used * t.width * 4 for t in self._tables.values())
+        spilled = sum(t.spill_rows_used * t.width * 4 for t in self._tables.values())
+        return memory, spilled
+
+    def put(self, table: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        _check(ids, rows)
+        self._table(table, rows.shape[1]).put(ids.tolist(), rows.numpy())
+
+    def get(self, table: int, ids: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        _check(ids)
+        found, rows = self._table(table, width).get(ids.tolist())
+        return torch.from_numpy(found), torch.from_numpy(rows)
+
+    def close(self) -> None:
+        for t in self._tables.values():
+            t.close()
+
+
+class _Table:
+    """One table's rows: position p < memory_rows in an array in memory, the rest in its file."""
+
+    def __init__(self, store: EmbeddedStore, table: int, width: int) -> None:
+        self.store, self.table, self.width = store, table, width
+        self.where: dict[int, int] = {}  # id -> position
+        self.memory = np.empty((0, width), dtype=np.float32)
+        self.memory_rows_used = 0
+        self.spill: np.memmap | None = None
+        self.spill_rows_used = 0
+        self.path = store.spill_dir / f"table{table}.f32"
+
+    def _free_memory_rows(self) -> int:
+        used, _ = self.store.bytes_held()
+        return max(0, (self.store.memory_bytes - used) // (4 * self.width))
+
+    def _free_spill_rows(self) -> int:
+        _, used = self.store.bytes_held()
+        return max(0, (self.store.spill_bytes - used) // (4 * self.width))
+
+    def put(self, ids: list[int], rows: np.ndarray) -> None:
+        new = [j for j, i in enumerate(ids) if i not in self.where]
+        to_memory = min(len(new), self._free_memory_rows())
+        to_spill = len(new) - to_memory
+        if to_spill > self._free_spill_rows():  # checked before anything moves: all or nothing
+            memory, spilled = self.store.bytes_held()
+            raise StoreError(
+                f"parameter store full: {len(new)} new rows of table {self.table} ({len(new) * self.width * 4:,} B) do not "
+                f"fit: {memory:,} of {self.store.memory_bytes:,} B in memory and {spilled:,} of "
+                f"{self.store.spill_bytes:,} B in {self.store.spill_dir} are taken")
+        self._grow_memory(self.memory_rows_used + to_memory)
+        if to_spill:
+            self._grow_spill(self.spill_rows_used + to_spill)
+        for n, j in enumerate(new):
+            if n < to_memory:
+                self.where[ids[j]] = self.memory_rows_used
+                self.memory_rows_used += 1
+            else:
+                self.where[ids[j]] = -1 - self.spill_rows_used  # negative: a spill position
+                self.spill_rows_used += 1
+        for j, i in enumerate(ids):
+            p = self.where[i]
+            if p >= 0:
+                self.memory[p] = rows[j]
+            else:
+                self.spill[-1 - p] = rows[j]
+
+    def get(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        found = np.zeros(len(ids), dtype=bool)
+        out = np.zeros((len(ids), self.width), dtype=np.float32)
+        for j, i in enumerate(ids):
+            p = self.where.get(i)
+            if p is None:
+                continue
+            found[j] = True
+            out[j] = self.memory[p] if p >= 0 else self.spill[-1 - p]
+        return found, out
+
+    def _grow_memory(self, rows: int) -> None:
+        if rows > self.memory.shape[0]:  # doubling, within the budget's rows
+            cap = min(max(rows, 2 * self.memory.shape[0], 1024), self.memory_rows_used + self._free_memory_rows())
+            grown = np.empty((cap, self.width), dtype=np.float32)
+            grown[: self.memory_rows_used] = self.memory[: self.memory_rows_used]
+            self.memory = grown
+
+    def _grow_spill(self, rows: int) -> None:
+        have = 0 if self.spill is None else self.spill.shape[0]
+        if rows <= have:
+            return
+        cap = min(max(rows, 2 * have, 1024), self.spill_rows_used + self._free_spill_rows())
+        try:
+            self.store.spill_dir.mkdir(parents=True, exist_ok=True)
+            if self.spill is not None:
+                self.spill.flush()
+            with open(self.path, "ab") as f:  # extend the file; the mapping is made anew over it
+                f.truncate(cap * self.width * 4)
+            self.spill = np.memmap(self.path, dtype=np.float32, mode="r+", shape=(cap, self.width))
+        except OSError as exc:
+            raise StoreError(f"parameter store: cannot grow {self.path}: {exc.strerror or exc}") from exc
+
+    def close(self) -> None:
+        if self.spill is not None:
+            self.spill.flush()
+            self.spill = None
+
+
+class RedisStore:
+    """Rows as Redis strings, key `<prefix>:<table>:<id>`, written (MSET) and read (MGET) in
+    pipelined chunks of `chunk` keys."""
+
+    def __init__(self, url: str, *, prefix: str = "dlrm", chunk: int = 4096, timeout_s: float = 5.0) -> None:
+        import redis
+
+        parsed = urlparse(url)
+        if parsed.scheme != "redis" or not parsed.hostname:
+            raise ValueError(f"store: {url!r} is not redis://host:port[/db]")
+        self.url, self.prefix, self.chunk = url, prefix, chunk
+        self._errors = (redis.ConnectionError, redis.TimeoutError)
+        self._response_error = redis.ResponseError
+        self.client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        try:
+            self.client.ping()
+        except self._errors as exc:
+            raise StoreError(f"parameter store {url} unreachable: {exc}") from exc
+
+    def _keys(self, table: int, ids: list[int]) -> list[str]:
+        return [f"{self.prefix}:{table}:{i}" for i in ids]
+
+    def put(self, table: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        _check(ids, rows)
+        keys, data = self._keys(table, ids.tolist()), rows.contiguous().numpy()
+        try:
+            # One MULTI/EXEC transaction: Redis runs all of it or none (an out-of-memory write
+            # refuses the whole transaction before any of it runs).
+            pipe = self.client.pipeline(transaction=True)
+            for start in range(0, len(keys), self.chunk):
+                part = range(start, min(start + self.chunk, len(keys)))
+                pipe.mset({keys[j]: data[j].tobytes() for j in part})
+            pipe.execute()
+        except self._errors as exc:
+            raise StoreError(f"parameter store {self.url} unreachable: {exc}") from exc
+        except self._response_error as exc:
+            what = "full" if "OOM" in str(exc) or "maxmemory" in str(exc) else "refused the write"
+            raise StoreError(f"parameter store {self.url} {what}: {str(exc).splitlines()[0]}") from exc
+
+    def get(self, table: int, ids: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        _check(ids)
+        keys = self._keys(table, ids.tolist())
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for start in range(0, len(keys), self.chunk):
+                pipe.mget(keys[start : start + self.chunk])
+            values = [v for chunk in pipe.execute() for v in chunk]
+        except self._errors as exc:
+            raise StoreError(f"parameter store {self.url} unreachable: {exc}") from exc
+        found = torch.tensor([v is not None for v in values], dtype=torch.bool)
+        rows = torch.zeros(len(keys), width, dtype=torch.float32)
+        for j, v in enumerate(values):
+            if v is not None:
+                if len(v) != 4 * width:
+                    raise StoreError(f"parameter store {self.url}: key {keys[j]} holds {len(v)} B, not a row of {width} floats")
+                rows[j] = torch.from_numpy(np.frombuffer(v, dtype=np.float32).copy())
+        return found, rows
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def open_store(url: str | None, *, run_dir: Path, memory_bytes: int, spill_bytes: int) -> ParamStore:
+    """`--ps`: None for the embedded store (spilling under run_dir/ps), or a redis:// URL."""
+    if url is None:
+        return EmbeddedStore(memory_bytes=memory_bytes, spill_dir=Path(run_dir) / "ps", spill_bytes=spill_bytes)
+    if url.startswith("redis://"):
+        return RedisStore(url)
+    raise ValueError(f"--ps {url!r}: give redis://host:port[/db], or leave it out for the embedded store")
