@@ -62,13 +62,20 @@ def test_an_empty_row_needs_no_scale():
     assert wire.shape == (3, 0) and codec.decode(wire, 0).shape == (3, 0)
 
 
-@pytest.mark.parametrize("name, dtype", [("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)])
-def test_16_and_32_bit_precisions_are_plain_casts(name, dtype):
-    rows = torch.randn(5, 7, generator=torch.Generator().manual_seed(1))
+# 1/3 rounded to nearest by hand: fp16 keeps 10 fraction bits (0x3555 = 1365/4096 = 0.333251953125),
+# bf16 keeps 7 (0x3EAB = 171/512 = 0.333984375); fp32 is 0x3EAAAAAB, 11184811/33554432.
+ONE_THIRD = {"fp32": (torch.float32, 11184811 / 33554432), "fp16": (torch.float16, 1365 / 4096),
+             "bf16": (torch.bfloat16, 171 / 512)}
+
+
+@pytest.mark.parametrize("name", list(ONE_THIRD))
+def test_16_and_32_bit_precisions_round_to_nearest_and_sum_on_the_wire(name):
+    dtype, third = ONE_THIRD[name]
+    rows = torch.full((2, 3), 1 / 3)
     for codec in (FORWARD_CODECS[name], BACKWARD_CODECS[name]):
         wire = codec.encode(rows)
-        assert codec.units(7) == 7 and codec.sums_on_wire and wire.dtype == dtype
-        assert torch.equal(codec.decode(wire, 7), rows.to(dtype).float())
+        assert codec.units(3) == 3 and codec.sums_on_wire and wire.dtype == dtype
+        assert codec.decode(wire, 3).tolist() == [[third] * 3] * 2
     assert not FORWARD_CODECS["fp8"].sums_on_wire
 
 
