@@ -13,6 +13,7 @@ from importlib import metadata
 from harness.config import OptimizationsConfig, PrecisionConfig
 from harness.manifest import PrecisionEntry, ResolvedFlags, WaitEntry
 from harness.names import OPTIMIZATION_FLAGS
+from model.names import NODE_BLOCKED_KINDS
 
 
 AVOID_RECORD_STREAMS_DEFAULT_SINCE = (2, 8)
@@ -62,10 +63,11 @@ def resolve(
     if requested["skip_splits_a2a"]:
         static = sum(k in ("table_wise", "column_wise") for k in plan_kinds)
         if not static:
-            reasons["skip_splits_a2a"] = ("no table/column-wise table: (table-)row-wise splits depend on the ids and "
-                                          "data-parallel tables exchange none")
-        elif "row_wise" in plan_kinds or "table_row_wise" in plan_kinds:
-            notes["skip_splits_a2a"] = "(table-)row-wise tables still exchange their splits (they depend on the ids)"
+            reasons["skip_splits_a2a"] = ("no table/column-wise table: (table-)row-wise and grid splits depend on the "
+                                          "ids and data-parallel tables exchange none")
+        elif any(k in ("row_wise", *NODE_BLOCKED_KINDS) for k in plan_kinds):
+            notes["skip_splits_a2a"] = ("(table-)row-wise and grid tables still exchange their splits (they depend on "
+                                        "the ids)")
     effective = {f: requested[f] and f not in reasons for f in OPTIMIZATION_FLAGS}
     return ResolvedFlags(pipeline=opts.pipeline, requested=requested, effective=effective,
                          inactive_reasons=reasons, notes=notes, precision=_precision_entry(precision, plan_kinds),

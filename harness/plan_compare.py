@@ -31,7 +31,7 @@ from model.planner import Topology, plan_footprint, plan_latency_s, rank_seconds
 from model.sharding import Shard, TablePlan
 
 LAYOUTS = ((1, 8), (2, 8), (16, 8))
-KINDS = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
+KINDS = ("table_wise", "column_wise", "row_wise", "table_row_wise", "grid_shard", "data_parallel")
 """The kinds both planners may use (TorchRec's own names for them)."""
 HBM_GIB = 80
 
@@ -112,7 +112,7 @@ def torchrec_rating(cfg: BenchConfig, plan: Sequence[TablePlan], nodes: int, per
         constraints[f"t{t}"] = ParameterConstraints(
             sharding_types=[tp.kind], compute_kernels=["dense" if tp.kind == "data_parallel" else "fused"],
             pooling_factors=[float(cfg.model.multi_hot[t])],
-            min_partition=cols if tp.kind == "column_wise" else None)
+            min_partition=cols if tp.kind in ("column_wise", "grid_shard") else None)
     enumerator = EmbeddingEnumerator(topology=topo, batch_size=batch, constraints=constraints,
                                      estimator=[EmbeddingPerfEstimator(topo, constraints),
                                                 EmbeddingStorageEstimator(topo, constraints)])

@@ -55,6 +55,7 @@ from harness.config import ModelConfig
 from harness.report_load import ReportError, Run
 from harness.report_tables import timed_stages
 from harness.names import STAGES
+from model.names import NODE_BLOCKED_KINDS
 from model.sharding import TablePlan
 
 # FLOPs per embedding element updated by the fused optimizer (see the module docstring).
@@ -85,8 +86,9 @@ def dense_shape(model: ModelConfig) -> tuple[int, int, int]:
     return params, acts, 3 * 2 * macs
 
 
-ROW_KINDS = ("row_wise", "table_row_wise")
-"""Kinds whose shards hold a block of rows (and so a fraction of the ids) at full width."""
+ROW_KINDS = ("row_wise", *NODE_BLOCKED_KINDS)
+"""Kinds whose shards hold a block of rows (and so a fraction of the ids): at full width, but for a
+grid table's column blocks (c columns)."""
 
 
 def _shards(plan: tuple[TablePlan, ...], rows: list[int]) -> list[tuple[str, list[tuple[int, float, int]]]]:
@@ -134,15 +136,16 @@ def stage_work(run: Run) -> pd.DataFrame:
                 continue
             add(q, "input_dist", 0.0, 8 * G * (H * f + 1))
             everyone("input_dist", 8 * B * (H * f + 1))
-            state = state_bytes * (n * (D if kind in ROW_KINDS else c) if state_per == "element" else n)
-            if kind == "table_row_wise":
+            state = state_bytes * (n * c if state_per == "element" else n)
+            if kind in NODE_BLOCKED_KINDS:
                 # Partial sums reduce-scattered in the node (a ring of L), then each owner's summed
-                # rows sent across: a shard sends G/L rows, every owner takes B/L of its rows from it.
-                ring_node = 2 * (L - 1) / L * 4 * G * D
-                add(q, "emb_fwd", n * D, 4 * n * D + 8 * n + 4 * G * D + ring_node + 4 * G / L * D)
-                everyone("emb_fwd", 4 * B * D / L)
-                add(q, "emb_bwd", k_opt * n * D, 4 * G / L * D + ring_node + 4 * n * D + 8 * n * D + state + 8 * n)
-                everyone("emb_bwd", 4 * B * D / L)
+                # rows sent across: a shard sends G/L rows, every owner takes B/L of its rows from it
+                # (c = D but for a grid table's column blocks).
+                ring_node = 2 * (L - 1) / L * 4 * G * c
+                add(q, "emb_fwd", n * c, 4 * n * c + 8 * n + 4 * G * c + ring_node + 4 * G / L * c)
+                everyone("emb_fwd", 4 * B * c / L)
+                add(q, "emb_bwd", k_opt * n * c, 4 * G / L * c + ring_node + 4 * n * c + 8 * n * c + state + 8 * n)
+                everyone("emb_bwd", 4 * B * c / L)
             elif kind == "row_wise":
                 add(q, "emb_fwd", n * D, 4 * n * D + 8 * n + 4 * G * D + ring(4 * G * D))
                 add(q, "emb_bwd", k_opt * n * D, ring(4 * G * D) + 4 * n * D + 8 * n * D + state + 8 * n)

@@ -29,6 +29,7 @@ from model.collective_bytes import CollectiveBytes
 from model.collective_wait import WAITS
 from model.dense import DenseArch
 from model.ids_all_to_all import HostTransfer
+from model.names import NODE_BLOCKED_KINDS
 from model.sharded_embeddings import PendingBackward, ShardedEmbeddingCollection
 from model.sharding import Shard, TablePlan
 
@@ -117,7 +118,7 @@ def train(
     if world > 1 and dist.is_initialized():  # new_group would otherwise wait 30 min on a hung peer
         ids_pg = dist.new_group(list(range(world)), timeout=dt.timedelta(seconds=cfg.run.collective_timeout_s))
     node_pg = None
-    if any(tp.kind == "table_row_wise" for tp in plan) and world > 1 and dist.is_initialized():
+    if any(tp.kind in NODE_BLOCKED_KINDS for tp in plan) and world > 1 and dist.is_initialized():
         # One group per node, made by every rank in the same order (new_subgroups does all of them).
         node_pg, _ = dist.new_subgroups(group_size=cfg.run.gpus_per_node,
                                         timeout=dt.timedelta(seconds=cfg.run.collective_timeout_s))

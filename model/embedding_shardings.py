@@ -227,16 +227,17 @@ class PooledAllToAllSharding:
 
 
 def row_block_tbe(ctx: ShardingContext, tables: Sequence[int], shards: Sequence[Shard], table_rows: Sequence[int]):
-    """A fused TBE of full-width row blocks, one a table, each initialised as its table's slice.
+    """A fused TBE of row blocks (of a table's columns, all of them or a grid block's), one a
+    table, each initialised as its table's slice.
     A block past a small table's last row is empty: a 1-row stand-in keeps the TBE's layout one
     table a feature; no id is ever routed to it."""
-    tbe = build_fused_tbe(rows=[max(1, s.rows) for s in shards], dims=[ctx.dim] * len(shards), device=ctx.device,
+    tbe = build_fused_tbe(rows=[max(1, s.rows) for s in shards], dims=[s.cols for s in shards], device=ctx.device,
                           optimizer=ctx.optimizer, learning_rate=ctx.learning_rate, eps=ctx.eps,
                           precision=ctx.table_precision)
     for w_t, t, s in zip(tbe.split_embedding_weights(), tables, shards):
         if s.rows:
             init_shard_(w_t, table=t, table_rows=table_rows[t], table_dim=ctx.dim, row_start=s.row_start,
-                        col_start=0, seed=ctx.init_seed)
+                        col_start=s.col_start, seed=ctx.init_seed)
     return tbe
 
 
@@ -288,44 +289,70 @@ class RowWiseSharding:
         return [(t, s, w) for t, s, w in zip(self.features, self.local, self.tbe.split_embedding_weights()) if s.rows]
 
 
-class TableRowWiseSharding:
-    """Table-row-wise tables (TorchRec's TWRW): each table row-wise over the ranks of one node.
+@dataclass(frozen=True)
+class NodeBlock:
+    """Columns col_start..col_end of a table-row-wise sharding's feature `feature` (its position in
+    the sharding's features), row-blocked over the ranks of node `node`: a table-row-wise table is
+    one such block at full width, a grid table one a column block."""
 
-    Ids go to the node's ranks by row block; each pools the rows it holds for the whole global
-    batch; the partial sums are reduce-scattered inside the node, leaving node rank j the full
+    feature: int
+    node: int
+    col_start: int
+    col_end: int
+
+    @property
+    def cols(self) -> int:
+        return self.col_end - self.col_start
+
+
+class TableRowWiseSharding:
+    """Table-row-wise (TorchRec's TWRW) and grid (GRID_SHARD) tables: each column block of a table
+    row-wise over the ranks of one node (a TWRW table is one block at full width).
+
+    Ids go to each block's node's ranks by row block; each pools the rows it holds for the whole
+    global batch; the partial sums are reduce-scattered inside the node, leaving node rank j the full
     sums of global-batch slice j (the local batches of ranks j*N .. j*N+N-1, N nodes); an
-    all-to-all then sends each batch owner its rows, one pooled row per sample and table across
-    nodes. Backward runs it in reverse: the gradient all-to-all to the slice holders, an
-    all-gather inside the node, the fused update.
+    all-to-all then sends each batch owner its rows, one pooled row per sample and block across
+    nodes, and the owner puts the blocks' columns in feature order. Backward runs it in reverse:
+    the gradient's columns by node, the all-to-all to the slice holders, an all-gather inside the
+    node, the fused update.
     """
 
-    def __init__(self, ctx: ShardingContext, *, features: Sequence[int], nodes: Sequence[int],
+    def __init__(self, ctx: ShardingContext, *, features: Sequence[int], blocks: Sequence[NodeBlock],
                  table_rows: Sequence[int]) -> None:
-        """features: the tables, ordered by (node, table); nodes: the node each one lives on."""
-        if list(nodes) != sorted(nodes):
-            raise ValueError("table-row-wise features must be ordered by node")
+        """features: the tables; blocks: their column blocks, each feature's columns covered once."""
         self.ctx, self.features = ctx, list(features)
-        w = ctx.world_size
+        w, f, dim = ctx.world_size, len(features), ctx.dim
         per_node = ctx.ranks_per_node or w
         if w % per_node:
             raise ValueError(f"world size {w} is not a whole number of nodes of {per_node} ranks")
         self.per_node, self.nodes = per_node, w // per_node
         node, self.slice = divmod(ctx.rank, per_node)
         self.owner_slice = ctx.rank // self.nodes  # which node rank holds this rank's samples' sums
-        on_node = [[p for p, n in enumerate(nodes) if n == k] for k in range(self.nodes)]
-        self.node_widths = [len(ps) * ctx.dim for ps in on_node]
+        on_node = [sorted((e for e in blocks if e.node == k), key=lambda e: (e.feature, e.col_start))
+                   for k in range(self.nodes)]
+        # The pooled rows arrive node by node, block by block: column c of that order is column
+        # cols[c] of the feature-ordered output (all of them once: checked).
+        cols = [e.feature * dim + c for es in on_node for e in es for c in range(e.col_start, e.col_end)]
+        if sorted(cols) != list(range(f * dim)) or any(not 0 <= e.node < self.nodes for e in blocks):
+            raise ValueError("table-row-wise blocks must cover every feature's columns once, on nodes that exist")
+        self.block_cols = None if cols == sorted(cols) else torch.tensor(cols, device=ctx.device)
+        self.feature_cols = None if self.block_cols is None else torch.argsort(self.block_cols)
+        self.node_widths = [sum(e.cols for e in es) for es in on_node]
+        self.copies = [sum(e.feature == p for e in blocks) for p in range(f)]
+        """How many nodes each feature's ids go to (its column blocks)."""
         rows = [table_rows[t] for t in self.features]
-        blocks = [row_block(n, per_node) for n in rows]
-        self.block_sizes = torch.tensor(blocks, dtype=torch.int64, device=ctx.device)
-        f = len(self.features)
+        row_blocks = [row_block(n, per_node) for n in rows]
+        self.block_sizes = torch.tensor(row_blocks, dtype=torch.int64, device=ctx.device)
         # Bucketized, row j * f + p holds feature p's ids for node rank j; rank r gets those of its
-        # node's features in its block.
-        order = [(r % per_node) * f + p for r in range(w) for p in on_node[r // per_node]]
+        # node's blocks in its row block.
+        order = [(r % per_node) * f + e.feature for r in range(w) for e in on_node[r // per_node]]
         self.send_order = FeatureOrder.of(order, ctx.device)
         mine = on_node[node]
-        self.mine = [self.features[p] for p in mine]
-        self.local = [Shard(ctx.rank, min(rows[p], self.slice * blocks[p]), min(rows[p], (self.slice + 1) * blocks[p]),
-                            0, ctx.dim) for p in mine]
+        self.mine = [self.features[e.feature] for e in mine]
+        self.local = [Shard(ctx.rank, min(rows[e.feature], self.slice * row_blocks[e.feature]),
+                            min(rows[e.feature], (self.slice + 1) * row_blocks[e.feature]), e.col_start, e.col_end)
+                      for e in mine]
         self.ids = IdsAllToAll(send_slots=[len(on_node[r // per_node]) for r in range(w)], recv_slots=len(mine),
                                world_size=w, group=ctx.ids_pg, device=ctx.device, transfer=ctx.transfer, wait=ctx.wait,
                                count=ctx.count_all_to_all)
@@ -338,8 +365,13 @@ class TableRowWiseSharding:
             ids.lengths.reshape(-1), ids.values, False, False, self.block_sizes, self.per_node, None
         )
         bucketed = SparseFeatures(lengths=lengths.view(-1, ids.batch_size), values=values)
-        # Every bucket goes to exactly one rank: the values keep their number (sized on the host).
-        return PendingIds(self.ids, bucketed.permute(self.send_order, total_values=values.numel()))
+        # Every bucket goes to one rank a column block of its feature: the values' number is known
+        # on the host without reading the device, unless a grid table's ids go to several nodes
+        # and the loader did not say how many each feature has (then the permute reads it).
+        total = values.numel()
+        if any(k > 1 for k in self.copies):
+            total = None if ids.feature_values is None else sum(k * n for k, n in zip(self.copies, ids.feature_values))
+        return PendingIds(self.ids, bucketed.permute(self.send_order, total_values=total))
 
     def _exchange_sizes(self, b: int, codec: WireCodec) -> tuple[list[int], list[int]]:
         """(what this rank sends each rank, what it receives from each) in the forward all-to-all,
@@ -367,12 +399,16 @@ class TableRowWiseSharding:
         widths = [self.node_widths[r // self.per_node] for r in range(ctx.world_size)]
         parts = [codec.decode(c.view(b, -1), wd) for c, n, wd in zip(received.split(recv), recv, widths) if n]
         out = torch.cat(parts, dim=1) if parts else torch.zeros(b, 0, device=ctx.device)  # nodes in order
+        if self.feature_cols is not None:  # grid blocks (or features spread over nodes out of order)
+            out = out.index_select(1, self.feature_cols)
         return out, ShardForward(pooled=pooled, local_batch=b)
 
     def start_backward(self, fwd: ShardForward, grad: torch.Tensor) -> BackwardInFlight:
         """Each node's columns of the pooled gradient to the rank holding this rank's slice there (async)."""
         b, codec = fwd.local_batch, self.ctx.bwd_codec
         send_back, recv_back = self._exchange_sizes(b, codec)  # the forward's sizes, the other way round
+        if self.block_cols is not None:
+            grad = grad.index_select(1, self.block_cols)
         send = torch.cat([codec.encode(c).reshape(-1) for c in grad.split(self.node_widths, dim=1)])
         received = torch.empty(sum(send_back), device=self.ctx.device, dtype=codec.dtype)
         self.ctx.count_all_to_all("pooled_bwd", recv_back, send_back, received.element_size())

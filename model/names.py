@@ -3,8 +3,12 @@
 model/embeddings.py maps the optimizer names to fbgemm's enum; model/sharding.py builds the kinds.
 """
 
-SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
+SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "grid_shard", "data_parallel")
 """How one embedding table is spread over ranks (model/sharding.py)."""
+
+NODE_BLOCKED_KINDS = ("table_row_wise", "grid_shard")
+"""Kinds whose column blocks are row-wise inside one node each: they share one sharding, and need
+a process group a node (model/embedding_shardings.py TableRowWiseSharding)."""
 
 EMBEDDING_OPTIMIZERS = ("exact_adagrad", "exact_rowwise_adagrad", "exact_sgd")
 """The fused optimizers fbgemm's CPU and CUDA kernels both support (Adam is CUDA-only)."""

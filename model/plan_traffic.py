@@ -13,6 +13,8 @@ takes (inside a node or between nodes; a rank's own share moves no bytes):
   other node rank its partial sums of their slices and, backward, its slice of the gradients
   (G / L samples each way); q sends each owner s of slice j (s // N == j) its summed rows and
   receives their gradients;
+- grid shard: each column block (c columns) as a table-row-wise table of width c on its node, so
+  its ids go to each of the k nodes, its partial sums and rows are c wide;
 - data-parallel: the gradient all-reduce of the whole table, hierarchical as NCCL runs it on
   several nodes: 2(L-1)/L of the table inside the node, 2(N-1)/N of an L-th between nodes.
 
@@ -25,7 +27,7 @@ Bytes through a rank's own memory (the lookup), per iteration:
 - table/column-wise: 3 x 4c B for each of the G x pooling ids (forward read, backward read and
   write: the optimizer is fused into the backward);
 - row-wise kinds: the same for the fraction f of the ids, plus the partial sums of all G samples
-  written and their gradients read (2 x 4D B a sample);
+  written and their gradients read (2 x 4c B a sample; c = D but for grid blocks);
 - data-parallel: 3 x 4D B for each of the rank's own B x pooling ids, plus the dense update of
   the whole table: its gradient zeroed, then read with the Adagrad state and the weights and
   those two written back (6 x the table).
@@ -46,6 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.names import NODE_BLOCKED_KINDS
 from model.sharding import TablePlan
 
 ID_BYTES = 8
@@ -129,7 +132,7 @@ def table_footprint(tp: TablePlan, *, rows: int, dim: int, pooling: float, geo: 
         return fp
 
     fp[MEMORY] += 2 * b * dim * FLOAT_BYTES  # every rank: its own pooled rows and their gradients
-    row_kinds = tp.kind in ("row_wise", "table_row_wise")
+    row_kinds = tp.kind in ("row_wise", *NODE_BLOCKED_KINDS)
     for sh in tp.shards:
         q = sh.rank
         elements = sh.rows * sh.cols
@@ -138,27 +141,27 @@ def table_footprint(tp: TablePlan, *, rows: int, dim: int, pooling: float, geo: 
         f = sh.rows / rows if row_kinds else 1.0
         fp[MEMORY, q] += ID_BYTES * (g * pooling * f + g)
         exchange(IDS, q, 0.0, ID_BYTES * (b * pooling * f + b))
-        width = dim if row_kinds else sh.cols
+        width = sh.cols  # a row-wise kind's block is full width, but for a grid table's column block
         fp[LOOKUP, q] += 3 * g * pooling * f * width * geo.weight_bytes  # rows read, read again and written back
         if not row_kinds:
             fp[MEMORY, q] += 2 * g * width * FLOAT_BYTES
             exchange(FORWARD, q, b * width * FLOAT_BYTES, 0.0)
             exchange(BACKWARD, q, 0.0, b * width * FLOAT_BYTES)
             continue
-        fp[LOOKUP, q] += 2 * g * dim * FLOAT_BYTES  # partial sums of every sample written, gradients read
-        fp[MEMORY, q] += 2 * g * dim * FLOAT_BYTES
+        fp[LOOKUP, q] += 2 * g * width * FLOAT_BYTES  # partial sums of every sample written, gradients read
+        fp[MEMORY, q] += 2 * g * width * FLOAT_BYTES
         if tp.kind == "row_wise":
-            exchange(FORWARD, q, b * dim * FLOAT_BYTES, 0.0)
-            exchange(BACKWARD, q, 0.0, b * dim * FLOAT_BYTES)
+            exchange(FORWARD, q, b * width * FLOAT_BYTES, 0.0)
+            exchange(BACKWARD, q, 0.0, b * width * FLOAT_BYTES)
             continue
-        slice_bytes = (g / per_node) * dim * FLOAT_BYTES  # reduce-scatter forward, all-gather backward
+        slice_bytes = (g / per_node) * width * FLOAT_BYTES  # reduce-scatter forward, all-gather backward
         fp[MEMORY, q] += 2 * slice_bytes
         same_node = node == node[q]
         exchange(FORWARD, q, slice_bytes, 0.0, peers=same_node)  # what q receives, its peers' shards send
         exchange(BACKWARD, q, slice_bytes, 0.0, peers=same_node)
         owners = np.arange(w) // geo.nodes == q % per_node  # the ranks whose samples are slice j
-        exchange(FORWARD, q, b * dim * FLOAT_BYTES, 0.0, peers=owners)
-        exchange(BACKWARD, q, 0.0, b * dim * FLOAT_BYTES, peers=owners)
+        exchange(FORWARD, q, b * width * FLOAT_BYTES, 0.0, peers=owners)
+        exchange(BACKWARD, q, 0.0, b * width * FLOAT_BYTES, peers=owners)
     return fp
 
 

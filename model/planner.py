@@ -17,7 +17,8 @@ nodes; every transfer charged to both ends) in each exchange of the iteration, a
 
 Search: tables are placed largest first. For each, every kind (table-wise on each rank,
 column-wise into 2..column_shards blocks on the least loaded ranks, row-wise, table-row-wise on
-each node when the job spans nodes, data-parallel) whose placement fits the memory left is tried,
+each node and grid (2..column_shards column blocks, each table-row-wise on one of the least loaded
+nodes) when the job spans nodes, data-parallel) whose placement fits the memory left is tried,
 and the best by, in order:
 
 1. the resulting iteration seconds, but never below the balanced floor (the least total work any
@@ -40,7 +41,7 @@ from model.plan_traffic import (
     FOOTPRINT_ROWS, LOOKUP, MEMORY, PHASES, Geometry, PlanTraffic, row, table_footprint,
 )
 from model.sharding import (
-    SHARDING_TYPES, Shard, TablePlan, column_wise, data_parallel, row_wise, table_row_wise, table_wise,
+    SHARDING_TYPES, Shard, TablePlan, column_wise, data_parallel, grid_shard, row_wise, table_row_wise, table_wise,
 )
 
 MIN_COLUMN_BLOCK = 4
@@ -93,18 +94,19 @@ class PlanError(ValueError):
     """No plan: a table fits nowhere, or a forced type cannot work."""
 
 
-ABBREVIATIONS = {"table_wise": "TW", "column_wise": "CW", "row_wise": "RW", "table_row_wise": "TRW", "data_parallel": "DP"}
+ABBREVIATIONS = {"table_wise": "TW", "column_wise": "CW", "row_wise": "RW", "table_row_wise": "TRW",
+                 "grid_shard": "GRID", "data_parallel": "DP"}
 
 
 def shard_label(t: int, tp: TablePlan, s: Shard) -> str:
-    """'t3:TW', 't3:CW[0:64]', 't3:RW', 't3:DP': what a rank holds, for the printed plan."""
-    if tp.kind == "column_wise":
-        return f"t{t}:CW[{s.col_start}:{s.col_end}]"
+    """'t3:TW', 't3:CW[0:64]', 't3:RW', 't3:GRID[64:128]', 't3:DP': what a rank holds, for the printed plan."""
+    if tp.kind in ("column_wise", "grid_shard"):
+        return f"t{t}:{ABBREVIATIONS[tp.kind]}[{s.col_start}:{s.col_end}]"
     return f"t{t}:{ABBREVIATIONS[tp.kind]}"
 
 
 GROUP_OF_KIND = {"table_wise": "pooled", "column_wise": "pooled", "row_wise": "row_wise",
-                 "table_row_wise": "table_row_wise", "data_parallel": "data_parallel"}
+                 "table_row_wise": "table_row_wise", "grid_shard": "table_row_wise", "data_parallel": "data_parallel"}
 """The sharding (one set of collectives an iteration, model/embedding_shardings.py) a kind's tables share."""
 COLLECTIVES_OF_GROUP = {"pooled": (4, 0), "row_wise": (4, 0), "table_row_wise": (4, 2), "data_parallel": (1, 0)}
 """(collectives over all ranks, collectives inside a node) a sharding runs an iteration: the splits and
@@ -154,18 +156,20 @@ def work_seconds(fp: np.ndarray, topo: Topology) -> float:
     return seconds
 
 
-def column_blocks(dim: int, most: int, world_size: int) -> list[int]:
-    """The column-wise block counts 2..most that split `dim` into blocks of MIN_COLUMN_BLOCK columns or
-    a multiple of it, one block a rank. A single rank holds a column-wise table as one block (the
-    kind's code path runs, as a forced plan on one rank asks)."""
-    if world_size == 1:
+def column_blocks(dim: int, most: int, holders: int) -> list[int]:
+    """The column block counts 2..most that split `dim` into blocks of MIN_COLUMN_BLOCK columns or
+    a multiple of it, one block a holder (a rank for column-wise, a node for grid). A single holder
+    takes the table as one block (the kind's code path runs, as a forced plan there asks)."""
+    if holders == 1:
         return [1]
-    return [k for k in range(2, min(most, world_size) + 1)
+    return [k for k in range(2, min(most, holders) + 1)
             if dim % k == 0 and (dim // k) % MIN_COLUMN_BLOCK == 0]
 
 
-def _candidates(kind: str, spec: TableSpec, topo: Topology, lightest: list[int], column_shards: int) -> list[TablePlan]:
-    """Every placement of one kind the search tries; `lightest`: the ranks, least loaded first."""
+def _candidates(kind: str, spec: TableSpec, topo: Topology, lightest: list[int], lightest_nodes: list[int],
+                column_shards: int) -> list[TablePlan]:
+    """Every placement of one kind the search tries; `lightest`: the ranks, least loaded first;
+    `lightest_nodes`: the nodes, least loaded first."""
     if kind == "table_wise":
         return [table_wise(spec.rows, spec.dim, r) for r in range(topo.world_size)]
     if kind == "column_wise":
@@ -176,14 +180,17 @@ def _candidates(kind: str, spec: TableSpec, topo: Topology, lightest: list[int],
     if kind == "table_row_wise":
         per_node = topo.ranks_per_node
         return [table_row_wise(spec.rows, spec.dim, node, per_node) for node in range(topo.world_size // per_node)]
+    if kind == "grid_shard":
+        return [grid_shard(spec.rows, spec.dim, sorted(lightest_nodes[:k]), topo.ranks_per_node)
+                for k in column_blocks(spec.dim, column_shards, len(lightest_nodes))]
     return [data_parallel(spec.rows, spec.dim, topo.world_size)]
 
 
 def _kinds(topo: Topology) -> list[str]:
-    """The kinds the search tries, in its tie-break order; table-row-wise only when the job spans nodes
-    (on one node it is row-wise)."""
-    return [k for k in ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
-            if k != "table_row_wise" or topo.spans_nodes]
+    """The kinds the search tries, in its tie-break order; table-row-wise and grid only when the job
+    spans nodes (on one node they are row-wise)."""
+    return [k for k in ("table_wise", "column_wise", "row_wise", "table_row_wise", "grid_shard", "data_parallel")
+            if k not in ("table_row_wise", "grid_shard") or topo.spans_nodes]
 
 
 def plan_footprint(plan: Sequence[TablePlan], tables: Sequence[TableSpec], geo: Geometry) -> np.ndarray:
@@ -223,9 +230,11 @@ def plan_tables(
             raise PlanError(f"table {t}: unknown sharding type {kind!r}; types are {', '.join(SHARDING_TYPES)}")
         if not 0 <= t < len(tables):
             raise PlanError(f"forced sharding names table {t}; tables are 0..{len(tables) - 1}")
-        if kind == "column_wise" and not column_blocks(tables[t].dim, column_shards, topo.world_size):
+        holders = {"column_wise": ("rank", topo.world_size), "grid_shard": ("node", topo.world_size // topo.ranks_per_node)}
+        if kind in holders and not column_blocks(tables[t].dim, column_shards, holders[kind][1]):
+            what, n = holders[kind]
             raise PlanError(
-                f"table {t}: column_wise needs 2..{column_shards} blocks (at most one a rank, {topo.world_size} ranks) "
+                f"table {t}: {kind} needs 2..{column_shards} blocks (at most one a {what}, {n} {what}s) "
                 f"of a multiple of {MIN_COLUMN_BLOCK} columns each; dim is {tables[t].dim}")
     geo = Geometry(world_size=topo.world_size, ranks_per_node=topo.ranks_per_node, global_batch=global_batch,
                    state_per_element=state_per_element, state_per_row=state_per_row, weight_bytes=weight_bytes)
@@ -255,10 +264,11 @@ def plan_tables(
         cost_now = rank_seconds(total, topo)
         node_now = np.bincount(node_of, weights=cost_now)
         lightest = sorted(range(w), key=lambda r: (cost_now[r], node_now[node_of[r]], r))
+        lightest_nodes = sorted(range(w // per_node), key=lambda n: (node_now[n], n))
         kinds = [forced[t]] if t in forced else _kinds(topo)
         best, tightest = None, None
         for pref, kind in enumerate(kinds):
-            for tp in _candidates(kind, spec, topo, lightest, column_shards):
+            for tp in _candidates(kind, spec, topo, lightest, lightest_nodes, column_shards):
                 fp = footprint(tp, spec)
                 held = total[MEMORY] + fp[MEMORY]
                 if tightest is None or held.max() < tightest:

@@ -1,9 +1,9 @@
 """The sharded embedding collection: every table placed by a plan, batches data-parallel.
 
-Tables are grouped by how they are distributed (table/column-wise, row-wise, data-parallel),
-one sharding each, as TorchRec does. The phases are separate methods (not one autograd
-function) so the harness can time each stage and overlap the input distribution of the next
-batch with the compute of this one.
+Tables are grouped by how they are distributed (table/column-wise, row-wise, table-row-wise and
+grid, data-parallel), one sharding each, as TorchRec does. The phases are separate methods (not
+one autograd function) so the harness can time each stage and overlap the input distribution of
+the next batch with the compute of this one.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ import torch.distributed as dist
 from model.collective_bytes import CollectiveBytes
 from model.collective_wait import WaitFn, block
 from model.embedding_shardings import (
-    BackwardInFlight, DataParallelSharding, EmbeddingSharding, PooledAllToAllSharding, RowWiseSharding, ShardForward, ShardingContext,
-    TableRowWiseSharding,
+    BackwardInFlight, DataParallelSharding, EmbeddingSharding, NodeBlock, PooledAllToAllSharding, RowWiseSharding, ShardForward,
+    ShardingContext, TableRowWiseSharding,
 )
 from model.features import FeatureOrder, SparseFeatures
 from model.ids_all_to_all import PLAIN_TRANSFER, HostTransfer, PendingIds, Ready
-from model.sharding import Shard, TablePlan, check_plan, table_row_wise
+from model.names import NODE_BLOCKED_KINDS
+from model.sharding import Shard, TablePlan, check_plan, grid_nodes, grid_shard, table_row_wise
 
 
 @dataclass
@@ -113,11 +114,19 @@ class ShardedEmbeddingCollection:
         pooled = [t for t, k in enumerate(kinds) if k in ("table_wise", "column_wise")]
         row_wise = [t for t, k in enumerate(kinds) if k == "row_wise"]
         per_node = ranks_per_node or world_size
-        table_row = sorted((plan[t].shards[0].rank // per_node, t) for t, k in enumerate(kinds) if k == "table_row_wise")
-        for node, t in table_row:  # the sharding derives the blocks from the rows: the plan must agree
-            if plan[t] != table_row_wise(table_rows[t], embedding_dim, node, per_node):
-                raise ValueError(f"table {t}: a table_row_wise plan needs row blocks over node {node}'s "
-                                 f"{per_node} ranks, as model.sharding.table_row_wise makes them")
+        # Table-row-wise and grid tables share one sharding: each column block row-wise in a node.
+        node_blocked = sorted((grid_nodes(plan[t], per_node)[0], t) for t, k in enumerate(kinds) if k in NODE_BLOCKED_KINDS)
+        blocks = []
+        for p, (_, t) in enumerate(node_blocked):
+            nodes = grid_nodes(plan[t], per_node)
+            # The sharding derives the row blocks from the rows: the plan must agree.
+            made = (table_row_wise(table_rows[t], embedding_dim, nodes[0], per_node) if kinds[t] == "table_row_wise"
+                    else grid_shard(table_rows[t], embedding_dim, nodes, per_node))
+            if plan[t] != made:
+                raise ValueError(f"table {t}: a {kinds[t]} plan needs row blocks over its nodes' {per_node} ranks, "
+                                 f"as model.sharding.{kinds[t]} makes them")
+            width = embedding_dim // len(nodes)
+            blocks += [NodeBlock(p, n, i * width, (i + 1) * width) for i, n in enumerate(nodes)]
         replicated = [t for t, k in enumerate(kinds) if k == "data_parallel"]
         self.shardings: list[EmbeddingSharding] = []
         if pooled:
@@ -126,9 +135,9 @@ class ShardedEmbeddingCollection:
                                                          multi_hot=multi_hot))
         if row_wise:
             self.shardings.append(RowWiseSharding(ctx, features=row_wise, table_rows=table_rows))
-        if table_row:
-            self.shardings.append(TableRowWiseSharding(ctx, features=[t for _, t in table_row],
-                                                       nodes=[n for n, _ in table_row], table_rows=table_rows))
+        if node_blocked:
+            self.shardings.append(TableRowWiseSharding(ctx, features=[t for _, t in node_blocked], blocks=blocks,
+                                                       table_rows=table_rows))
         if replicated:
             self.shardings.append(DataParallelSharding(ctx, features=replicated, table_rows=table_rows))
         self.select = [FeatureOrder.of(s.features, device) for s in self.shardings]

@@ -10,6 +10,9 @@ times a column range on one rank), so placement, memory and cost are computed on
 - table_row_wise: row-wise over the ranks of one node only (TorchRec's TWRW): ids go to that
                  node's ranks, partial sums are reduced inside the node, and each sample's
                  pooled row crosses between nodes once;
+- grid_shard:    column blocks on k distinct nodes, each table-row-wise over its node's ranks
+                 (TorchRec's GRID_SHARD): a hot table's lookups and partial sums split k ways,
+                 its ids sent to each of the k nodes;
 - data_parallel: the whole table replicated on every rank.
 """
 
@@ -76,6 +79,24 @@ def table_row_wise(rows: int, dim: int, node: int, ranks_per_node: int) -> Table
         Shard(first + j, j * b, min(rows, (j + 1) * b), 0, dim) for j in range(ranks_per_node) if j * b < rows
     )
     return TablePlan("table_row_wise", shards)
+
+
+def grid_shard(rows: int, dim: int, nodes: Sequence[int], ranks_per_node: int) -> TablePlan:
+    """Column block i of dim / len(nodes) columns table-row-wise on node nodes[i] (distinct nodes)."""
+    k = len(nodes)
+    if k < 1 or dim % k or len(set(nodes)) != k:
+        raise ValueError(f"grid_shard needs {k} distinct nodes and a dim divisible by them; dim is {dim}")
+    w = dim // k
+    shards = []
+    for i, node in enumerate(nodes):
+        block = table_row_wise(rows, w, node, ranks_per_node)
+        shards += [Shard(s.rank, s.row_start, s.row_end, i * w, (i + 1) * w) for s in block.shards]
+    return TablePlan("grid_shard", tuple(shards))
+
+
+def grid_nodes(tp: TablePlan, ranks_per_node: int) -> list[int]:
+    """The node of each column block of a table-row-wise or grid plan, in column order."""
+    return [node for _, node in sorted({(s.col_start, s.rank // ranks_per_node) for s in tp.shards})]
 
 
 def data_parallel(rows: int, dim: int, world_size: int) -> TablePlan:

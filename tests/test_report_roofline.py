@@ -9,7 +9,7 @@ from harness.report import ReportError, load_run
 from harness.report_roofline import dense_shape, roofline_table, stage_work
 from harness.config import ModelConfig
 from harness.manifest import RankInfo
-from model.sharding import Shard, TablePlan, table_wise
+from model.sharding import Shard, TablePlan, grid_shard, table_wise
 from tests.report_builders import sequential, write_run
 
 
@@ -23,19 +23,20 @@ MODEL = ModelConfig(table_rows=(10, 20, 30), multi_hot=(2, 3, 1), num_dense=3, e
 MS = [1.0, 1.0, 2.0, 4.0, 0.5]
 
 
-def toy_run(root, *, ranks_info=True, optimizer="exact_adagrad", plan=(0, 1, 1)):
+def toy_run(root, *, ranks_info=True, optimizer="exact_adagrad", plan=(0, 1, 1), nodes=1, plans=None):
     spans, iters = [], {}
     for r in (0, 1):
         sp, it = sequential(r, range(3), lambda rank, i, s: MS[s], warmup_iters=1)
         spans += sp
         iters.update(it)
     manifest = {"model": MODEL, "embedding_optimizer": optimizer, "dense_flops_per_sample": 1206.0,
-                "plan": tuple(table_wise(r, 4, o) for r, o in zip(MODEL.table_rows, plan))}
+                "plan": plans or tuple(table_wise(r, 4, o) for r, o in zip(MODEL.table_rows, plan))}
     if ranks_info:
         # Peaks chosen so the dense stage of rank 0 runs at exactly half of each; rank 1 measured no copy rate.
         manifest["ranks"] = (rank_info(0, 4824 / 0.002 / 1e9 * 2, 7972 / 0.002 / 1e9 * 2),
                              rank_info(1, 1.0, float("nan")))
-    return load_run(write_run(root, "toy", spans, iters, world_size=2, samples=4, warmup_iters=1, manifest=manifest))
+    return load_run(write_run(root, "toy", spans, iters, world_size=2, nodes=nodes, samples=4, warmup_iters=1,
+                              manifest=manifest))
 
 
 def test_dense_shape_by_hand():
@@ -74,6 +75,23 @@ def test_stage_work_by_hand(tmp_path):
     # rank 1 owns tables 1 and 2 (hotness 3 + 1): ids_in 32, 2 tables.
     assert w.loc[(1, "emb_fwd"), "flops"] == 4 * 32
     assert w.loc[(1, "input_dist"), "bytes"] == 8 * (24 + 12 + 32 + 16)
+
+
+def test_grid_table_by_hand(tmp_path):
+    """Two nodes of one rank; table 1 (R 20, H 3) whole on rank 0, then as a grid of two 2-column
+    blocks (rank 0 columns 0-1, rank 1 columns 2-3): the difference is the grid's work minus the
+    table's, both by hand (tables 0 and 2 stay where they are)."""
+    whole = stage_work(toy_run(tmp_path / "tw", nodes=2, plan=(0, 0, 1))).set_index(["rank", "stage"])
+    plans = (table_wise(10, 4, 0), grid_shard(20, 4, [0, 1], 1), table_wise(30, 4, 1))
+    grid = stage_work(toy_run(tmp_path / "grid", nodes=2, plans=plans)).set_index(["rank", "stage"])
+    d = grid - whole
+    # Whole on rank 0 (n = G*H = 24 ids, c 4): 96 FLOPs; bytes 4*n*c + 8*n + 4*G*c written and sent
+    # = 384 + 192 + 128 + 128, and every rank receives 4*B*c = 64. A grid block (n 24, c 2): 48 FLOPs;
+    # bytes 4*n*c + 8*n + 4*G*c partial sums + 4*G*c / L sent across = 192 + 192 + 64 + 64 (no ring in
+    # a node of one), and every rank receives 4*B*c / L = 32 from each block.
+    assert d.loc[(0, "emb_fwd"), "flops"] == 48 - 96 and d.loc[(1, "emb_fwd"), "flops"] == 48
+    assert d.loc[(0, "emb_fwd"), "bytes"] == (512 + 64) - (832 + 64)
+    assert d.loc[(1, "emb_fwd"), "bytes"] == (512 + 64) - 64
 
 
 def test_rowwise_and_sgd_state(tmp_path):

@@ -108,10 +108,12 @@ def test_each_sharding_type_matches_unsharded_reference(kind, world, tmp_path):
 
 
 @pytest.mark.parametrize("nodes, per_node", [(2, 2), (1, 2), (3, 1)])
-def test_table_row_wise_matches_unsharded_reference(nodes, per_node, tmp_path):
-    """Row blocks inside one node each, reduced in the node, rows sent across: 2 simulated nodes of
-    2 ranks, and the edge cases of one node (row-wise in it) and one rank a node (table-wise)."""
-    check_against_reference(per_node, ShardingConfig(kind="table_row_wise"), tmp_path, nodes=nodes)
+@pytest.mark.parametrize("kind", ["table_row_wise", "grid_shard"])
+def test_table_row_wise_matches_unsharded_reference(kind, nodes, per_node, tmp_path):
+    """Row blocks inside one node each, reduced in the node, rows sent across (grid: a column
+    block so on each of several nodes): 2 simulated nodes of 2 ranks, and the edge cases of one
+    node (row-wise in it, grid as one block) and one rank a node (table-wise, grid column-wise)."""
+    check_against_reference(per_node, ShardingConfig(kind=kind), tmp_path, nodes=nodes)
 
 
 TRW_FORCED = ((3, "table_row_wise"), (12, "table_row_wise"), (0, "table_row_wise"))
@@ -138,7 +140,11 @@ def test_planned_small_layouts_match_unsharded_reference(nodes, tmp_path):
 
 
 def test_table_row_wise_beside_every_other_kind_on_two_nodes(tmp_path):
-    mixed = (*MIXED, (3, "table_row_wise"), (12, "table_row_wise"), (2, "table_row_wise"))
+    """Grid tables share the table-row-wise sharding: their column blocks arrive from both nodes,
+    between whole tables of each node, and are put back in feature order (three grid tables: the
+    reordering is no mere swap of blocks, which would read the same both ways)."""
+    mixed = (*MIXED, (3, "table_row_wise"), (12, "table_row_wise"), (2, "table_row_wise"),
+             (10, "grid_shard"), (13, "grid_shard"), (4, "grid_shard"))
     check_against_reference(2, ShardingConfig(kind="auto", per_table=mixed), tmp_path, nodes=2)
 
 

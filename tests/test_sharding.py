@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model.features import FeatureOrder, SparseFeatures
-from model.sharding import check_plan, column_wise, data_parallel, row_wise, table_wise
+from model.sharding import check_plan, column_wise, data_parallel, grid_nodes, grid_shard, row_wise, table_wise
 
 
 def test_row_wise_blocks_cover_rows_and_skip_empty_ranks():
@@ -20,6 +20,20 @@ def test_column_wise_needs_divisible_dim():
     assert [(s.col_start, s.col_end) for s in column_wise(5, 16, [2, 0]).shards] == [(0, 8), (8, 16)]
     with pytest.raises(ValueError, match="divisible"):
         column_wise(5, 16, [0, 1, 2])
+
+
+def test_grid_shard_is_a_column_block_row_wise_on_each_node():
+    # 10 rows, dim 8, 2 column blocks on nodes 2 and 0 of 2 ranks: block ceil(10/2) = 5 rows a rank.
+    tp = grid_shard(10, 8, [2, 0], 2)
+    assert [(s.rank, s.row_start, s.row_end, s.col_start, s.col_end) for s in tp.shards] == [
+        (4, 0, 5, 0, 4), (5, 5, 10, 0, 4), (0, 0, 5, 4, 8), (1, 5, 10, 4, 8)]
+    assert grid_nodes(tp, 2) == [2, 0]
+    check_plan([tp], [10], 8, 6)
+    assert [s.rank for s in grid_shard(1, 8, [0, 1], 2).shards] == [0, 2]  # empty row blocks absent
+    with pytest.raises(ValueError, match="distinct nodes"):
+        grid_shard(10, 8, [1, 1], 2)
+    with pytest.raises(ValueError, match="divisible"):
+        grid_shard(10, 8, [0, 1, 2], 2)
 
 
 def test_check_plan_catches_gaps_and_bad_ranks():
