@@ -62,8 +62,8 @@ help:
 	@echo "            (one epoch at most, 20 evaluations an epoch, stops at the target AUROC; MLPerf result log in the run folder)"
 	@echo "make dataset OUT=dir [ROWS=100000 a day] [DAYS=3] [PRESET=tiny] [SEED=0]  (synthetic days in the MLPerf file layout)"
 	@echo "make data-perf [DATA=dir] [PRESET=small] [RUN=id|latest]  (the file loader's samples/s on one rank, beside the synthetic stream's and RUN's training)"
-	@echo "make ext  (the C++ extensions in csrc/; make test and perf-dynamic build them)"
-	@echo "make perf-dynamic  (ID transformer: M ids/s against a Python dict and torch.unique; hit rate against slots, a plot)"
+	@echo "make ext  (the C++ extensions in csrc/; bench, ablation, mlperf, test and perf-dynamic build them)"
+	@echo "make perf-dynamic [REPEATS=2]  (ID transformer: M ids/s vs a Python dict and torch.unique; hit rate vs slots, a plot; mlperf-ids vs small)"
 	@echo "make gpu-check  (on a GPU host: the CUDA battery, a line a check and a verdict; elsewhere one line)"
 	@echo "OPTS passes extra flags to 'python -m harness bench' (see: $(PY) -m harness bench --help)"
 
@@ -117,12 +117,12 @@ KNOB_ARGS = $(if $(PRESET),--preset $(PRESET)) $(if $(NODES),--nodes $(NODES)) \
   $(if $(WARMUP),--warmup $(WARMUP)) $(if $(SHARDING),--sharding $(SHARDING))
 BENCH_ARGS = $(KNOB_ARGS) $(if $(ENGINE),--engine $(ENGINE)) $(if $(DATA),--data $(DATA))
 
-bench: check-bench-knobs $(STAMP)
+bench: check-bench-knobs $(STAMP) $(EXT)
 	$(PY) -m harness bench $(BENCH_ARGS) \
 	  $(if $(filter 1,$(DRY_RUN)),--dry-run) $(if $(RUN_ID),--run-id $(RUN_ID)) $(OPTS)
 
 # Baseline, each flag alone, all, all-but-one; REPEATS runs each (inactive-only configs once).
-ablation: check-bench-knobs $(STAMP)
+ablation: check-bench-knobs $(STAMP) $(EXT)
 	$(PY) -m harness ablation $(KNOB_ARGS) $(if $(REPEATS),--repeats $(REPEATS)) $(OPTS)
 
 # TorchRec vs harness on one config: REPEATS runs each, interleaved; PRESET defaults to tiny here.
@@ -175,10 +175,11 @@ precision-perf: check-bench-knobs $(STAMP)
 	$(PY) -m harness.precision_perf --preset $(or $(PRESET),small) $(if $(REPEATS),--repeats $(REPEATS)) \
 	  $(if $(GPUS_PER_NODE),--gpus-per-node $(GPUS_PER_NODE))
 
-# The ID transformer (csrc/): transform throughput against a Python dict and torch.unique, and hit
-# rate against slots for power-law ids under each policy (a plot in reports/perf-dynamic/).
+# The ID transformer (csrc/): transform throughput against a Python dict and torch.unique, hit rate
+# against slots for power-law ids under each policy (a plot in reports/perf-dynamic/), then REPEATS
+# interleaved pairs of mlperf-ids and static small runs (iteration time, peak RSS against the budget).
 perf-dynamic: $(STAMP) $(EXT)
-	$(PY) -m harness.perf_dynamic
+	$(PY) -m harness.perf_dynamic $(if $(REPEATS),--repeats $(REPEATS))
 
 # The CUDA battery (every test marked cuda), one line a check; without a GPU, one line and exit 0.
 gpu-check: $(STAMP)
@@ -199,7 +200,7 @@ check-mlperf-data:
 check-dataset-out:
 	@test -n "$(OUT)" || { echo "make dataset: give OUT=<folder to write>" >&2; exit 2; }
 
-mlperf: check-bench-knobs check-mlperf-data $(STAMP)
+mlperf: check-bench-knobs check-mlperf-data $(STAMP) $(EXT)
 	$(PY) -m harness.mlperf --data $(DATA) $(if $(TARGET_AUC),--target-auc $(TARGET_AUC)) $(KNOB_ARGS) \
 	  $(if $(ENGINE),--engine $(ENGINE)) $(if $(RUN_ID),--run-id $(RUN_ID)) $(OPTS)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.names import (
-    COLLECTIVE_WAITS, COMM_PRECISIONS, DENSE_PRECISIONS, TABLE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, ENGINES, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
+    COLLECTIVE_WAITS, COMM_PRECISIONS, DENSE_PRECISIONS, DYNAMIC_POLICIES, TABLE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, ENGINES, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
 )
 
 # The command line is generated from these dataclasses (harness/options.py): a field's option
@@ -300,6 +300,39 @@ class RunConfig:
         return self.nodes * self.gpus_per_node
 
 
+@dataclass(kw_only=True, frozen=True)
+class DynamicConfig:
+    """Dynamic tables (`--shard T=dynamic`): slots, eviction and the parameter store
+    (model/dynamic_table.py, harness/param_store.py)."""
+
+    slots: int = option(65536, option="dynamic-slots", metavar="N")
+    """Rows each dynamic table keeps resident on its rank (at most its rows); the planner counts
+    these, not the table's rows."""
+    policy: str = option("hybrid", option="dynamic-policy", choices=DYNAMIC_POLICIES)
+    """Which id a full table evicts: lru (least recent), lfu (fewest accesses), hybrid (accesses
+    with decaying counters, as Redis's LFU; least recent among equals)."""
+    half_life: int = option(1 << 20, option="dynamic-half-life", metavar="IDS")
+    """Id occurrences after which a hybrid counter halves."""
+    ps: str | None = option(None, metavar="redis://HOST:PORT[/DB]")
+    """Where evicted rows and their optimizer state go: a Redis server, or (left out) the embedded
+    store: this process's memory up to --ps-memory-gib, then a file under the run folder."""
+    ps_memory_gib: float = 1.0
+    """Host memory the embedded store may take for rows (each rank's), before spilling to its file."""
+    ps_spill_gib: float = 16.0
+    """What the embedded store's file under the run folder may grow to (each rank's); past both, the run fails."""
+
+    def __post_init__(self) -> None:
+        _positive_int("dynamic.slots", self.slots)
+        _positive_int("dynamic.half_life", self.half_life)
+        if self.policy not in DYNAMIC_POLICIES:
+            raise ValueError(f"dynamic.policy {self.policy!r} is not one of {list(DYNAMIC_POLICIES)}")
+        if self.ps is not None and not self.ps.startswith("redis://"):
+            raise ValueError(f"dynamic.ps {self.ps!r}: give redis://host:port[/db], or leave it out for the embedded store")
+        for name in ("ps_memory_gib", "ps_spill_gib"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"dynamic.{name} must be >= 0, got {getattr(self, name)}")
+
+
 EVAL_STAGES = ("val", "test")
 
 
@@ -349,6 +382,8 @@ class BenchConfig:
     """Launch and measurement."""
     evaluation: EvalConfig = field(default_factory=EvalConfig)
     """AUROC on the held-out day (files only)."""
+    dynamic: DynamicConfig = field(default_factory=DynamicConfig)
+    """Dynamic tables' slots, eviction policy and parameter store."""
 
     def __post_init__(self) -> None:
         for t, _ in self.sharding.per_table:
@@ -360,6 +395,11 @@ class BenchConfig:
                 "data_parallel tables train with dense Adagrad (= exact_adagrad); with "
                 f"optimizer.embedding_optimizer={self.optimizer.embedding_optimizer!r} shard them another way"
             )
+        uses_dynamic = self.sharding.kind == "dynamic" or any(k == "dynamic" for _, k in self.sharding.per_table)
+        if self.dynamic.ps is not None and not uses_dynamic:
+            raise ValueError(f"--ps {self.dynamic.ps} has nothing to store: no table is dynamic (--shard T=dynamic)")
+        if uses_dynamic and self.run.engine != "harness":
+            raise ValueError(f"dynamic tables run on the harness engine only, not {self.run.engine!r}")
         if self.optimizations.skip_splits_a2a and self.data.ragged_every == 1:
             raise ValueError("skip_splits_a2a needs fixed hotness, but data.ragged_every=1 makes every batch "
                              "variable-length: there is no batch whose splits are known in advance")

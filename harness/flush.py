@@ -1,4 +1,4 @@
-"""What a train loop hands to the run folder between iterations: spans, losses, split counts.
+"""What a train loop hands to the run folder between iterations: spans, sub-spans, losses, split counts.
 
 Losses stay on the device until a flush, so the timed region never waits for a device-to-host
 copy; a flush happens between iterations (every --flush-every, at the end, after a failure).
@@ -26,6 +26,7 @@ class RecordFlusher:
         """Iteration -> exchange phase -> (bytes sent, bytes received) (model/collective_bytes.py)."""
 
     def flush(self) -> None:
+        subs = self.timeline.drain_sub()
         stage_spans, iter_spans = self.timeline.drain()
         its = sorted(self.pending)
         values = dict(zip(its, self.host.copy(torch.stack([self.pending[i] for i in its])).tolist())) if its else {}
@@ -33,5 +34,6 @@ class RecordFlusher:
         self.pending.clear()
         if self.recorder is not None:
             self.recorder.write(stage_spans, iter_spans, values, splits_exchanged=self.exchanged, moved=self.moved)
+            self.recorder.write_subspans(subs)
         self.exchanged.clear()
         self.moved.clear()

@@ -5,7 +5,10 @@ exists; the report side reads the flag and stage names without importing the con
 heavy neighbours. model/ owns the names of its own concepts (model/names.py).
 """
 
-from model.names import COLLECTIVE_WAITS, COMM_PRECISIONS, EMBEDDING_OPTIMIZERS, EXCHANGE_PHASES, SHARDING_TYPES, TABLE_PRECISIONS
+from model.names import (
+    COLLECTIVE_WAITS, COMM_PRECISIONS, DYNAMIC_POLICIES, EMBEDDING_OPTIMIZERS, EXCHANGE_PHASES, SHARDING_TYPES,
+    TABLE_PRECISIONS,
+)
 
 STAGES = ("input_dist", "emb_fwd", "dense_fwd_bwd", "emb_bwd", "dense_update")
 """The five stages of one iteration (design.md), in execution order. Records, reports and tests use exactly these."""
@@ -22,7 +25,7 @@ HARDWARE_PROFILES = ("cpu", "h100")
 DEVICES = ("auto", "cpu", "cuda")
 """What ranks run on: auto takes CUDA when present."""
 
-PRESET_NAMES = ("mlperf", "small", "tiny")
+PRESET_NAMES = ("mlperf", "small", "tiny", "mlperf-ids")
 """The presets (harness/presets.py defines one function for each)."""
 
 ENGINES = ("harness", "torchrec")
@@ -51,5 +54,5 @@ COMPACTED = "all"
 
 __all__ = [
     "COLLECTIVE_WAITS", "COMM_PRECISIONS", "DENSE_PRECISIONS", "TABLE_PRECISIONS", "STAGE_OF_PHASE", "DEVICES", "EMBEDDING_OPTIMIZERS", "ENGINE_TIMED_STAGES", "ENGINES", "HARDWARE_PROFILES", "OPTIMIZATION_FLAGS",
-    "COMPACTED", "PRESET_NAMES", "RUN_STATES", "SHARDING_KINDS", "SHARDING_TYPES", "STAGES",
+    "COMPACTED", "DYNAMIC_POLICIES", "PRESET_NAMES", "RUN_STATES", "SHARDING_KINDS", "SHARDING_TYPES", "STAGES",
 ]

@@ -61,7 +61,7 @@ def resolve(
             if input_thread_launches(cuda) else
             "the input thread loads and prepares batches; the main thread launches every collective")
     if requested["skip_splits_a2a"]:
-        static = sum(k in ("table_wise", "column_wise") for k in plan_kinds)
+        static = sum(k in ("table_wise", "column_wise", "dynamic") for k in plan_kinds)
         if not static:
             reasons["skip_splits_a2a"] = ("no table/column-wise table: (table-)row-wise and grid splits depend on the "
                                           "ids and data-parallel tables exchange none")

@@ -231,10 +231,12 @@ class RedisStore:
         self.client.close()
 
 
-def open_store(url: str | None, *, run_dir: Path, memory_bytes: int, spill_bytes: int) -> ParamStore:
-    """`--ps`: None for the embedded store (spilling under run_dir/ps), or a redis:// URL."""
+def open_store(url: str | None, *, run_dir: Path, memory_bytes: int, spill_bytes: int,
+               prefix: str = "dlrm") -> ParamStore:
+    """`--ps`: None for the embedded store (spilling under run_dir/ps), or a redis:// URL (keys
+    under `prefix`, which a run makes its own)."""
     if url is None:
         return EmbeddedStore(memory_bytes=memory_bytes, spill_dir=Path(run_dir) / "ps", spill_bytes=spill_bytes)
     if url.startswith("redis://"):
-        return RedisStore(url)
+        return RedisStore(url, prefix=prefix)
     raise ValueError(f"--ps {url!r}: give redis://host:port[/db], or leave it out for the embedded store")

@@ -7,11 +7,16 @@
    ids (deduplication alone, no table). Only the calls are timed; batches are made outside.
 2. Hit rate against slots for power-law ids (Zipf, --alpha) under each policy, after a warm-up
    half of the stream: printed, and plotted in reports/perf-dynamic/hit_rate.png.
+3. Training: `mlperf-ids` (MLPerf's full id spaces, every table over 65536 rows dynamic) against
+   the static `small` preset at the same global batch, --repeats interleaved pairs of bench runs
+   (the order flips every pair): iteration time p50s and their ratio, the dynamic sub-spans, and
+   each rank's peak resident memory against mlperf-ids's budget.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections import OrderedDict
@@ -19,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from harness.quiet_bench import run_bench
 from model.id_transformer import POLICIES, IdTransformer
 
 HIT_RATES = (0.5, 0.9, 0.99)
@@ -141,6 +147,40 @@ def plot(slot_counts: list[int], curves: dict, ceiling: float, out: Path, alpha:
     return path
 
 
+def training(repeats: int, iters: int, runs_root: Path) -> None:
+    """mlperf-ids against static small at mlperf-ids's batch, interleaved (module docstring, 3)."""
+    from harness.presets import MLPERF_IDS_RSS_BUDGET_GIB, mlperf_ids
+    from harness.report import iteration_summary, subspan_table
+
+    batch = mlperf_ids().data.global_batch_size
+    common = ["--iters", str(iters), "--warmup", "3"]
+    configs = {"mlperf-ids": ["--preset", "mlperf-ids", *common],
+               "small": ["--preset", "small", "--global-batch", str(batch), *common]}
+    print(f"training: mlperf-ids against static small, global batch {batch}, {iters} timed iterations a run, "
+          f"{repeats} interleaved pairs", flush=True)
+    p50: dict[str, list[float]] = {name: [] for name in configs}
+    names = list(configs)
+    last = None
+    for r in range(repeats):
+        for name in names if r % 2 == 0 else names[::-1]:
+            run = run_bench(configs[name], runs_root, tool="perf-dynamic")
+            p50[name].append(iteration_summary(run)["iter_ms_p50"])
+            print(f"  pair {r + 1}/{repeats} {name:10s}: iter_ms p50 {p50[name][-1]:8.1f}  ({run.run_id})", flush=True)
+            if name == "mlperf-ids":
+                last = run
+    ratios = [d / s for d, s in zip(p50["mlperf-ids"], p50["small"])]
+    print(f"  mlperf-ids / small iteration time: x{statistics.median(ratios):.3f} "
+          f"(pairs {', '.join(f'{x:.3f}' for x in ratios)})")
+    subs = subspan_table(last)
+    for row in subs.itertuples():
+        print(f"  {row.stage}/{row.name}: {row.mean_ms:.2f} ms mean ({row.count} records, "
+              f"{row.share_of_stage:.1%} of {row.stage})")
+    for info in last.manifest.ranks:
+        verdict = "under" if info.peak_rss_gib is not None and info.peak_rss_gib < MLPERF_IDS_RSS_BUDGET_GIB else "OVER"
+        print(f"  rank {info.rank}: peak RSS {info.peak_rss_gib:.2f} GiB, {verdict} the budget of "
+              f"{MLPERF_IDS_RSS_BUDGET_GIB:g} GiB ({last.run_id})")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="harness.perf_dynamic", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -150,8 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--alpha", type=float, default=1.05, help="power-law exponent of the hit-rate ids")
     p.add_argument("--universe", type=int, default=4_000_000, help="distinct ids the power law draws from")
     p.add_argument("--out", type=Path, default=Path("reports/perf-dynamic"), help="where the plot goes")
+    p.add_argument("--repeats", type=int, default=2, help="interleaved training pairs (default %(default)s; 0: none)")
+    p.add_argument("--iters", type=int, default=20, help="timed iterations a training run (default %(default)s)")
+    p.add_argument("--runs-root", type=Path, default=Path("runs"), help="where the training runs go")
     args = p.parse_args(argv)
-    for name in ("slots", "batch", "batches", "universe"):
+    if args.repeats < 0:
+        p.error("--repeats must be >= 0")
+    for name in ("slots", "batch", "batches", "universe", "iters"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be a positive integer")
     torch.set_num_threads(1)  # one thread, as the goal is stated
@@ -162,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hit rate against slots: power-law ids (alpha {args.alpha}) over {args.universe:,}", flush=True)
     curves, ceiling = hit_rates(slot_counts, batch=4096, batches=120, universe=args.universe, alpha=args.alpha, seed=1)
     print(f"wrote {plot(slot_counts, curves, ceiling, args.out, args.alpha, args.universe)}")
+    if args.repeats:
+        training(args.repeats, args.iters, args.runs_root)
     return 0
 
 

@@ -86,7 +86,7 @@ def make_plan(cfg: BenchConfig, *, ranks_per_host: int,
         plan, loads = plan_tables(
             tables, topo, global_batch=geo.global_batch, state_per_element=geo.state_per_element,
             state_per_row=geo.state_per_row, weight_bytes=geo.weight_bytes, forced=forced,
-            column_shards=cfg.sharding.column_shards,
+            column_shards=cfg.sharding.column_shards, dynamic_slots=cfg.dynamic.slots,
         )
     except PlanError as exc:
         if not on_this_host:

@@ -16,9 +16,7 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
-import io
 import json
 import os
 import statistics
@@ -27,6 +25,7 @@ import sys
 from pathlib import Path
 
 from harness import cli, report
+from harness.quiet_bench import run_bench
 
 PRECISIONS = ("fp32", "fp16")
 """Table precisions measured for memory."""
@@ -106,14 +105,6 @@ def pooled_bytes(run) -> float:
     return float(st["sent_bytes"].sum() / st[["rank", "iteration"]].drop_duplicates().shape[0])
 
 
-def _run(argv: list[str], runs_root: Path):
-    with contextlib.redirect_stdout(io.StringIO()):
-        code = cli.main(["bench", *argv, "--runs-root", str(runs_root)])
-    if code != 0:
-        raise SystemExit(f"precision-perf: a bench run failed (exit {code}); its records are in {runs_root}")
-    return report.load_run(report.resolve_run(runs_root, "latest"))
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--memory-of"]:  # the child of _memory_in_subprocess
@@ -145,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.repeats):
         runs = {}
         for name in names if r % 2 == 0 else names[::-1]:  # forward, then backward: drift hits all alike
-            run = _run([*base, *VARIANTS[name]], args.runs_root)
+            run = run_bench([*base, *VARIANTS[name]], args.runs_root, tool="precision-perf")
             runs[name] = run
             p50[name].append(report.iteration_summary(run)["iter_ms_p50"])
             print(f"repeat {r + 1}/{args.repeats} {name:12s}: iter_ms p50 {p50[name][-1]:9.3f}  ({run.run_id})", flush=True)

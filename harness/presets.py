@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from harness.config import BenchConfig, DataConfig, ModelConfig, RunConfig, ShardingConfig
+from harness.config import BenchConfig, DataConfig, DynamicConfig, ModelConfig, RunConfig, ShardingConfig
 
 MLPERF_TABLE_ROWS = (
     40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
@@ -32,6 +32,33 @@ def small(**run: object) -> BenchConfig:
     )
 
 
+MLPERF_IDS_SLOTS = 65536
+"""Slots of each dynamic table of mlperf-ids: every table with more rows is dynamic. Its batch of
+512 has at most 512 x 100 = 51,200 ids of table 20 (the hottest), so no batch outgrows them."""
+
+
+MLPERF_IDS_RSS_BUDGET_GIB = 4.0
+"""What a rank of mlperf-ids may hold (peak resident memory; make perf-dynamic checks it): its
+dynamic tables' slots and Adagrad state (at most 8 x 64 MiB), the embedded store's rows in memory
+(--ps-memory-gib, 1 GiB; more spill to a file), the other tables, the dense model, batches and
+the runtime. The same tables static would take about 200 GiB of weights and Adagrad state."""
+
+
+def mlperf_ids(**run: object) -> BenchConfig:
+    """MLPerf's full id spaces (five 40M-row tables) and hotness with small's model and a global
+    batch of 512: every table of more than MLPERF_IDS_SLOTS rows is dynamic (8 tables), the rest
+    planned as usual, so this machine trains the real id space in bounded memory (about 64 MiB of
+    slots and Adagrad state a dynamic table, where one static 40M-row table would take 40 GiB)."""
+    return BenchConfig(
+        model=ModelConfig(table_rows=MLPERF_TABLE_ROWS, multi_hot=MLPERF_MULTI_HOT),
+        data=DataConfig(global_batch_size=512),
+        sharding=ShardingConfig(per_table=tuple((t, "dynamic") for t, r in enumerate(MLPERF_TABLE_ROWS)
+                                                if r > MLPERF_IDS_SLOTS)),
+        dynamic=DynamicConfig(slots=MLPERF_IDS_SLOTS),
+        run=RunConfig(preset="mlperf-ids", **run),
+    )
+
+
 def tiny(**run: object) -> BenchConfig:
     """Same 26 features and hotness, shrunk dims and rows <= 1000: millisecond, latency-bound iterations.
 
@@ -52,4 +79,4 @@ def tiny(**run: object) -> BenchConfig:
     )
 
 
-PRESETS: dict[str, Callable[..., BenchConfig]] = {"mlperf": mlperf, "small": small, "tiny": tiny}
+PRESETS: dict[str, Callable[..., BenchConfig]] = {"mlperf": mlperf, "small": small, "tiny": tiny, "mlperf-ids": mlperf_ids}

@@ -4,6 +4,9 @@ runs/<run_id>/manifest.json       written first, then updated as the status move
 runs/<run_id>/rankNNNNN/stages-PPPPP.parquet, iterations-PPPPP.parquet   parts written as the run goes
                         (a completed run's compacted into stages-all.parquet, iterations-all.parquet)
 runs/<run_id>/rankNNNNN/evals-PPPPP.parquet   one part an evaluation (--eval-every), compacted likewise
+runs/<run_id>/rankNNNNN/subspans-PPPPP.parquet   named pieces of a stage (a dynamic table's transform,
+                        write-back, fetch), with the flush that has any, compacted likewise
+runs/<run_id>/rankNNNNN/dynamic.json  what each dynamic table moved between its slots and the store
 runs/<run_id>/rankNNNNN/rank.json  host, device, threads, peak RSS, measured GEMM rate
 runs/<run_id>/rankNNNNN/error.txt  the exception, when that rank failed
 """
@@ -32,7 +35,7 @@ import torch
 
 from harness.manifest import GitState, RankInfo, RunManifest, RunStatus, Versions
 from harness.names import COMPACTED, STAGE_OF_PHASE
-from harness.timeline import StageSpan
+from harness.timeline import StageSpan, SubSpan
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -149,7 +152,7 @@ def compact_parts(run_dir: Path) -> None:
     600 files a rank otherwise. Written aside and renamed before the parts go; a reader that finds
     `<kind>-all.parquet` reads only it, so a crash between the two steps loses and doubles nothing."""
     for rank_dir in sorted(Path(run_dir).glob("rank*")):
-        for kind in ("stages", "iterations", "evals"):
+        for kind in ("stages", "iterations", "evals", "subspans"):
             parts = sorted(rank_dir.glob(f"{kind}-[0-9]*.parquet"))
             if len(parts) < 2:
                 continue
@@ -300,6 +303,7 @@ class RankRecorder:
         self.warmup_iters, self.local_batch = warmup_iters, local_batch
         self.part = 0
         self.eval_part = 0
+        self.sub_part = 0
 
     def write(self, stages: list[StageSpan], iterations: list[StageSpan], losses: dict[int, float],
               *, splits_exchanged: dict[int, int] | None = None,
@@ -346,6 +350,16 @@ class RankRecorder:
         for kind, frame in (("stages", st), ("iterations", it)):
             _write_parquet(frame, self.dir / f"{kind}-{self.part:05d}.parquet")
         self.part += 1
+
+    def write_subspans(self, subs: list[SubSpan]) -> None:
+        """Sub-spans (harness.timeline.SubSpan), a part each flush that has any."""
+        if not subs:
+            return
+        frame = pd.DataFrame([{**self.keys, **dataclasses.asdict(s)} for s in subs])
+        frame["duration_ms"] = (frame["end_ns"] - frame["start_ns"]) / 1e6
+        frame["warmup"] = frame["iteration"] < self.warmup_iters
+        _write_parquet(frame, self.dir / f"subspans-{self.sub_part:05d}.parquet")
+        self.sub_part += 1
 
     def write_evals(self, evals: list) -> None:
         """Evaluations (harness.evaluate.EvalRecord), a part each call, apart from the iterations."""

@@ -40,6 +40,7 @@ from harness.report_roofline import roofline_table, stage_work  # noqa: F401
 from harness.report_tables import (  # noqa: F401
     completeness, critical_stage_means, critical_stages, input_dist_overlap, input_dist_spans, iteration_table,
     evaluation, evaluation_lines, job_iterations, rank_table, splits_exchanged, stage_stats, straggler_table,
+    subspan_table,
 )
 # The five stages of one iteration, in execution order (design.md, "The five stages").
 from harness.names import STAGES  # noqa: F401
@@ -154,6 +155,9 @@ def format_summary(run: Run) -> str:
     parts = [*_header_lines(run, its), "", stage_text]
     if run.manifest and run.manifest.optimizations.pipeline and not run.stages.empty:
         parts.append(_pipeline_line(run))
+    subs = subspan_table(run)
+    if not subs.empty:
+        parts += ["", "inside the stages:", _text_table(*cells(subs))]
     parts += ["", _iteration_line(its)]
     _, ev = evaluation(run)
     if ev:

@@ -152,6 +152,13 @@ def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
         doc.p("Splits exchanges each rank ran in its non-warm-up iterations: 0 with skip_splits_a2a; a batch "
               "off the fixed hotness falls back to the exchange and counts here.")
         doc.table(splits)
+    subs = tables.subspan_table(run)
+    if not subs.empty:
+        csvs["subspans"] = subs
+        doc.h2("Inside the stages")
+        doc.p("Named pieces of a stage (a dynamic table's id transform, the rows it writes to the parameter "
+              "store, the rows it fetches back), over every rank's non-warm-up iterations.")
+        doc.table(subs)
     ranks = tables.rank_table(run)
     if not ranks.empty:
         doc.h2("Ranks")

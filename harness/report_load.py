@@ -29,6 +29,7 @@ ITERATION_COLUMNS = ("run_id", "rank", "node", "iteration", "start_ns", "end_ns"
                      "iter_ms", "loss", "samples", "warmup")
 EVAL_COLUMNS = ("run_id", "rank", "index", "after_iteration", "trained_samples", "auc", "eval_samples", "eval_ms",
                 "start_ns", "end_ns", "reached_target")
+SUBSPAN_COLUMNS = ("run_id", "rank", "node", "iteration", "stage", "name", "start_ns", "end_ns", "duration_ms", "warmup")
 # Columns of the flat frame besides the flags, in order.
 RUN_COLUMNS = ("run_id", "preset", "world_size", "nodes", "device", "status", "pipeline", "collective_wait")
 RECORD_COLUMNS = ("rank", "node", "iteration", "warmup", "stage", "start_ns", "end_ns", "duration_ms",
@@ -59,6 +60,8 @@ class Run:
     """'<part>: <why>' for each records part that could not be read and was left out."""
     evals: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Every rank's evaluation records (runs with --eval-every; empty otherwise)."""
+    subspans: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Named pieces of stages (dynamic tables' transform, write-back, fetch); empty when none ran."""
 
     @property
     def status(self) -> str:
@@ -200,10 +203,12 @@ def load_run(run_dir: Path) -> Run:
     check_stage_names(manifest.run_id, stages)
     iterations = _read_parts(run_dir, "iterations-*.parquet", ITERATION_COLUMNS, unreadable)
     evals = _read_parts(run_dir, "evals-*.parquet", EVAL_COLUMNS, unreadable)
+    subspans = _read_parts(run_dir, "subspans-*.parquet", SUBSPAN_COLUMNS, unreadable)
+    check_stage_names(manifest.run_id, subspans)
     for note in unreadable:
         print(f"report: warning: run {manifest.run_id}: left out unreadable part {note}", file=sys.stderr)
     return Run(run_id=manifest.run_id, manifest=manifest, stages=stages, iterations=iterations,
-               unreadable=tuple(unreadable), evals=evals)
+               unreadable=tuple(unreadable), evals=evals, subspans=subspans)
 
 
 # --- the flat frame -----------------------------------------------------------

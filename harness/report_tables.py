@@ -367,6 +367,22 @@ def rank_table(run: Run) -> pd.DataFrame:
     return ranks
 
 
+def subspan_table(run: Run) -> pd.DataFrame:
+    """Per (stage, sub-span name), over every rank's non-warm-up iterations: mean and p50 ms a
+    record, records, and the share of its stage's mean duration. Empty when no sub-span ran."""
+    sub = run.subspans
+    if sub.empty:
+        return pd.DataFrame(columns=["stage", "name", "mean_ms", "p50_ms", "count", "share_of_stage"])
+    sub = sub[~sub["warmup"]]
+    out = sub.groupby(["stage", "name"])["duration_ms"].agg(mean_ms="mean", p50_ms="median", count="count").reset_index()
+    st = run.stages[~run.stages["warmup"].astype(bool)] if not run.stages.empty else run.stages
+    stage_ms = st.groupby("stage")["duration_ms"].mean() if not st.empty else pd.Series(dtype=float)
+    out["share_of_stage"] = [m / stage_ms[s] if s in stage_ms and stage_ms[s] > 0 else np.nan
+                             for s, m in zip(out["stage"], out["mean_ms"])]
+    out["_o"] = out["stage"].map({s: i for i, s in enumerate(STAGES)})
+    return out.sort_values(["_o", "name"]).drop(columns="_o").reset_index(drop=True)
+
+
 def splits_exchanged(run: Run) -> pd.DataFrame:
     """Per rank, the splits all-to-alls its non-warm-up iterations ran (skip_splits_a2a makes it 0; a
     batch off the fixed hotness falls back to the exchange): columns rank, iterations,

@@ -31,6 +31,18 @@ class StageSpan:
     end_ns: int
 
 
+@dataclass
+class SubSpan:
+    """A named piece of work inside one stage of an iteration (a dynamic table's id transform, its
+    rows written to the store, fetched back): what the stage's time went to, not a stage."""
+
+    iteration: int
+    stage: str
+    name: str
+    start_ns: int
+    end_ns: int
+
+
 class _HostClock:
     def mark(self) -> int:
         return time.perf_counter_ns()
@@ -117,6 +129,7 @@ class Timeline:
         self.stages_on = stages
         self._stage_marks: list[tuple[int, str, object, object]] = []
         self._iter_marks: list[tuple[int, object, object]] = []
+        self._sub_marks: list[tuple[int, str, str, object, object]] = []
         self._iter: int | None = None
         self._iter_start: object = None
 
@@ -142,6 +155,31 @@ class Timeline:
         finally:
             self._stage_marks.append((self._iter, name, start, self.clock.mark()))
             nvtx.pop_range()
+
+    @contextmanager
+    def sub_span(self, stage: str, name: str):
+        """Time `name`, a piece of `stage`, in the iteration under way (nothing outside one: an
+        evaluation's work is no iteration's). Its NVTX range is `stage:name`, nested in the stage's."""
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
+        if not self.stages_on or self._iter is None:
+            yield
+            return
+        iteration = self._iter
+        nvtx.push_range(f"{stage}:{name}")
+        start = self.clock.mark()
+        try:
+            yield
+        finally:
+            self._sub_marks.append((iteration, stage, name, start, self.clock.mark()))
+            nvtx.pop_range()
+
+    def drain_sub(self) -> list[SubSpan]:
+        """Sub-spans finished since the last drain_sub (on CUDA this waits for the marked work)."""
+        r = self.clock.resolve
+        subs = [SubSpan(i, st, n, *r(a, b)) for i, st, n, a, b in self._sub_marks]
+        self._sub_marks = []
+        return subs
 
     def open_span(self, stage: str, iteration: int) -> tuple[int, str, object, object]:
         """Start a span that ends elsewhere (a pipelined input dist ends in a later iteration,

@@ -15,6 +15,7 @@ from harness.batch_source import open_batches
 from harness.dense_step import DenseStep
 from harness.evaluate import EvalRecord, eval_iterations, evaluate
 from harness.dense_gradients import FlatGradients
+from harness.dynamic_setup import dynamic_setup, write_counts
 from harness.flush import RecordFlusher
 from harness.input_pipeline import InputFeeder
 from harness.progress import Progress
@@ -28,6 +29,7 @@ from harness.timeline import Timeline
 from model.collective_bytes import CollectiveBytes
 from model.collective_wait import WAITS
 from model.dense import DenseArch
+from model.dynamic_table import DynamicCounts
 from model.ids_all_to_all import HostTransfer
 from model.names import NODE_BLOCKED_KINDS
 from model.sharded_embeddings import PendingBackward, ShardedEmbeddingCollection
@@ -49,6 +51,8 @@ class TrainResult:
     unless train(keep_weights=True) (on mlperf that copy would be tens of GiB a rank)."""
     evals: list[EvalRecord] = field(default_factory=list)
     """Every evaluation, in order (the same on every rank); empty without --eval-every."""
+    dynamic: dict[int, DynamicCounts] = field(default_factory=dict)
+    """What each dynamic table on this rank moved between its slots and the parameter store."""
 
 
 def maybe_inject_fault(cfg: BenchConfig, rank: int, it: int, recorder: RankRecorder | None) -> None:
@@ -122,6 +126,9 @@ def train(
         # One group per node, made by every rank in the same order (new_subgroups does all of them).
         node_pg, _ = dist.new_subgroups(group_size=cfg.run.gpus_per_node,
                                         timeout=dt.timedelta(seconds=cfg.run.collective_timeout_s))
+    timeline = Timeline(cuda=device.type == "cuda", stages=cfg.run.timeline, device=device)
+    dynamic, close_store = dynamic_setup(cfg, plan, rank=rank, recorder=recorder,
+                                         span=lambda name: timeline.sub_span("input_dist", name))
     embeddings = ShardedEmbeddingCollection(
         table_rows=cfg.model.table_rows,
         embedding_dim=cfg.model.embedding_dim,
@@ -144,13 +151,13 @@ def train(
         bytes_moved=moved,
         comm_fwd=cfg.precision.comm,
         comm_bwd=cfg.precision.wire_bwd,
+        dynamic=dynamic,
     )
     step = DenseStep(
         dense=dense, grads=grads, world_size=world, local_batch=local_batch, num_dense=cfg.model.num_dense,
         pooled_width=cfg.model.num_sparse * cfg.model.embedding_dim, device=device, graphed=on["cuda_graphs"],
         precision=cfg.precision.dense,
     )
-    timeline = Timeline(cuda=device.type == "cuda", stages=cfg.run.timeline, device=device)
     total = cfg.run.warmup_iters + cfg.run.iters
 
     def feeder_for(first: int, end: int) -> InputFeeder:
@@ -226,18 +233,26 @@ def train(
         def log_aborted() -> None:
             result_log.run_stop(success=False, samples=len(records.losses) * global_batch)
 
-        for cleanup in (flush, log_aborted, *((feeder.close,) if feeder is not None else ())):
+        def keep_counts() -> None:
+            write_counts(recorder, embeddings.dynamic_counts())
+
+        for cleanup in (flush, log_aborted, keep_counts, close_store, *((feeder.close,) if feeder is not None else ())):
             try:
                 cleanup()
             except Exception as cleanup_exc:
                 print(f"rank {rank}: {cleanup.__name__} after the failure failed: {cleanup_exc!r}", file=sys.stderr)
         raise
     flush()
+    write_counts(recorder, embeddings.dynamic_counts())
     result_log.run_stop(success=bool(evals) and evals[-1].reached_target, samples=first * global_batch)
-    if not keep_weights:
-        return TrainResult(losses=records.losses, dense_state={}, shards=[], evals=evals)
-    return TrainResult(
-        losses=records.losses, evals=evals,
-        dense_state={k: v.detach().cpu().clone() for k, v in dense.state_dict().items()},
-        shards=[(t, s, w.detach().cpu().clone()) for t, s, w in embeddings.shard_weights()],
-    )
+    counts = embeddings.dynamic_counts()
+    try:
+        if not keep_weights:
+            return TrainResult(losses=records.losses, dense_state={}, shards=[], evals=evals, dynamic=counts)
+        return TrainResult(
+            losses=records.losses, evals=evals, dynamic=counts,
+            dense_state={k: v.detach().cpu().clone() for k, v in dense.state_dict().items()},
+            shards=[(t, s, w.detach().cpu().clone()) for t, s, w in embeddings.shard_weights()],
+        )
+    finally:
+        close_store()

@@ -11,7 +11,7 @@ distribution, launched) and `finish_backward` (its wait + fused update); `shard_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,8 +20,10 @@ import torch.distributed as dist
 
 from model.collective_bytes import CollectiveBytes
 from model.collective_wait import WaitFn, block
+from model.dynamic_table import DynamicCounts, DynamicSettings, DynamicTable
 from model.embeddings import build_dense_tbe, build_fused_tbe, init_shard_
 from model.features import FeatureOrder, SparseFeatures
+from model.id_transformer import IdTransformer
 from model.ids_all_to_all import PLAIN_TRANSFER, HostTransfer, IdsAllToAll, PendingIds, Ready
 from model.sharding import Shard, row_block
 from model.wire_codec import BACKWARD_CODECS, FORWARD_CODECS, WireCodec
@@ -158,12 +160,16 @@ class PooledAllToAllSharding:
         self.in_cols = torch.argsort(self.out_cols)
         self.tbe = None
         if self.local:
-            self.tbe = build_fused_tbe(rows=[table_rows[t] for _, t, _ in self.local], dims=[s.cols for *_, s in self.local],
+            self.tbe = build_fused_tbe(rows=[s.rows for *_, s in self.local], dims=[s.cols for *_, s in self.local],
                                        device=ctx.device, optimizer=ctx.optimizer,
                                        learning_rate=ctx.learning_rate, eps=ctx.eps, precision=ctx.table_precision)
-            for w_t, (_, t, s) in zip(self.tbe.split_embedding_weights(), self.local):
-                init_shard_(w_t, table=t, table_rows=table_rows[t], table_dim=ctx.dim, row_start=s.row_start,
-                            col_start=s.col_start, seed=ctx.init_seed)
+            self._init_weights(table_rows)
+
+    def _init_weights(self, table_rows: Sequence[int]) -> None:
+        """Each shard its slice of its table's init."""
+        for w_t, (_, t, s) in zip(self.tbe.split_embedding_weights(), self.local):
+            init_shard_(w_t, table=t, table_rows=table_rows[t], table_dim=self.ctx.dim, row_start=s.row_start,
+                        col_start=s.col_start, seed=self.ctx.init_seed)
 
     def static_splits(self, local_batch: int) -> tuple[list[list[int]], list[list[int]]]:
         """What the splits exchange would return for a fixed-hotness batch, computed locally."""
@@ -224,6 +230,77 @@ class PooledAllToAllSharding:
         if self.tbe is None:
             return []
         return [(t, s, w) for (_, t, s), w in zip(self.local, self.tbe.split_embedding_weights())]
+
+
+class TransformedIds:
+    """A pending ids exchange whose ids are rewritten as they are waited for (a dynamic table's
+    ids into its slots): same protocol as PendingIds."""
+
+    def __init__(self, pending: PendingIds, rewrite: Callable[[SparseFeatures], SparseFeatures]) -> None:
+        self._pending, self._rewrite = pending, rewrite
+
+    @property
+    def splits_exchanged(self) -> int:
+        return self._pending.splits_exchanged
+
+    def start_splits(self) -> None:
+        self._pending.start_splits()
+
+    def launch(self) -> None:
+        self._pending.launch()
+
+    def wait(self) -> SparseFeatures:
+        return self._rewrite(self._pending.wait())
+
+
+class DynamicSharding(PooledAllToAllSharding):
+    """Dynamic tables (model/dynamic_table.py), each placed as table-wise: its ids go to its rank,
+    which looks the whole global batch up in the table's slots and sends every batch owner its
+    rows. The owner turns the ids it receives into slots as it waits for them (the ID transformer
+    and the rows it moves to and from the store run on the host, in the main thread, after the
+    previous iteration's fused update), so the lookup and the update run on slots."""
+
+    def __init__(self, ctx: ShardingContext, *, features: Sequence[int], slots: Sequence[tuple[int, int, Shard]],
+                 table_rows: Sequence[int], multi_hot: Sequence[int], settings: DynamicSettings) -> None:
+        """slots: (position in `features`, table, its one shard: the slot table, rows 0..slots)."""
+        super().__init__(ctx, features=features, slots=slots, table_rows=table_rows, multi_hot=multi_hot)
+        self.tables: list[DynamicTable] = []
+        if self.tbe is None:
+            return
+        states = self.tbe.split_optimizer_states() if ctx.optimizer != "exact_sgd" else [[] for _ in self.local]
+        for (_, t, s), w, st in zip(self.local, self.tbe.split_embedding_weights(), states):
+            self.tables.append(DynamicTable(
+                table=t, table_rows=table_rows[t], weights=w, states=list(st),
+                transformer=IdTransformer(s.rows, settings.policy, settings.half_life), store=settings.store,
+                seed=ctx.init_seed, span=settings.span))
+
+    def _init_weights(self, table_rows: Sequence[int]) -> None:
+        """Slots start empty: a row is written into its slot when its id is admitted."""
+        with torch.no_grad():
+            for w in self.tbe.split_embedding_weights():
+                w.zero_()
+
+    def prepare_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> TransformedIds:
+        return TransformedIds(super().prepare_input_dist(ids, splits_known=splits_known), self._to_slots)
+
+    def _to_slots(self, local: SparseFeatures) -> SparseFeatures:
+        if not self.tables:
+            return local
+        # The transformer runs on the host: on a GPU this reads the ids back (a sync), as
+        # TorchRec's dynamic embedding does.
+        counts = local.lengths.sum(dim=1).tolist()
+        values = local.values.cpu().split(counts)
+        slots = torch.cat([d.transform(v) for d, v in zip(self.tables, values)])
+        return SparseFeatures(lengths=local.lengths, values=slots.to(local.values.device))
+
+    def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
+        """Each dynamic table whole, as its ids' rows wherever they live (slot, store, or the
+        init of an id never seen): a copy, not the live slots."""
+        return [(d.table, Shard(s.rank, 0, d.table_rows, 0, s.cols), d.rows_of(torch.arange(d.table_rows)))
+                for (_, _, s), d in zip(self.local, self.tables)]
+
+    def counts(self) -> dict[int, DynamicCounts]:
+        return {d.table: d.counts for d in self.tables}
 
 
 def row_block_tbe(ctx: ShardingContext, tables: Sequence[int], shards: Sequence[Shard], table_rows: Sequence[int]):

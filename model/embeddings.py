@@ -29,10 +29,50 @@ WEIGHTS_PRECISIONS = {"fp32": SparseType.FP32, "fp16": SparseType.FP16}
 if set(WEIGHTS_PRECISIONS) != set(TABLE_PRECISIONS):  # a name added there needs its type here
     raise ImportError(f"model/embeddings.py maps {sorted(WEIGHTS_PRECISIONS)}, model/names.py names {TABLE_PRECISIONS}")
 
-INIT_CHUNK_ROWS = 65536
-"""Init draws come in chunks of this many full rows, each from its own seed: any shard's
-weights are a slice of the same full-table init, whatever the plan, without materialising
-the full table."""
+INIT_BLOCK_ROWS = 8192
+"""Rows init_shard_ computes at once (bounds the int64 scratch: 8192 x 128 x 8 B = 8 MiB)."""
+
+
+def _int64(x: int) -> int:
+    """A 64-bit pattern as the int64 torch stores it."""
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+_GOLDEN = _int64(0x9E3779B97F4A7C15)
+_MIX1 = _int64(0xBF58476D1CE4E5B9)
+_MIX2 = _int64(0x94D049BB133111EB)
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 (multiplication wraps; the masks make the shifts logical)."""
+    z = (z ^ ((z >> 30) & ((1 << 34) - 1))) * _MIX1
+    z = (z ^ ((z >> 27) & ((1 << 37) - 1))) * _MIX2
+    return z ^ ((z >> 31) & ((1 << 33) - 1))
+
+
+def _stream(seed: int, table: int) -> int:
+    """The table's key: splitmix64's finaliser of (seed * 1000003 + table), as int64."""
+    z = (seed * 1_000_003 + table) & ((1 << 64) - 1)
+    for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        z = ((z ^ (z >> shift)) * mult) & ((1 << 64) - 1)
+    return _int64(z ^ (z >> 31))
+
+
+def init_values(rows: torch.Tensor, *, col_start: int, cols: int, table: int, table_rows: int, table_dim: int,
+                seed: int) -> torch.Tensor:
+    """The table's init of `rows` (int64, any order) x columns col_start.., float32 on rows' device.
+
+    TorchRec's default U(-1/sqrt(rows), 1/sqrt(rows)), counter-based: element (r, c) is a hash of
+    (seed, table, r * table_dim + c) alone (splitmix64: state r * table_dim + c steps of its golden
+    gamma from the table's key, then its finaliser), its top 24 bits u / 2^24 mapped to
+    -b + 2b * u in float64, then rounded to float32. So any row's values are the same whichever
+    shard, slot or batch of rows asks for them, and one row costs what one row is: a dynamic
+    table initialises the rows it admits, one by one, from ids anywhere in a 40M-row id space."""
+    x = rows.to(torch.int64).view(-1, 1) * table_dim + torch.arange(col_start, col_start + cols, device=rows.device)
+    z = _mix(x * _GOLDEN + _stream(seed, table))
+    u = ((z >> 40) & 0xFFFFFF).to(torch.float64) / (1 << 24)
+    b = table_rows**-0.5
+    return (u * (2 * b) - b).to(torch.float32)
 
 
 def build_fused_tbe(
@@ -68,22 +108,20 @@ def build_dense_tbe(*, rows: Sequence[int], dims: Sequence[int], device: torch.d
 def init_shard_(
     weight: torch.Tensor, *, table: int, table_rows: int, table_dim: int, row_start: int, col_start: int, seed: int
 ) -> None:
-    """Fill a shard (rows row_start.., columns col_start..) with its slice of the table's init.
-
-    The table's init is TorchRec's default U(-1/sqrt(rows), 1/sqrt(rows)); chunk k of its
-    rows is drawn at the table's full width from a generator seeded by (seed, table, k) alone.
-    """
-    bound = table_rows**-0.5
+    """Fill a shard (rows row_start.., columns col_start..) with its slice of the table's init
+    (init_values, computed on the weight's device), INIT_BLOCK_ROWS rows at a time."""
     rows, cols = weight.shape
-    row, end = row_start, row_start + rows
     with torch.no_grad():
-        while row < end:
-            k = row // INIT_CHUNK_ROWS
-            first = k * INIT_CHUNK_ROWS
-            gen = torch.Generator().manual_seed((seed * 1_000_003 + table) * 1_000_003 + k)
-            chunk = torch.empty(min(INIT_CHUNK_ROWS, table_rows - first), table_dim).uniform_(-bound, bound, generator=gen)
-            take = min(end, first + chunk.shape[0]) - row
-            weight[row - row_start : row - row_start + take].copy_(
-                chunk[row - first : row - first + take, col_start : col_start + cols]
-            )
-            row += take
+        for first in range(0, rows, INIT_BLOCK_ROWS):
+            n = min(INIT_BLOCK_ROWS, rows - first)
+            block = init_values(torch.arange(row_start + first, row_start + first + n, device=weight.device),
+                                col_start=col_start, cols=cols,
+                                table=table, table_rows=table_rows, table_dim=table_dim, seed=seed)
+            weight[first : first + n].copy_(block)
+
+
+def init_rows(ids: torch.Tensor, *, table: int, table_rows: int, table_dim: int, seed: int) -> torch.Tensor:
+    """The init of the table's rows `ids` (int64, any order), (len(ids), table_dim) float32 on the
+    host: the values init_shard_ gives those rows (a dynamic table's row is its id's, not its slot's)."""
+    return init_values(ids, col_start=0, cols=table_dim, table=table, table_rows=table_rows, table_dim=table_dim,
+                       seed=seed)

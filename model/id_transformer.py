@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-POLICIES = ("lru", "lfu", "hybrid")
+from model.names import DYNAMIC_POLICIES
+
+POLICIES = DYNAMIC_POLICIES
 """Eviction policies: least recent; fewest accesses (least recent among equals); accesses with
 their counter halved every `half_life` id occurrences since the last, least recent among equals."""
 

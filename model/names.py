@@ -3,8 +3,12 @@
 model/embeddings.py maps the optimizer names to fbgemm's enum; model/sharding.py builds the kinds.
 """
 
-SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "grid_shard", "data_parallel")
+SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "grid_shard", "data_parallel", "dynamic")
 """How one embedding table is spread over ranks (model/sharding.py)."""
+
+DYNAMIC_POLICIES = ("lru", "lfu", "hybrid")
+"""Eviction policies of a dynamic table's slots (model/id_transformer.py): least recent; fewest
+accesses (least recent among equals); accesses with decaying counters (least recent among equals)."""
 
 NODE_BLOCKED_KINDS = ("table_row_wise", "grid_shard")
 """Kinds whose column blocks are row-wise inside one node each: they share one sharding, and need

@@ -18,7 +18,8 @@ nodes; every transfer charged to both ends) in each exchange of the iteration, a
 Search: tables are placed largest first. For each, every kind (table-wise on each rank,
 column-wise into 2..column_shards blocks on the least loaded ranks, row-wise, table-row-wise on
 each node and grid (2..column_shards column blocks, each table-row-wise on one of the least loaded
-nodes) when the job spans nodes, data-parallel) whose placement fits the memory left is tried,
+nodes) when the job spans nodes, data-parallel; a table forced dynamic: table-wise placements of its
+slot table on each rank) whose placement fits the memory left is tried,
 and the best by, in order:
 
 1. the resulting iteration seconds, but never below the balanced floor (the least total work any
@@ -41,7 +42,8 @@ from model.plan_traffic import (
     FOOTPRINT_ROWS, LOOKUP, MEMORY, PHASES, Geometry, PlanTraffic, row, table_footprint,
 )
 from model.sharding import (
-    SHARDING_TYPES, Shard, TablePlan, column_wise, data_parallel, grid_shard, row_wise, table_row_wise, table_wise,
+    SHARDING_TYPES, Shard, TablePlan, column_wise, data_parallel, dynamic, grid_shard, row_wise, table_row_wise,
+    table_wise,
 )
 
 MIN_COLUMN_BLOCK = 4
@@ -95,20 +97,24 @@ class PlanError(ValueError):
 
 
 ABBREVIATIONS = {"table_wise": "TW", "column_wise": "CW", "row_wise": "RW", "table_row_wise": "TRW",
-                 "grid_shard": "GRID", "data_parallel": "DP"}
+                 "grid_shard": "GRID", "data_parallel": "DP", "dynamic": "DYN"}
 
 
 def shard_label(t: int, tp: TablePlan, s: Shard) -> str:
     """'t3:TW', 't3:CW[0:64]', 't3:RW', 't3:GRID[64:128]', 't3:DP': what a rank holds, for the printed plan."""
     if tp.kind in ("column_wise", "grid_shard"):
         return f"t{t}:{ABBREVIATIONS[tp.kind]}[{s.col_start}:{s.col_end}]"
+    if tp.kind == "dynamic":
+        return f"t{t}:DYN[{s.rows} slots]"
     return f"t{t}:{ABBREVIATIONS[tp.kind]}"
 
 
 GROUP_OF_KIND = {"table_wise": "pooled", "column_wise": "pooled", "row_wise": "row_wise",
-                 "table_row_wise": "table_row_wise", "grid_shard": "table_row_wise", "data_parallel": "data_parallel"}
+                 "table_row_wise": "table_row_wise", "grid_shard": "table_row_wise", "data_parallel": "data_parallel",
+                 "dynamic": "dynamic"}
 """The sharding (one set of collectives an iteration, model/embedding_shardings.py) a kind's tables share."""
-COLLECTIVES_OF_GROUP = {"pooled": (4, 0), "row_wise": (4, 0), "table_row_wise": (4, 2), "data_parallel": (1, 0)}
+COLLECTIVES_OF_GROUP = {"pooled": (4, 0), "row_wise": (4, 0), "table_row_wise": (4, 2), "data_parallel": (1, 0),
+                        "dynamic": (4, 0)}
 """(collectives over all ranks, collectives inside a node) a sharding runs an iteration: the splits and
 ids exchanges, the forward and backward exchanges (table-row-wise adds its in-node reduce-scatter
 and all-gather); data-parallel tables one gradient all-reduce."""
@@ -167,9 +173,11 @@ def column_blocks(dim: int, most: int, holders: int) -> list[int]:
 
 
 def _candidates(kind: str, spec: TableSpec, topo: Topology, lightest: list[int], lightest_nodes: list[int],
-                column_shards: int) -> list[TablePlan]:
+                column_shards: int, dynamic_slots: int) -> list[TablePlan]:
     """Every placement of one kind the search tries; `lightest`: the ranks, least loaded first;
     `lightest_nodes`: the nodes, least loaded first."""
+    if kind == "dynamic":
+        return [dynamic(spec.rows, spec.dim, r, dynamic_slots) for r in range(topo.world_size)]
     if kind == "table_wise":
         return [table_wise(spec.rows, spec.dim, r) for r in range(topo.world_size)]
     if kind == "column_wise":
@@ -219,17 +227,21 @@ def plan_tables(
     weight_bytes: float = 4.0,
     forced: dict[int, str] | None = None,
     column_shards: int = 4,
+    dynamic_slots: int | None = None,
 ) -> tuple[list[TablePlan], list[RankLoad]]:
     """A plan for every table and each rank's resulting load. Raises PlanError with the reason.
     state_per_element / state_per_row: optimizer state floats, weight_bytes: bytes a fused table's
     weight element takes (see plan_traffic.Geometry);
-    column_shards: the most column blocks tried."""
+    column_shards: the most column blocks tried; dynamic_slots: the slots of each table forced
+    dynamic (placed as table-wise; the search never makes a table dynamic by itself)."""
     forced = forced or {}
     for t, kind in forced.items():
         if kind not in SHARDING_TYPES:
             raise PlanError(f"table {t}: unknown sharding type {kind!r}; types are {', '.join(SHARDING_TYPES)}")
         if not 0 <= t < len(tables):
             raise PlanError(f"forced sharding names table {t}; tables are 0..{len(tables) - 1}")
+        if kind == "dynamic" and not (dynamic_slots or 0) >= 1:
+            raise PlanError(f"table {t}: a dynamic table needs its slots (--dynamic-slots)")
         holders = {"column_wise": ("rank", topo.world_size), "grid_shard": ("node", topo.world_size // topo.ranks_per_node)}
         if kind in holders and not column_blocks(tables[t].dim, column_shards, holders[kind][1]):
             what, n = holders[kind]
@@ -268,7 +280,7 @@ def plan_tables(
         kinds = [forced[t]] if t in forced else _kinds(topo)
         best, tightest = None, None
         for pref, kind in enumerate(kinds):
-            for tp in _candidates(kind, spec, topo, lightest, lightest_nodes, column_shards):
+            for tp in _candidates(kind, spec, topo, lightest, lightest_nodes, column_shards, dynamic_slots or 0):
                 fp = footprint(tp, spec)
                 held = total[MEMORY] + fp[MEMORY]
                 if tightest is None or held.max() < tightest:

@@ -1,7 +1,7 @@
 """The sharded embedding collection: every table placed by a plan, batches data-parallel.
 
 Tables are grouped by how they are distributed (table/column-wise, row-wise, table-row-wise and
-grid, data-parallel), one sharding each, as TorchRec does. The phases are separate methods (not
+grid, dynamic, data-parallel), one sharding each, as TorchRec does. The phases are separate methods (not
 one autograd function) so the harness can time each stage and overlap the input distribution of
 the next batch with the compute of this one.
 """
@@ -16,9 +16,10 @@ import torch.distributed as dist
 
 from model.collective_bytes import CollectiveBytes
 from model.collective_wait import WaitFn, block
+from model.dynamic_table import DynamicCounts, DynamicSettings
 from model.embedding_shardings import (
-    BackwardInFlight, DataParallelSharding, EmbeddingSharding, NodeBlock, PooledAllToAllSharding, RowWiseSharding, ShardForward,
-    ShardingContext, TableRowWiseSharding,
+    BackwardInFlight, DataParallelSharding, DynamicSharding, EmbeddingSharding, NodeBlock, PooledAllToAllSharding,
+    RowWiseSharding, ShardForward, ShardingContext, TableRowWiseSharding,
 )
 from model.features import FeatureOrder, SparseFeatures
 from model.ids_all_to_all import PLAIN_TRANSFER, HostTransfer, PendingIds, Ready
@@ -95,13 +96,15 @@ class ShardedEmbeddingCollection:
         bytes_moved: CollectiveBytes | None = None,
         comm_fwd: str = "fp32",
         comm_bwd: str = "fp32",
+        dynamic: DynamicSettings | None = None,
     ) -> None:
         """multi_hot: ids a sample has in each feature when hotness is fixed (what makes splits
         computable in advance); ids_pg: the process group of the ids exchange; ranks_per_node and
         node_pg (this rank's node's group): what table-row-wise tables need (None: one node);
         table_precision: the fused tables' weights (fp32 or fp16); bytes_moved: where every exchange
         counts the bytes it moves (None: not counted); comm_fwd / comm_bwd: the pooled embeddings'
-        and their gradients' precision on the wire."""
+        and their gradients' precision on the wire; dynamic: how dynamic tables run (their policy and
+        this rank's parameter store; needed when the plan has one)."""
         check_plan(plan, table_rows, embedding_dim, world_size)
         ctx = ShardingContext(rank=rank, world_size=world_size, pg=pg, ids_pg=ids_pg, device=device,
                               ranks_per_node=ranks_per_node, node_pg=node_pg,
@@ -128,7 +131,11 @@ class ShardedEmbeddingCollection:
             width = embedding_dim // len(nodes)
             blocks += [NodeBlock(p, n, i * width, (i + 1) * width) for i, n in enumerate(nodes)]
         replicated = [t for t, k in enumerate(kinds) if k == "data_parallel"]
+        dynamic_tables = [t for t, k in enumerate(kinds) if k == "dynamic"]
+        if dynamic_tables and dynamic is None:
+            raise ValueError(f"tables {dynamic_tables} are dynamic: their policy and parameter store are needed")
         self.shardings: list[EmbeddingSharding] = []
+        self.dynamic: DynamicSharding | None = None
         if pooled:
             slots = [(p, t, s) for p, t in enumerate(pooled) for s in plan[t].shards]
             self.shardings.append(PooledAllToAllSharding(ctx, features=pooled, slots=slots, table_rows=table_rows,
@@ -138,6 +145,11 @@ class ShardedEmbeddingCollection:
         if node_blocked:
             self.shardings.append(TableRowWiseSharding(ctx, features=[t for _, t in node_blocked], blocks=blocks,
                                                        table_rows=table_rows))
+        if dynamic_tables:
+            slots = [(p, t, s) for p, t in enumerate(dynamic_tables) for s in plan[t].shards]
+            self.dynamic = DynamicSharding(ctx, features=dynamic_tables, slots=slots, table_rows=table_rows,
+                                           multi_hot=multi_hot, settings=dynamic)
+            self.shardings.append(self.dynamic)
         if replicated:
             self.shardings.append(DataParallelSharding(ctx, features=replicated, table_rows=table_rows))
         self.select = [FeatureOrder.of(s.features, device) for s in self.shardings]
@@ -189,6 +201,11 @@ class ShardedEmbeddingCollection:
         flights = [s.start_backward(s_fwd, part.reshape(b, -1)) for s, s_fwd, part in zip(self.shardings, fwd.shards, parts)]
         return PendingBackward(self.shardings, flights)
 
+    def dynamic_counts(self) -> dict[int, DynamicCounts]:
+        """What each dynamic table on this rank moved between its slots and the store."""
+        return self.dynamic.counts() if self.dynamic is not None else {}
+
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
-        """(table, shard, live weights) for every shard this rank holds."""
+        """(table, shard, live weights) for every shard this rank holds (a dynamic table: all its
+        rows, a copy; see DynamicSharding.shard_weights)."""
         return [item for s in self.shardings for item in s.shard_weights()]

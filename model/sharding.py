@@ -13,7 +13,11 @@ times a column range on one rank), so placement, memory and cost are computed on
 - grid_shard:    column blocks on k distinct nodes, each table-row-wise over its node's ranks
                  (TorchRec's GRID_SHARD): a hot table's lookups and partial sums split k ways,
                  its ids sent to each of the k nodes;
-- data_parallel: the whole table replicated on every rank.
+- data_parallel: the whole table replicated on every rank;
+- dynamic:       the whole id space on one rank (placed as table-wise), but only `slots` rows
+                 resident: an ID transformer maps ids to slots and evicted rows go to a
+                 parameter store (model/dynamic_table.py). Its one shard is the slot table:
+                 rows 0..slots, so memory and traffic are counted for slots, not rows.
 """
 
 from __future__ import annotations
@@ -103,8 +107,16 @@ def data_parallel(rows: int, dim: int, world_size: int) -> TablePlan:
     return TablePlan("data_parallel", tuple(Shard(r, 0, rows, 0, dim) for r in range(world_size)))
 
 
+def dynamic(rows: int, dim: int, rank: int, slots: int) -> TablePlan:
+    """A dynamic table on `rank` with min(slots, rows) slots resident."""
+    if slots < 1:
+        raise ValueError(f"a dynamic table needs at least one slot, got {slots}")
+    return TablePlan("dynamic", (Shard(rank, 0, min(slots, rows), 0, dim),))
+
+
 def check_plan(plan: Sequence[TablePlan], table_rows: Sequence[int], dim: int, world_size: int) -> None:
-    """Every table covered exactly once (replicas aside), on ranks that exist."""
+    """Every table covered exactly once (replicas aside), on ranks that exist; a dynamic table
+    by one full-width slot table of at most its rows."""
     if len(plan) != len(table_rows):
         raise ValueError(f"plan has {len(plan)} tables, model has {len(table_rows)}")
     for t, (tp, rows) in enumerate(zip(plan, table_rows)):
@@ -112,6 +124,10 @@ def check_plan(plan: Sequence[TablePlan], table_rows: Sequence[int], dim: int, w
             raise ValueError(f"table {t}: unknown sharding type {tp.kind!r}")
         if any(not 0 <= s.rank < world_size for s in tp.shards):
             raise ValueError(f"table {t}: shard on a rank outside 0..{world_size - 1}")
+        if tp.kind == "dynamic":
+            if len(tp.shards) != 1 or tp.shards[0].cols != dim or not 1 <= tp.shards[0].rows <= rows:
+                raise ValueError(f"table {t}: a dynamic table is one shard of 1..{rows} slots x {dim}")
+            continue
         copies = world_size if tp.kind == "data_parallel" else 1
         if sum(s.rows * s.cols for s in tp.shards) != copies * rows * dim:
             raise ValueError(f"table {t}: {tp.kind} shards do not cover {rows} x {dim} exactly")

@@ -7,19 +7,45 @@ shared code. Only the initial weights are taken from the code under test's rules
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
+MASK64 = (1 << 64) - 1
+
+
+def _finish_int(z: int) -> int:
+    """splitmix64's finaliser on a Python int, masked to 64 bits."""
+    for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        z = ((z ^ (z >> shift)) * mult) & MASK64
+    return z ^ (z >> 31)
+
+
+def _finish_u64(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on numpy uint64 (multiplication wraps)."""
+    for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        z = (z ^ (z >> np.uint64(shift))) * np.uint64(mult)
+    return z ^ (z >> np.uint64(31))
+
+
 def embedding_init(rows: int, dim: int, *, table: int, seed: int) -> torch.Tensor:
-    """The documented init rule (model/embeddings.py): U(-1/sqrt(rows), 1/sqrt(rows)), rows drawn
-    in chunks of 65536 full-width rows, chunk k from a generator seeded by (seed, table, k)."""
-    chunks = []
-    for k, first in enumerate(range(0, rows, 65536)):
-        gen = torch.Generator().manual_seed((seed * 1_000_003 + table) * 1_000_003 + k)
-        chunks.append(torch.empty(min(65536, rows - first), dim).uniform_(-(rows**-0.5), rows**-0.5, generator=gen))
-    return torch.cat(chunks)
+    """The documented init rule (model/embeddings.py init_values), in numpy's unsigned 64-bit
+    arithmetic: element (r, c) is splitmix64's finaliser of key + (r * dim + c) * golden gamma,
+    key the finaliser of seed * 1000003 + table; its top 24 bits u / 2^24 give -b + 2b * u in
+    float64 (b = 1/sqrt(rows)), rounded to float32."""
+    key = np.uint64(_finish_int((seed * 1_000_003 + table) & MASK64))
+    b = rows**-0.5
+    out = np.empty((rows, dim), dtype=np.float32)
+    with np.errstate(over="ignore"):
+        for first in range(0, rows, 65536):
+            r = np.arange(first, min(rows, first + 65536), dtype=np.uint64)
+            x = r[:, None] * np.uint64(dim) + np.arange(dim, dtype=np.uint64)[None, :]
+            z = _finish_u64(x * np.uint64(0x9E3779B97F4A7C15) + key)
+            u = (z >> np.uint64(40)).astype(np.float64) / float(1 << 24)
+            out[first : first + len(r)] = (u * (2 * b) - b).astype(np.float32)
+    return torch.from_numpy(out)
 
 
 class ReferenceDLRM:

@@ -45,6 +45,12 @@ BAD_BENCH = {
     "bad per-table": (["--shard", "99=row_wise"], "names table 99"),
     "rendezvous without node rank": (["--rdzv-endpoint", "127.0.0.1:1"], "no node rank"),
     "rendezvous without run id": (["--rdzv-endpoint", "127.0.0.1:1", "--node-rank", "0"], "same --run-id"),
+    "store without a dynamic table": (["--ps", "redis://127.0.0.1:6379"], "no table is dynamic"),
+    "store not redis": (["--shard", "2=dynamic", "--ps", "http://x:1"], "give redis://host:port[/db]"),
+    "no dynamic slots": (["--shard", "2=dynamic", "--dynamic-slots", "0"], "dynamic.slots must be a positive integer"),
+    "unknown dynamic policy": (["--shard", "2=dynamic", "--dynamic-policy", "fifo"], "invalid choice: 'fifo'"),
+    "dynamic on torchrec": (["--preset", "tiny", "--shard", "2=dynamic", "--engine", "torchrec"],
+                            "dynamic tables run on the harness engine only"),
 }
 
 

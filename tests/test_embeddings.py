@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import torch
 
-from model.embeddings import build_dense_tbe, init_shard_
+from model.embeddings import build_dense_tbe, init_rows, init_shard_
 from tests.reference import embedding_init
 
 
 def test_any_shard_is_a_slice_of_the_full_table_init():
-    rows, dim = 150_000, 8  # three init chunks of 65536 rows
+    rows, dim = 150_000, 8  # blocks of 8192 rows in init_shard_, of 65536 in the reference
     full = embedding_init(rows, dim, table=3, seed=7)
     for r0, r1, c0, c1 in [(0, rows, 0, dim), (60_000, 140_000, 4, 8), (131_071, 131_073, 0, 4), (5, 6, 2, 3)]:
         shard = torch.empty(r1 - r0, c1 - c0)
         init_shard_(shard, table=3, table_rows=rows, table_dim=dim, row_start=r0, col_start=c0, seed=7)
         assert torch.equal(shard, full[r0:r1, c0:c1])
-    assert full.abs().max() <= rows**-0.5
+    # A dynamic table's rows, asked for by id in any order, repeats included.
+    ids = torch.tensor([149_999, 3, 70_000, 3, 0])
+    assert torch.equal(init_rows(ids, table=3, table_rows=rows, table_dim=dim, seed=7), full[ids])
+    # U(-b, b), b = 1/sqrt(rows): within b (as float32 rounds it), mean 0 and std b/sqrt(3) within
+    # 1% (1.2M draws: the std of the sample std is about 0.06% of it).
+    b = torch.tensor(rows**-0.5, dtype=torch.float32)
+    assert full.abs().max() <= b
+    assert abs(float(full.double().mean())) < 0.01 * float(b)
+    assert abs(float(full.double().std()) / (float(b) / 3**0.5) - 1) < 0.01
+    # Another table or seed draws other values.
+    for other in (embedding_init(rows, dim, table=4, seed=7), embedding_init(rows, dim, table=3, seed=8)):
+        assert (other != full).float().mean() > 0.99
 
 
 def test_dense_tbe_forward_and_grad_match_embedding_bag():

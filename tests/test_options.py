@@ -12,7 +12,7 @@ import pytest
 from harness.ablation import run_ablation
 from harness.cli import build_parser, main
 from harness.config import (
-    BenchConfig, DataConfig, EvalConfig, ModelConfig, OptimizationsConfig, OptimizerConfig, PrecisionConfig, RunConfig, ShardingConfig, option,
+    BenchConfig, DataConfig, DynamicConfig, EvalConfig, ModelConfig, OptimizationsConfig, OptimizerConfig, PrecisionConfig, RunConfig, ShardingConfig, option,
 )
 from harness.names import DENSE_PRECISIONS, OPTIMIZATION_FLAGS
 from harness.optimizations import resolve
@@ -22,7 +22,7 @@ from harness.presets import mlperf, small, tiny
 
 CONCERNS = {"model": ModelConfig, "optimizer": OptimizerConfig, "data": DataConfig, "sharding": ShardingConfig,
             "optimizations": OptimizationsConfig, "precision": PrecisionConfig, "run": RunConfig,
-            "evaluation": EvalConfig}
+            "evaluation": EvalConfig, "dynamic": DynamicConfig}
 
 
 def bench_parser():
@@ -49,6 +49,8 @@ def test_every_config_field_is_an_option_with_its_docstring_as_help():
     assert actions["sharding.memory_gbps"].help.startswith("Memory bandwidth a rank gets (GB/s); None: the profile's.")
     assert actions["run.warmup_iters"].option_strings == ["--warmup"]
     assert actions["data.global_batch_size"].option_strings == ["--global-batch"]
+    assert actions["dynamic.slots"].option_strings == ["--dynamic-slots"]
+    assert actions["dynamic.ps"].option_strings == ["--ps"]
 
 
 def test_todays_option_names_still_parse():

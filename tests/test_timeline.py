@@ -175,3 +175,27 @@ def test_perf_times_a_stage_with_the_clock_a_run_uses(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: syncs.append("sync"))
     assert perf.stage_cost_ns(100, cuda=True) > 0
     assert syncs == ["sync", "sync"]
+
+
+def test_sub_spans_belong_to_the_iteration_under_way_and_only_to_one():
+    tl = Timeline(cuda=False, stages=True)
+    with tl.sub_span("input_dist", "dynamic_transform"):  # no iteration: an evaluation's work
+        pass
+    tl.begin_iteration(4)
+    with tl.stage("input_dist"):
+        with tl.sub_span("input_dist", "dynamic_fetch"):
+            time.sleep(0.002)
+    tl.end_iteration()
+    (sub,) = tl.drain_sub()
+    (stage,), _ = tl.drain()
+    assert (sub.iteration, sub.stage, sub.name) == (4, "input_dist", "dynamic_fetch")
+    assert stage.start_ns <= sub.start_ns and sub.end_ns <= stage.end_ns and sub.end_ns - sub.start_ns >= 2e6
+    assert tl.drain_sub() == []
+    with pytest.raises(ValueError, match="unknown stage 'lookup'"):
+        with tl.sub_span("lookup", "x"):
+            pass
+    off = Timeline(cuda=False, stages=False)
+    off.begin_iteration(0)
+    with off.sub_span("input_dist", "dynamic_fetch"):
+        pass
+    assert off.drain_sub() == []
