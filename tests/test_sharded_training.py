@@ -39,10 +39,39 @@ def reference_run(cfg):
     return losses, ref
 
 
-def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+NOISE_FLOOR = 2e-6
+"""What an element near zero may differ by, whatever its tensor. Float32 summation order moves a
+gradient by ~1e-7 of its terms, and Adagrad's step g / (sqrt(sum g^2) + eps) passes that on with a
+gain of up to lr / eps = 5 a step here: measured up to 1.2e-6 after 5 steps on small's dense
+weights, 1.6e-8 on the top layer's one-element bias (whose own magnitude, 4e-4, gives no room).
+A sharding bug moves a weight by O(lr) = 0.05, 25000 times the floor."""
+
+
+RARE_FLIPS = 1e-3
+"""small's model (a 1024-wide top layer, 256 samples) has ~10^6 ReLU pre-activations a step: one
+that lands within float32 noise of zero goes positive in one run and not in the other, and that
+sample's gradient then differs by a whole unit's share. Measured: none in 4 steps, one at step 5
+(seed 0, one node of 2 ranks): 831 of top.0's 3.5M weights (0.02%) off by up to 2.3e-5 (1.2e-3 of
+the largest), table 20's touched rows by up to 9e-6 (2.8e-3). So where `rare` is given, that share
+of a tensor's elements may miss the elementwise bound, each still within RARE_BOUND of the
+tensor's largest magnitude; a missed update or a misplaced row moves far more elements (every row
+a batch touches: 0.26% of a hotness-1 table of small at batch 256) by O(lr)."""
+RARE_BOUND = 1e-2
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, *, rare: float = 0.0) -> None:
     """1e-5 relative, element by element; elements that sit near zero (where float32 summation
-    order alone moves the relative error past 1e-5) get 1e-5 of the tensor's largest magnitude."""
-    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
+    order alone moves the relative error past 1e-5) get 1e-5 of the tensor's largest magnitude,
+    or NOISE_FLOOR where that is smaller. rare: the share of elements that may miss that (RARE_FLIPS)."""
+    scale = float(expected.abs().max())
+    atol = max(1e-5 * scale, NOISE_FLOOR)
+    if not rare:
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=atol)
+        return
+    diff = (actual - expected).abs()
+    off = diff > atol + 1e-5 * expected.abs()
+    assert float(off.float().mean()) <= rare, f"{int(off.sum())} of {off.numel()} off, up to {float(diff.max()):.3g}"
+    assert float(diff.max()) <= RARE_BOUND * scale, f"off by {float(diff.max()):.3g} of a largest {scale:.3g}"
 
 
 def assemble(ranks: list[dict], table: int, rows: int, dim: int) -> torch.Tensor:
@@ -62,11 +91,11 @@ def assemble(ranks: list[dict], table: int, rows: int, dim: int) -> torch.Tensor
 
 def check_against_reference(world: int, sharding: ShardingConfig, tmp_path, device: str = "cpu",
                             nodes: int = 1, optimizations: OptimizationsConfig | None = None,
-                            preset=tiny, train_batch: int | None = None, data=None) -> None:
+                            preset=tiny, train_batch: int | None = None, data=None, rare: float = 0.0) -> None:
     """world: ranks of each of `nodes` simulated nodes (a node's ranks are consecutive);
     optimizations: the flags to run with (None: the preset's); train_batch: the global batch to
     train with (None: the preset's); the plan is always made for the preset's own batch; data:
-    where batches come from (None: the preset's synthetic stream)."""
+    where batches come from (None: the preset's synthetic stream); rare: see RARE_FLIPS."""
     cfg = preset(nodes=nodes, gpus_per_node=world, iters=STEPS, warmup_iters=0, device=device)
     if data is not None:
         cfg = cfg.replace(data=data)
@@ -96,9 +125,9 @@ def check_against_reference(world: int, sharding: ShardingConfig, tmp_path, devi
         for k, v in r["dense_state"].items():
             assert torch.equal(v, ranks[0]["dense_state"][k]), k
     for k, v in ranks[0]["dense_state"].items():
-        close(v, ref.dense[k].detach())
+        close(v, ref.dense[k].detach(), rare=rare)
     for t, rows in enumerate(cfg.model.table_rows):
-        close(assemble(ranks, t, rows, cfg.model.embedding_dim), ref.tables[t].weight.detach())
+        close(assemble(ranks, t, rows, cfg.model.embedding_dim), ref.tables[t].weight.detach(), rare=rare)
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -136,7 +165,7 @@ def test_planned_small_layouts_match_unsharded_reference(nodes, tmp_path):
     machine, and the plan does not depend on the batch it trains."""
     forced = TRW_FORCED if nodes > 1 else ()
     check_against_reference(2, ShardingConfig(kind="auto", per_table=forced), tmp_path, nodes=nodes,
-                            preset=small, train_batch=256)
+                            preset=small, train_batch=256, rare=RARE_FLIPS)
 
 
 def test_table_row_wise_beside_every_other_kind_on_two_nodes(tmp_path):
