@@ -243,9 +243,9 @@ def train(
                 print(f"rank {rank}: {cleanup.__name__} after the failure failed: {cleanup_exc!r}", file=sys.stderr)
         raise
     flush()
-    write_counts(recorder, embeddings.dynamic_counts())
-    result_log.run_stop(success=bool(evals) and evals[-1].reached_target, samples=first * global_batch)
     counts = embeddings.dynamic_counts()
+    write_counts(recorder, counts)
+    result_log.run_stop(success=bool(evals) and evals[-1].reached_target, samples=first * global_batch)
     try:
         if not keep_weights:
             return TrainResult(losses=records.losses, dense_state={}, shards=[], evals=evals, dynamic=counts)

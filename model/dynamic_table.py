@@ -118,7 +118,8 @@ class DynamicTable:
         """The slot of each id (int64, on the host), its row in place: evicted rows written to
         the store first (their slots are about to be reused), then admitted rows fetched or
         initialised into their slots. A store failure raises before any slot is overwritten."""
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.table_rows):
+        lo, hi = torch.aminmax(ids) if ids.numel() else (0, 0)  # one pass over the ids
+        if int(lo) < 0 or int(hi) >= self.table_rows:
             raise ValueError(f"table {self.table}: ids must be in 0..{self.table_rows - 1}")
         with self.span("dynamic_transform"):
             try:

@@ -118,10 +118,9 @@ class ShardedEmbeddingCollection:
         row_wise = [t for t, k in enumerate(kinds) if k == "row_wise"]
         per_node = ranks_per_node or world_size
         # Table-row-wise and grid tables share one sharding: each column block row-wise in a node.
-        node_blocked = sorted((grid_nodes(plan[t], per_node)[0], t) for t, k in enumerate(kinds) if k in NODE_BLOCKED_KINDS)
+        node_blocked = sorted((grid_nodes(plan[t], per_node), t) for t, k in enumerate(kinds) if k in NODE_BLOCKED_KINDS)
         blocks = []
-        for p, (_, t) in enumerate(node_blocked):
-            nodes = grid_nodes(plan[t], per_node)
+        for p, (nodes, t) in enumerate(node_blocked):
             # The sharding derives the row blocks from the rows: the plan must agree.
             made = (table_row_wise(table_rows[t], embedding_dim, nodes[0], per_node) if kinds[t] == "table_row_wise"
                     else grid_shard(table_rows[t], embedding_dim, nodes, per_node))
