@@ -19,7 +19,11 @@ def test_loader_is_set_against_a_runs_training_rate(tmp_path, capsys):
     files = float(re.search(r"files ([\d,]+) samples/s", out).group(1).replace(",", ""))
     line = next(l for l in out.splitlines() if l.startswith("training, run r1 (tiny, 2 ranks, global batch 8)"))
     assert ": 80 samples/s;" in line
-    assert f"x{files / 80:,.1f} that" in line and "(goal >= x5: met)" in line
+    # The printed files rate is rounded to whole samples/s and the ratio to 0.1, so the ratio is checked
+    # within both roundings rather than by re-deriving its printed digits (x2,403.6 vs x2,403.7 once).
+    ratio = float(re.search(r"the loader is x([\d,.]+) that", line).group(1).replace(",", ""))
+    assert abs(ratio - files / 80) <= 0.5 / 80 + 0.05 + 1e-9
+    assert "(goal >= x5: met)" in line
 
 
 def test_an_unknown_run_is_one_line_before_any_timing(tmp_path, capsys):
