@@ -19,9 +19,12 @@
 // twice the slots. lfu and hybrid rank every evictable slot (a linear-time selection, then a sort
 // of the chosen), since a decayed counter's order moves with time.
 //
-// Speed: an id costs one hash bucket (key and slot side by side in one cache line) and one slot
-// state; the buckets of ids a few places ahead are prefetched, and the slot states of ids half as
-// far ahead (their buckets have arrived), so the cache misses of several ids overlap.
+// Speed: a resident id costs one hash bucket (key and slot side by side in one cache line) and its
+// slot's time (8 bytes a slot, so a million slots' times fit the last-level cache); a new id costs
+// its bucket, then its victim's id and bucket (erased) and its slot's state. Every loop over such
+// random places prefetches them a few dozen entries ahead, so the misses of many ids overlap, and
+// the arrays live on 2 MiB pages so a random read is not a TLB miss too. random_read_rate()
+// measures what such reads cost on the machine at hand: the ceiling `make perf-dynamic` prints.
 //
 // The id -> slot map is an open-addressing hash table with linear probing and backward-shift
 // deletion (no tombstones), sized to a power of two at least 4x the slots: at most `capacity`
@@ -34,12 +37,15 @@
 // build time.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/full.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -68,10 +74,42 @@ inline uint64_t mix(uint64_t x) {  // splitmix64's finaliser: consecutive ids sp
   return x;
 }
 
-struct SlotState {
-  int64_t id = kEmpty;
-  int64_t time = -1;  // clock tick of the last access
-  int64_t count = 0;  // accesses (lfu) or the decayed counter as of `time` (hybrid)
+// A fixed-size array on its own anonymous mapping, asking the kernel for 2 MiB pages: the hash
+// table and slot states are read at random, and with 4 KiB pages nearly every such read also
+// misses the TLB (a page walk of its own). Where huge pages are not granted it works as is.
+template <typename T>
+class HugeArray {
+ public:
+  HugeArray() = default;
+  HugeArray(size_t n, const T& fill) : n_(n) {
+    bytes_ = std::max<size_t>(1, n * sizeof(T));
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes_, MADV_HUGEPAGE);
+#endif
+    data_ = static_cast<T*>(p);
+    std::fill(data_, data_ + n, fill);
+  }
+  HugeArray(const HugeArray&) = delete;
+  HugeArray& operator=(const HugeArray&) = delete;
+  HugeArray& operator=(HugeArray&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(n_, o.n_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  ~HugeArray() {
+    if (data_) munmap(data_, bytes_);
+  }
+  T& operator[](size_t i) { return data_[i]; }
+  const T& operator[](size_t i) const { return data_[i]; }
+  size_t size() const { return n_; }
+
+ private:
+  T* data_ = nullptr;
+  size_t n_ = 0;
+  size_t bytes_ = 0;
 };
 
 struct Bucket {
@@ -84,7 +122,10 @@ struct LogEntry {  // lru: slot `slot` was accessed at tick `time` (slot < 0: pe
   int64_t slot;
 };
 
-constexpr int64_t kPrefetch = 16;  // ids ahead whose buckets are prefetched
+// How far ahead the loops over random places prefetch: far enough that a line has arrived when
+// its turn comes (a DRAM miss is a few hundred ns, an id's work a few ns), few enough that the
+// lines in flight fit the core's miss buffers.
+constexpr int64_t kAhead = 32;
 
 struct Touched {  // a slot's state before this batch first touched it (restored if the batch fails)
   int64_t slot;
@@ -94,8 +135,9 @@ struct Touched {  // a slot's state before this batch first touched it (restored
 
 struct Pending {  // an id of this batch that is not resident yet
   int64_t id;
-  int64_t time;   // its last occurrence in the batch
-  int64_t count;  // its occurrences in the batch
+  int64_t time;    // its last occurrence in the batch
+  int64_t count;   // its occurrences in the batch
+  uint64_t bucket; // its bucket: valid until the first erase of the batch (inserts move nothing)
 };
 
 using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
@@ -109,8 +151,10 @@ class IdTransformer {
     uint64_t size = 1;
     while (size < uint64_t(4) * uint64_t(capacity)) size <<= 1;
     mask_ = size - 1;
-    table_.assign(size, Bucket{});
-    slots_.resize(capacity);
+    table_ = HugeArray<Bucket>(size, Bucket{});
+    slot_id_ = HugeArray<int64_t>(capacity, kEmpty);
+    slot_time_ = HugeArray<int64_t>(capacity, -1);
+    slot_count_ = HugeArray<int64_t>(capacity, 0);
   }
 
   // (slot of each id, admitted ids, their slots, evicted ids, their slots): admitted in the order
@@ -126,83 +170,41 @@ class IdTransformer {
     if (lru) compact_log(n);
     const int64_t batch_start = clock_;
     const size_t log_start = log_.size();
-    std::vector<Pending> pending;
-    std::vector<Touched> touched;
-    for (int64_t p = 0; p < std::min(n, kPrefetch); ++p) __builtin_prefetch(&table_[home(id[p])]);
-    for (int64_t p = 0; p < n; ++p) {
-      if (p + kPrefetch < n) __builtin_prefetch(&table_[home(id[p + kPrefetch])]);
-      if (p + kPrefetch / 2 < n) {  // that id's bucket has arrived by now: fetch its slot's state
-        const Bucket& ahead = table_[bucket_of(id[p + kPrefetch / 2])];
-        if (ahead.val >= 0 && ahead.key == id[p + kPrefetch / 2]) __builtin_prefetch(&slots_[ahead.val]);
-      }
-      const int64_t t = clock_++;
-      Bucket& b = table_[bucket_of(id[p])];
-      if (b.key == id[p]) {
-        const int64_t v = b.val;
-        if (v >= 0) {
-          SlotState& st = slots_[v];
-          if (st.time < batch_start) touched.push_back({v, st.time, st.count});
-          touch(st, t);
-        } else {
-          Pending& q = pending[-v - 2];
-          q.time = t;
-          q.count += 1;
-        }
-        slot_of[p] = v;
-      } else {
-        if (int64_t(pending.size()) == capacity_) {  // one more distinct id than slots: never fits
-          undo(pending, touched, batch_start, log_start);
-          throw std::invalid_argument("id transformer: a batch has more distinct ids than the table's " +
-                                      std::to_string(capacity_) + " slots");
-        }
-        b.key = id[p];
-        b.val = -int64_t(pending.size()) - 2;
-        slot_of[p] = b.val;
-        pending.push_back({id[p], t, 1});
-      }
-      if (lru) log_.push_back({t, slot_of[p]});
-    }
-    const int64_t k = int64_t(pending.size());
+    if (lru) log_.resize(log_start + n);
+    pending_.clear();
+    touched_.clear();
+    scan(id, n, slot_of, batch_start, log_start);
+    const int64_t k = int64_t(pending_.size());
     const int64_t fresh = std::min(k, capacity_ - used_);
-    std::vector<int64_t> victims;  // slots, coldest first
+    victims_.clear();  // slots, coldest first
     size_t log_head = log_head_;
     if (k > fresh) {
-      victims = lru ? least_recent(k - fresh, log_start, &log_head) : coldest(k - fresh, batch_start);
-      if (int64_t(victims.size()) < k - fresh) {
-        undo(pending, touched, batch_start, log_start);
+      if (lru) {
+        least_recent(k - fresh, log_start, &log_head);
+      } else {
+        coldest(k - fresh, batch_start);
+      }
+      if (int64_t(victims_.size()) < k - fresh) {
+        undo(batch_start, log_start);
         throw std::invalid_argument(
-            "id transformer: a batch needs " + std::to_string(used_ - int64_t(victims.size()) + k) +
+            "id transformer: a batch needs " + std::to_string(used_ - int64_t(victims_.size()) + k) +
             " slots at once (its distinct ids), more than the table's " + std::to_string(capacity_));
       }
     }
     log_head_ = log_head;
+    const int64_t m = int64_t(victims_.size());
     auto admitted_ids = at::empty({k}, at::kLong);
     auto admitted_slots = at::empty({k}, at::kLong);
-    auto evicted_ids = at::empty({int64_t(victims.size())}, at::kLong);
-    auto evicted_slots = at::empty({int64_t(victims.size())}, at::kLong);
-    std::vector<int64_t> slot_of_pending(k);
-    for (int64_t j = 0; j < int64_t(victims.size()); ++j) {
-      const int64_t s = victims[j];
-      evicted_ids.data_ptr<int64_t>()[j] = slots_[s].id;
-      evicted_slots.data_ptr<int64_t>()[j] = s;
-      erase(slots_[s].id);
-    }
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t s = j < fresh ? used_ + j : victims[j - fresh];
-      const Pending& q = pending[j];
-      slots_[s] = SlotState{q.id, q.time, q.count};
-      table_[bucket_of(q.id)].val = s;
-      slot_of_pending[j] = s;
-      admitted_ids.data_ptr<int64_t>()[j] = q.id;
-      admitted_slots.data_ptr<int64_t>()[j] = s;
-    }
+    auto evicted_ids = at::empty({m}, at::kLong);
+    auto evicted_slots = at::empty({m}, at::kLong);
+    admit(fresh, admitted_ids.data_ptr<int64_t>(), admitted_slots.data_ptr<int64_t>(),
+          evicted_ids.data_ptr<int64_t>(), evicted_slots.data_ptr<int64_t>());
     used_ += fresh;
+    const int64_t* slot_of_pending = admitted_slots.data_ptr<int64_t>();
     for (int64_t p = 0; p < n; ++p) {
-      if (slot_of[p] < 0) slot_of[p] = slot_of_pending[-slot_of[p] - 2];
-    }
-    if (lru) {
-      for (size_t e = log_start; e < log_.size(); ++e) {
-        if (log_[e].slot < 0) log_[e].slot = slot_of_pending[-log_[e].slot - 2];
+      if (slot_of[p] < 0) {
+        slot_of[p] = slot_of_pending[-slot_of[p] - 2];
+        if (lru) log_[log_start + p].slot = slot_of[p];
       }
     }
     return {out.view(ids_in.sizes()), admitted_ids, admitted_slots, evicted_ids, evicted_slots};
@@ -225,12 +227,14 @@ class IdTransformer {
   // The id in each slot, -1 for a slot never used.
   at::Tensor slot_ids() {
     std::lock_guard<std::mutex> lock(mu_);
-    auto out = at::full({capacity_}, kEmpty, at::kLong);
-    for (int64_t s = 0; s < used_; ++s) out.data_ptr<int64_t>()[s] = slots_[s].id;
+    auto out = at::empty({capacity_}, at::kLong);
+    int64_t* o = out.data_ptr<int64_t>();
+    for (int64_t s = 0; s < capacity_; ++s) o[s] = slot_id_[s];
     return out;
   }
 
   int64_t capacity() const { return capacity_; }
+  int64_t table_bytes() const { return int64_t(table_.size() * sizeof(Bucket)); }
   int64_t resident() {
     std::lock_guard<std::mutex> lock(mu_);
     return used_;
@@ -242,45 +246,142 @@ class IdTransformer {
       throw std::invalid_argument("id transformer: ids must be an int64 tensor on the CPU");
     }
     auto flat = ids.contiguous().view(-1);
-    if (flat.numel() && flat.min().item<int64_t>() < 0) {
-      throw std::invalid_argument("id transformer: ids must be non-negative");
-    }
+    const int64_t* id = flat.data_ptr<int64_t>();
+    int64_t low = 0;  // one plain pass: a torch reduction costs more than it scans at these sizes
+    for (int64_t p = 0; p < flat.numel(); ++p) low = std::min(low, id[p]);
+    if (low < 0) throw std::invalid_argument("id transformer: ids must be non-negative");
     return flat;
   }
 
   uint64_t home(int64_t key) const { return mix(uint64_t(key)) & mask_; }
 
-  // The bucket holding `key`, or the empty bucket where it would go.
-  uint64_t bucket_of(int64_t key) const {
-    uint64_t b = home(key);
+  // The bucket holding `key`, or the empty bucket where it would go, probing from bucket `b` (its
+  // home, or a bucket its probe from there has reached).
+  uint64_t probe(uint64_t b, int64_t key) const {
     while (table_[b].key != kEmpty && table_[b].key != key) b = (b + 1) & mask_;
     return b;
+  }
+  uint64_t bucket_of(int64_t key) const { return probe(home(key), key); }
+
+  // Each id to its slot, or to a pending place (-(k + 2)) when it is not resident: the resident
+  // are touched, the new go to pending_ and into the table. A first pass hashes the batch; then the
+  // buckets of ids kAhead places on are prefetched, and at half that distance (their buckets have
+  // arrived) each id's bucket is found and its slot's state prefetched, so the misses of many ids
+  // overlap and an id is hashed and probed once. A bucket found ahead is where the id's own probe
+  // resumes: the scan only inserts, which moves no key, so the key is still there, or, if it was
+  // absent, every bucket before that one still holds another key.
+  // The touched slots' old state is kept only when the batch could fail (more ids than slots):
+  // a batch with at most `capacity` ids has at most that many distinct ones, so it always fits.
+  void scan(const int64_t* id, int64_t n, int64_t* slot_of, int64_t batch_start, size_t log_start) {
+    const bool lru = policy_ == Policy::kLru;
+    const bool may_fail = n > capacity_;
+    start_.resize(n);
+    uint64_t* start = start_.data();
+    for (int64_t p = 0; p < n; ++p) start[p] = home(id[p]);
+    for (int64_t p = 0; p < std::min(n, kAhead); ++p) __builtin_prefetch(&table_[start[p]]);
+    for (int64_t p = 0; p < n; ++p) {
+      if (p + kAhead < n) __builtin_prefetch(&table_[start[p + kAhead]], 1);
+      if (p + kAhead / 2 < n) {
+        const int64_t q = p + kAhead / 2;
+        start[q] = probe(start[q], id[q]);
+        const Bucket& ahead = table_[start[q]];
+        if (ahead.key == id[q] && ahead.val >= 0) {
+          __builtin_prefetch(&slot_time_[ahead.val], 1);
+          if (!lru) __builtin_prefetch(&slot_count_[ahead.val], 1);
+        }
+      }
+      const int64_t t = clock_++;
+      const uint64_t bi = probe(start[p], id[p]);
+      Bucket& b = table_[bi];
+      if (b.key == id[p]) {
+        const int64_t v = b.val;
+        if (v >= 0) {
+          // (lru leaves counts alone, so it does not read them: a cache miss saved an id)
+          if (may_fail && slot_time_[v] < batch_start) {
+            touched_.push_back({v, slot_time_[v], lru ? 0 : slot_count_[v]});
+          }
+          touch(v, t);
+        } else {
+          Pending& q = pending_[-v - 2];
+          q.time = t;
+          q.count += 1;
+        }
+        slot_of[p] = v;
+      } else {
+        if (int64_t(pending_.size()) == capacity_) {  // one more distinct id than slots: never fits
+          undo(batch_start, log_start);
+          throw std::invalid_argument("id transformer: a batch has more distinct ids than the table's " +
+                                      std::to_string(capacity_) + " slots");
+        }
+        b.key = id[p];
+        b.val = -int64_t(pending_.size()) - 2;
+        slot_of[p] = b.val;
+        pending_.push_back({id[p], t, 1, bi});
+      }
+      if (lru) log_[log_start + p] = {t, slot_of[p]};
+    }
+  }
+
+  // The pending ids take the fresh slots, then the victims' (victims_[j - fresh] for the j-th):
+  // first each pending bucket gets its slot (by the bucket noted in the scan, before any erase
+  // can move it), then the victims leave the table, then the slots take their new ids' state.
+  // Each loop prefetches the random places of the entry kAhead on.
+  void admit(int64_t fresh, int64_t* admitted_ids, int64_t* admitted_slots, int64_t* evicted_ids,
+             int64_t* evicted_slots) {
+    const int64_t k = int64_t(pending_.size());
+    const int64_t m = int64_t(victims_.size());
+    const bool counts = policy_ != Policy::kLru;  // lru never reads a count
+    for (int64_t j = 0; j < k; ++j) {
+      if (j + kAhead < k) __builtin_prefetch(&table_[pending_[j + kAhead].bucket], 1);
+      const int64_t s = j < fresh ? used_ + j : victims_[j - fresh];
+      table_[pending_[j].bucket].val = s;
+      admitted_ids[j] = pending_[j].id;
+      admitted_slots[j] = s;
+    }
+    for (int64_t j = 0; j < std::min(m, 2 * kAhead); ++j) __builtin_prefetch(&slot_id_[victims_[j]]);
+    for (int64_t j = 0; j < m; ++j) {
+      if (j + 2 * kAhead < m) __builtin_prefetch(&slot_id_[victims_[j + 2 * kAhead]]);
+      if (j + kAhead < m) __builtin_prefetch(&table_[home(slot_id_[victims_[j + kAhead]])], 1);
+      evicted_ids[j] = slot_id_[victims_[j]];
+      evicted_slots[j] = victims_[j];
+      erase(evicted_ids[j]);
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      if (j + kAhead < k) {
+        const int64_t s = admitted_slots[j + kAhead];
+        __builtin_prefetch(&slot_id_[s], 1);
+        __builtin_prefetch(&slot_time_[s], 1);
+        if (counts) __builtin_prefetch(&slot_count_[s], 1);
+      }
+      const int64_t s = admitted_slots[j];
+      slot_id_[s] = pending_[j].id;
+      slot_time_[s] = pending_[j].time;
+      if (counts) slot_count_[s] = pending_[j].count;
+    }
   }
 
   // A batch that cannot be admitted leaves the table as it found it: its pending ids out of the
   // table, the slots it touched as they were, its log entries and clock ticks taken back.
-  void undo(const std::vector<Pending>& pending, const std::vector<Touched>& touched, int64_t batch_start,
-            size_t log_start) {
-    for (const Pending& q : pending) erase(q.id);
-    for (const Touched& u : touched) {
-      slots_[u.slot].time = u.time;
-      slots_[u.slot].count = u.count;
+  void undo(int64_t batch_start, size_t log_start) {
+    for (const Pending& q : pending_) erase(q.id);
+    for (const Touched& u : touched_) {
+      slot_time_[u.slot] = u.time;
+      if (policy_ != Policy::kLru) slot_count_[u.slot] = u.count;
     }
     log_.resize(std::min(log_.size(), log_start));
     clock_ = batch_start;
   }
 
-  // lru: up to `need` slots, least recent first, from the log's live entries before `end` (this
-  // batch's begin there); `head` advances past what was read.
-  std::vector<int64_t> least_recent(int64_t need, size_t end, size_t* head) const {
-    std::vector<int64_t> out;
+  // lru: up to `need` slots into victims_, least recent first, from the log's live entries before
+  // `end` (this batch's begin there); `head` advances past what was read.
+  void least_recent(int64_t need, size_t end, size_t* head) {
     size_t e = *head;
-    for (; e < end && int64_t(out.size()) < need; ++e) {
+    for (; e < end && int64_t(victims_.size()) < need; ++e) {
+      if (e + kAhead < end) __builtin_prefetch(&slot_time_[log_[e + kAhead].slot]);
       const LogEntry& entry = log_[e];
-      if (slots_[entry.slot].time == entry.time) out.push_back(entry.slot);
+      if (slot_time_[entry.slot] == entry.time) victims_.push_back(entry.slot);
     }
     *head = e;
-    return out;
   }
 
   // lru: drop the read front and the dead entries once the log holds more than twice the slots
@@ -289,7 +390,8 @@ class IdTransformer {
     if (log_.size() - log_head_ <= size_t(2 * capacity_ + batch) && log_head_ <= log_.size() / 2) return;
     size_t kept = 0;
     for (size_t e = log_head_; e < log_.size(); ++e) {
-      if (slots_[log_[e].slot].time == log_[e].time) log_[kept++] = log_[e];
+      if (e + kAhead < log_.size()) __builtin_prefetch(&slot_time_[log_[e + kAhead].slot]);
+      if (slot_time_[log_[e].slot] == log_[e].time) log_[kept++] = log_[e];
     }
     log_.resize(kept);
     log_head_ = 0;
@@ -313,27 +415,27 @@ class IdTransformer {
     table_[hole].key = kEmpty;
   }
 
-  int64_t decayed(const SlotState& s, int64_t now) const {
-    const int64_t halvings = (now - s.time) / half_life_;
-    return halvings >= 62 ? 0 : s.count >> halvings;
+  int64_t decayed(int64_t slot, int64_t now) const {
+    const int64_t halvings = (now - slot_time_[slot]) / half_life_;
+    return halvings >= 62 ? 0 : slot_count_[slot] >> halvings;
   }
 
-  void touch(SlotState& s, int64_t t) {
+  void touch(int64_t slot, int64_t t) {
     switch (policy_) {
       case Policy::kLru:
         break;
       case Policy::kLfu:
-        s.count = std::min(s.count + 1, kMaxCount);
+        slot_count_[slot] = std::min(slot_count_[slot] + 1, kMaxCount);
         break;
       case Policy::kHybrid:
-        s.count = std::min(decayed(s, t) + 1, kMaxCount);
+        slot_count_[slot] = std::min(decayed(slot, t) + 1, kMaxCount);
         break;
     }
-    s.time = t;
+    slot_time_[slot] = t;
   }
 
-  // lfu, hybrid: up to `need` slots not accessed since `since`, coldest first.
-  std::vector<int64_t> coldest(int64_t need, int64_t since) const {
+  // lfu, hybrid: up to `need` slots into victims_, not accessed since `since`, coldest first.
+  void coldest(int64_t need, int64_t since) {
     struct Key {
       int64_t heat, time, slot;
       bool operator<(const Key& o) const { return heat != o.heat ? heat < o.heat : time < o.time; }
@@ -341,31 +443,58 @@ class IdTransformer {
     std::vector<Key> keys;
     keys.reserve(used_);
     for (int64_t s = 0; s < used_; ++s) {
-      const SlotState& st = slots_[s];
-      if (st.time >= since) continue;  // accessed by this batch
-      const int64_t heat = policy_ == Policy::kLru ? 0 : policy_ == Policy::kLfu ? st.count : decayed(st, since);
-      keys.push_back({heat, st.time, s});
+      if (slot_time_[s] >= since) continue;  // accessed by this batch
+      const int64_t heat = policy_ == Policy::kLfu ? slot_count_[s] : decayed(s, since);
+      keys.push_back({heat, slot_time_[s], s});
     }
     const int64_t m = std::min<int64_t>(need, keys.size());
     if (m < int64_t(keys.size())) std::nth_element(keys.begin(), keys.begin() + m, keys.end());
     std::sort(keys.begin(), keys.begin() + m);
-    std::vector<int64_t> out(m);
-    for (int64_t j = 0; j < m; ++j) out[j] = keys[j].slot;
-    return out;
+    for (int64_t j = 0; j < m; ++j) victims_.push_back(keys[j].slot);
   }
 
   const Policy policy_;
   const int64_t capacity_;
   const int64_t half_life_;
   uint64_t mask_ = 0;
-  std::vector<Bucket> table_;  // the id -> slot hash table
-  std::vector<SlotState> slots_;
+  HugeArray<Bucket> table_;  // the id -> slot hash table
+  // A slot's state, one array a field: an lru access writes only its time (8 bytes a slot, so
+  // the times of a million slots fit the last-level cache), and eviction reads only times.
+  HugeArray<int64_t> slot_id_;     // the id it holds, kEmpty if never used
+  HugeArray<int64_t> slot_time_;   // clock tick of the last access
+  HugeArray<int64_t> slot_count_;  // accesses (lfu) or the decayed counter as of that tick (hybrid)
   std::vector<LogEntry> log_;  // lru: accesses in time order, read from log_head_ on
   size_t log_head_ = 0;
+  // A batch's working lists, kept between calls so a batch allocates (and faults in) nothing.
+  std::vector<Pending> pending_;
+  std::vector<Touched> touched_;
+  std::vector<int64_t> victims_;
+  std::vector<uint64_t> start_;  // scan: each id's home bucket, then where its probe resumes
   int64_t used_ = 0;   // slots 0 .. used_-1 have held an id; the rest were never used
   int64_t clock_ = 0;  // ticks once an id occurrence
   std::mutex mu_;
 };
+
+// Random 16-byte reads a second from a table of `bytes` (2 MiB pages, filled first), `reads` of
+// them at uniformly random places, each prefetched kAhead reads before it is used, as the
+// transformer's loops do: the most a loop with one such read an item can reach on this machine.
+double random_read_rate(int64_t bytes, int64_t reads) {
+  if (bytes < 16 || reads < 1) throw std::invalid_argument("random_read_rate: bytes >= 16 and reads >= 1");
+  const uint64_t n = uint64_t(bytes) / sizeof(Bucket);
+  HugeArray<Bucket> table(n, Bucket{1, 1});
+  std::vector<uint64_t> where(reads);
+  uint64_t x = 12345;
+  for (auto& w : where) w = mix(x++) % n;
+  int64_t sum = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t p = 0; p < reads; ++p) {
+    if (p + kAhead < reads) __builtin_prefetch(&table[where[p + kAhead]]);
+    sum += table[where[p]].val;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (sum != reads) throw std::logic_error("random_read_rate: a read went astray");
+  return double(reads) / seconds;
+}
 
 }  // namespace
 
@@ -379,5 +508,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("lookup", &IdTransformer::lookup, py::arg("ids"), py::call_guard<py::gil_scoped_release>())
       .def("slot_ids", &IdTransformer::slot_ids, py::call_guard<py::gil_scoped_release>())
       .def("resident", &IdTransformer::resident)
-      .def_property_readonly("capacity", &IdTransformer::capacity);
+      .def_property_readonly("capacity", &IdTransformer::capacity)
+      .def_property_readonly("table_bytes", &IdTransformer::table_bytes);
+  m.def("random_read_rate", &random_read_rate, py::arg("bytes"), py::arg("reads"),
+        py::call_guard<py::gil_scoped_release>());
 }

@@ -5,6 +5,9 @@
    M ids/s of the transformer at hit rates of 50, 90 and 99%, against a Python dict transformer
    (an OrderedDict LRU, the same job in plain Python) and against raw torch.unique of the same
    ids (deduplication alone, no table). Only the calls are timed; batches are made outside.
+   Beside them, the machine's memory bound: random reads a second from a table of the hash
+   table's size, over the reads an id needs at the least (memory_bound), so a figure says both
+   how far it is from the goal and how far from what this machine allows.
 2. Hit rate against slots for power-law ids (Zipf, --alpha) under each policy, after a warm-up
    half of the stream: printed, and plotted in reports/perf-dynamic/hit_rate.png.
 3. Training: `mlperf-ids` (MLPerf's full id spaces, every table over 65536 rows dynamic) against
@@ -25,7 +28,7 @@ from pathlib import Path
 import torch
 
 from harness.quiet_bench import run_bench
-from model.id_transformer import POLICIES, IdTransformer
+from model.id_transformer import POLICIES, IdTransformer, random_read_rate
 
 HIT_RATES = (0.5, 0.9, 0.99)
 GOAL_VS_DICT = 50.0
@@ -54,9 +57,26 @@ def mixed_batch(resident: torch.Tensor, n: int, hit_rate: float, next_new: int, 
     return torch.cat([drawn, new])[torch.randperm(n, generator=gen)], next_new + n - hits
 
 
+READS_PER_HIT = 1
+READS_PER_MISS = 2
+"""Random reads of the hash table an id needs at the least: a resident id its bucket; a new one its
+bucket and, once the slots are full, its victim's (erased). Slot states come on top of these."""
+
+
+def memory_bound(ceiling: float, hit_rate: float) -> float:
+    """The ids/s no transformer of this table size can pass on this machine at this hit rate:
+    the random-read ceiling over the reads an id needs on average."""
+    return ceiling / (hit_rate * READS_PER_HIT + (1 - hit_rate) * READS_PER_MISS)
+
+
 def throughput(slots: int, batch: int, batches: int, seed: int) -> list[dict]:
     rows = []
     gen = torch.Generator().manual_seed(seed)
+    table_bytes = IdTransformer(slots, "lru").table_bytes
+    ceiling = statistics.median(random_read_rate(table_bytes) for _ in range(5))
+    print(f"memory ceiling: {ceiling / 1e6:.1f} M random reads/s from a table of {table_bytes / 2**20:,.0f} MiB "
+          f"(the hash table's size; median of 5); an id needs {READS_PER_HIT} (resident) or {READS_PER_MISS} "
+          "(new, slots full)", flush=True)
     for rate in HIT_RATES:
         fast = IdTransformer(slots, "lru")
         fast.transform(torch.arange(slots))
@@ -79,12 +99,16 @@ def throughput(slots: int, batch: int, batches: int, seed: int) -> list[dict]:
                 py_seconds += time.perf_counter() - start
         n = batch * batches
         row = {"hit_rate": rate, "measured_hit_rate": 1 - misses / n, "transformer": n / seconds / 1e6,
-               "python_dict": 2 * batch / py_seconds / 1e6, "torch_unique": n / uniq_seconds / 1e6}
+               "python_dict": 2 * batch / py_seconds / 1e6, "torch_unique": n / uniq_seconds / 1e6,
+               "memory_bound": memory_bound(ceiling, rate) / 1e6}
         row["vs_dict"] = row["transformer"] / row["python_dict"]
+        row["bound_vs_dict"] = row["memory_bound"] / row["python_dict"]
         print(f"hit rate {rate:.0%} (measured {row['measured_hit_rate']:.1%}): transformer {row['transformer']:.2f} "
               f"M ids/s, Python dict {row['python_dict']:.3f} M ids/s (x{row['vs_dict']:.1f}; goal x{GOAL_VS_DICT:g}: "
               f"{'met' if row['vs_dict'] >= GOAL_VS_DICT else 'MISSED'}), torch.unique {row['torch_unique']:.2f} "
-              "M ids/s", flush=True)
+              f"M ids/s; memory bound {row['memory_bound']:.1f} M ids/s = "
+              f"{row['transformer'] / row['memory_bound']:.0%} reached, at most x{row['bound_vs_dict']:.0f} the dict "
+              "on this machine", flush=True)
         rows.append(row)
     return rows
 

@@ -55,6 +55,11 @@ class IdTransformer:
     def capacity(self) -> int:
         return self._impl.capacity
 
+    @property
+    def table_bytes(self) -> int:
+        """Bytes of the id -> slot hash table (the structure every id reads at a random place)."""
+        return self._impl.table_bytes
+
     def transform(self, ids: torch.Tensor) -> Transformed:
         """Raises ValueError when the batch has more distinct ids than slots; the table is then
         left exactly as it was (nothing admitted, no recency or count changed)."""
@@ -70,3 +75,9 @@ class IdTransformer:
 
     def resident(self) -> int:
         return self._impl.resident()
+
+
+def random_read_rate(table_bytes: int, reads: int = 1 << 20) -> float:
+    """Random 16-byte reads a second from a table of `table_bytes` on this machine, prefetched as
+    the transformer's loops prefetch: the ceiling of a loop that reads such a table once an item."""
+    return _extension().random_read_rate(table_bytes, reads)
