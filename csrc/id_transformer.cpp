@@ -126,6 +126,7 @@ struct LogEntry {  // lru: slot `slot` was accessed at tick `time` (slot < 0: pe
 // its turn comes (a DRAM miss is a few hundred ns, an id's work a few ns), few enough that the
 // lines in flight fit the core's miss buffers.
 constexpr int64_t kAhead = 32;
+constexpr uint64_t kBucketsPerLine = 64 / sizeof(Bucket);
 
 struct Touched {  // a slot's state before this batch first touched it (restored if the batch fails)
   int64_t slot;
@@ -341,7 +342,11 @@ class IdTransformer {
     for (int64_t j = 0; j < std::min(m, 2 * kAhead); ++j) __builtin_prefetch(&slot_id_[victims_[j]]);
     for (int64_t j = 0; j < m; ++j) {
       if (j + 2 * kAhead < m) __builtin_prefetch(&slot_id_[victims_[j + 2 * kAhead]]);
-      if (j + kAhead < m) __builtin_prefetch(&table_[home(slot_id_[victims_[j + kAhead]])], 1);
+      if (j + kAhead < m) {  // its bucket's line and the next, which backward shifting reads on
+        const uint64_t h = home(slot_id_[victims_[j + kAhead]]);
+        __builtin_prefetch(&table_[h], 1);
+        __builtin_prefetch(&table_[(h + kBucketsPerLine) & mask_], 1);
+      }
       evicted_ids[j] = slot_id_[victims_[j]];
       evicted_slots[j] = victims_[j];
       erase(evicted_ids[j]);
