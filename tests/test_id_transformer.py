@@ -203,3 +203,20 @@ def test_perf_dynamic_batches_hit_their_share_and_the_dict_baseline_is_an_lru():
     table = OrderedDict((i, i) for i in range(100))
     stream = power_law(300, 1, 500, seed=5)
     assert dict_lru(table, [b[0] for b in stream]) == [t.transform(torch.tensor(b)).slots.item() for b in stream]
+
+
+def test_perf_dynamic_memory_bound_by_hand():
+    """The bound perf-dynamic prints: the read rate over the reads an id needs (1 a hit, 2 a miss),
+    and the table size it is measured at is the transformer's own (a power of two >= 4x slots, 16
+    bytes a bucket)."""
+    from harness.perf_dynamic import memory_bound
+    from model.id_transformer import random_read_rate
+
+    assert memory_bound(90e6, 0.5) == pytest.approx(90e6 / 1.5)
+    assert memory_bound(90e6, 1.0) == pytest.approx(90e6)
+    assert memory_bound(90e6, 0.9) == pytest.approx(90e6 / 1.1)
+    assert IdTransformer(1000, "lru").table_bytes == 4096 * 16
+    assert IdTransformer(1024, "lru").table_bytes == 4096 * 16
+    assert random_read_rate(1 << 20, 4096) > 0
+    with pytest.raises(ValueError, match="bytes >= 16"):
+        random_read_rate(8, 10)
