@@ -108,7 +108,7 @@ def throughput(slots: int, batch: int, batches: int, seed: int) -> list[dict]:
               f"{'met' if row['vs_dict'] >= GOAL_VS_DICT else 'MISSED'}), torch.unique {row['torch_unique']:.2f} "
               f"M ids/s; memory bound {row['memory_bound']:.1f} M ids/s = "
               f"{row['transformer'] / row['memory_bound']:.0%} reached, at most x{row['bound_vs_dict']:.0f} the dict "
-              "on this machine", flush=True)
+              "with this table on this machine", flush=True)
         rows.append(row)
     return rows
 
