@@ -3,7 +3,7 @@ the results kept; one that aborts during its work still fails the test."""
 
 from __future__ import annotations
 
-import atexit
+import multiprocessing.util
 import os
 
 import pytest
@@ -14,7 +14,10 @@ from tests.distributed import spawn_ranks
 
 def _abort_at_exit(rank: int, world: int, device, value: int) -> int:
     if rank == 0:
-        atexit.register(os.abort)  # runs at interpreter exit, after the result and the barrier
+        # Runs as the rank's process exits, after the result and the barrier. multiprocessing's own
+        # exit hook, not atexit: a rank forked from the forkserver leaves by os._exit, which skips
+        # atexit, while this runs under every start method.
+        multiprocessing.util.Finalize(None, os.abort, exitpriority=0)
     return value + rank
 
 
