@@ -15,9 +15,10 @@
 // Evictions are exact, reported coldest first. lru keeps a log of accesses in time order (an entry
 // a slot and tick, appended as ids occur); an entry is live while its slot's last access is that
 // tick, so the live entries from the front are the slots from least to most recent. Evicting pops
-// from the front, skipping the dead; the log is compacted to its live entries when it grows past
-// twice the slots. lfu and hybrid rank every evictable slot (a linear-time selection, then a sort
-// of the chosen), since a decayed counter's order moves with time.
+// from the front, skipping the dead; the log is compacted to its live entries when a batch's
+// entries would overflow its room (four entries a slot). lfu and hybrid rank every evictable
+// slot (a linear-time selection, then a sort of the chosen), since a decayed counter's order
+// moves with time.
 //
 // Speed: a resident id costs one hash bucket (key and slot side by side in one cache line) and its
 // slot's time (8 bytes a slot, so a million slots' times fit the last-level cache); a new id costs
@@ -127,6 +128,7 @@ struct LogEntry {  // lru: slot `slot` was accessed at tick `time` (slot < 0: pe
 // lines in flight fit the core's miss buffers.
 constexpr int64_t kAhead = 32;
 constexpr uint64_t kBucketsPerLine = 64 / sizeof(Bucket);
+constexpr size_t kLogRoomPerSlot = 4;  // lru log entries held, a slot (make_log_room)
 
 struct Touched {  // a slot's state before this batch first touched it (restored if the batch fails)
   int64_t slot;
@@ -156,6 +158,9 @@ class IdTransformer {
     slot_id_ = HugeArray<int64_t>(capacity, kEmpty);
     slot_time_ = HugeArray<int64_t>(capacity, -1);
     slot_count_ = HugeArray<int64_t>(capacity, 0);
+    // The log's room is taken (and faulted in) here, not while batches run: a first touch of
+    // fresh pages costs a fault each 4 KiB, a regrown vector copies the whole log.
+    if (policy_ == Policy::kLru) log_ = HugeArray<LogEntry>(kLogRoomPerSlot * size_t(capacity), LogEntry{0, 0});
   }
 
   // (slot of each id, admitted ids, their slots, evicted ids, their slots): admitted in the order
@@ -168,10 +173,10 @@ class IdTransformer {
     auto out = at::empty({n}, at::kLong);
     int64_t* slot_of = out.data_ptr<int64_t>();
     const bool lru = policy_ == Policy::kLru;
-    if (lru) compact_log(n);
+    if (lru) make_log_room(n);
     const int64_t batch_start = clock_;
-    const size_t log_start = log_.size();
-    if (lru) log_.resize(log_start + n);
+    const size_t log_start = log_size_;
+    if (lru) log_size_ += n;  // every entry is written by the scan before anything reads it
     pending_.clear();
     touched_.clear();
     scan(id, n, slot_of, batch_start, log_start);
@@ -274,8 +279,23 @@ class IdTransformer {
   // The touched slots' old state is kept only when the batch could fail (more ids than slots):
   // a batch with at most `capacity` ids has at most that many distinct ones, so it always fits.
   void scan(const int64_t* id, int64_t n, int64_t* slot_of, int64_t batch_start, size_t log_start) {
-    const bool lru = policy_ == Policy::kLru;
     const bool may_fail = n > capacity_;
+    switch (policy_) {
+      case Policy::kLru:
+        return may_fail ? scan_as<Policy::kLru, true>(id, n, slot_of, batch_start, log_start)
+                        : scan_as<Policy::kLru, false>(id, n, slot_of, batch_start, log_start);
+      case Policy::kLfu:
+        return may_fail ? scan_as<Policy::kLfu, true>(id, n, slot_of, batch_start, log_start)
+                        : scan_as<Policy::kLfu, false>(id, n, slot_of, batch_start, log_start);
+      case Policy::kHybrid:
+        return may_fail ? scan_as<Policy::kHybrid, true>(id, n, slot_of, batch_start, log_start)
+                        : scan_as<Policy::kHybrid, false>(id, n, slot_of, batch_start, log_start);
+    }
+  }
+
+  template <Policy P, bool may_fail>
+  void scan_as(const int64_t* id, int64_t n, int64_t* slot_of, int64_t batch_start, size_t log_start) {
+    constexpr bool lru = P == Policy::kLru;
     start_.resize(n);
     uint64_t* start = start_.data();
     for (int64_t p = 0; p < n; ++p) start[p] = home(id[p]);
@@ -301,7 +321,7 @@ class IdTransformer {
           if (may_fail && slot_time_[v] < batch_start) {
             touched_.push_back({v, slot_time_[v], lru ? 0 : slot_count_[v]});
           }
-          touch(v, t);
+          touch<P>(v, t);
         } else {
           Pending& q = pending_[-v - 2];
           q.time = t;
@@ -373,7 +393,7 @@ class IdTransformer {
       slot_time_[u.slot] = u.time;
       if (policy_ != Policy::kLru) slot_count_[u.slot] = u.count;
     }
-    log_.resize(std::min(log_.size(), log_start));
+    log_size_ = std::min(log_size_, log_start);
     clock_ = batch_start;
   }
 
@@ -389,17 +409,25 @@ class IdTransformer {
     *head = e;
   }
 
-  // lru: drop the read front and the dead entries once the log holds more than twice the slots
-  // (and the batch to come), so it stays within a few times the slots.
-  void compact_log(int64_t batch) {
-    if (log_.size() - log_head_ <= size_t(2 * capacity_ + batch) && log_head_ <= log_.size() / 2) return;
+  // lru: room in the log for a batch of n entries. When they do not fit, the log is compacted
+  // to its live entries (at most one a slot), and grown only where even that leaves too little
+  // room (a batch of more than a few times the slots). An entry is checked when it is popped and
+  // again at each compaction it survives; with room for kLogRoomPerSlot entries a slot, a
+  // compaction comes every (kLogRoomPerSlot - 1) x slots appends or so and re-checks at most the
+  // slots, so an access costs about 1 + 1/(kLogRoomPerSlot - 1) checks.
+  void make_log_room(int64_t n) {
+    if (log_size_ + size_t(n) <= log_.size()) return;
     size_t kept = 0;
-    for (size_t e = log_head_; e < log_.size(); ++e) {
-      if (e + kAhead < log_.size()) __builtin_prefetch(&slot_time_[log_[e + kAhead].slot]);
+    for (size_t e = log_head_; e < log_size_; ++e) {
+      if (e + kAhead < log_size_) __builtin_prefetch(&slot_time_[log_[e + kAhead].slot]);
       if (slot_time_[log_[e].slot] == log_[e].time) log_[kept++] = log_[e];
     }
-    log_.resize(kept);
+    log_size_ = kept;
     log_head_ = 0;
+    if (log_size_ + size_t(n) <= log_.size()) return;
+    HugeArray<LogEntry> grown(2 * (log_size_ + size_t(n)), LogEntry{0, 0});
+    std::copy(&log_[0], &log_[0] + log_size_, &grown[0]);
+    log_ = std::move(grown);
   }
 
   // Backward-shift deletion: entries after the hole that may move into it do, so every key
@@ -425,17 +453,10 @@ class IdTransformer {
     return halvings >= 62 ? 0 : slot_count_[slot] >> halvings;
   }
 
+  template <Policy P>
   void touch(int64_t slot, int64_t t) {
-    switch (policy_) {
-      case Policy::kLru:
-        break;
-      case Policy::kLfu:
-        slot_count_[slot] = std::min(slot_count_[slot] + 1, kMaxCount);
-        break;
-      case Policy::kHybrid:
-        slot_count_[slot] = std::min(decayed(slot, t) + 1, kMaxCount);
-        break;
-    }
+    if constexpr (P == Policy::kLfu) slot_count_[slot] = std::min(slot_count_[slot] + 1, kMaxCount);
+    if constexpr (P == Policy::kHybrid) slot_count_[slot] = std::min(decayed(slot, t) + 1, kMaxCount);
     slot_time_[slot] = t;
   }
 
@@ -468,8 +489,9 @@ class IdTransformer {
   HugeArray<int64_t> slot_id_;     // the id it holds, kEmpty if never used
   HugeArray<int64_t> slot_time_;   // clock tick of the last access
   HugeArray<int64_t> slot_count_;  // accesses (lfu) or the decayed counter as of that tick (hybrid)
-  std::vector<LogEntry> log_;  // lru: accesses in time order, read from log_head_ on
+  HugeArray<LogEntry> log_;  // lru: accesses in time order, log_[log_head_ .. log_size_) unread
   size_t log_head_ = 0;
+  size_t log_size_ = 0;
   // A batch's working lists, kept between calls so a batch allocates (and faults in) nothing.
   std::vector<Pending> pending_;
   std::vector<Touched> touched_;
@@ -515,6 +537,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("resident", &IdTransformer::resident)
       .def_property_readonly("capacity", &IdTransformer::capacity)
       .def_property_readonly("table_bytes", &IdTransformer::table_bytes);
+  m.attr("log_room_per_slot") = kLogRoomPerSlot;
   m.def("random_read_rate", &random_read_rate, py::arg("bytes"), py::arg("reads"),
         py::call_guard<py::gil_scoped_release>());
 }

@@ -77,6 +77,13 @@ class IdTransformer:
         return self._impl.resident()
 
 
+def log_room_per_slot() -> int:
+    """lru's access log holds this many entries a slot; it is compacted (its dead entries dropped)
+    when a batch would overflow that room, so a run's figures include a compaction once
+    log_room_per_slot() x slots ids have gone through."""
+    return int(_extension().log_room_per_slot)
+
+
 def random_read_rate(table_bytes: int, reads: int = 1 << 20) -> float:
     """Random 16-byte reads a second from a table of `table_bytes` on this machine, prefetched as
     the transformer's loops prefetch: the ceiling of a loop that reads such a table once an item."""
