@@ -300,14 +300,22 @@ class RunConfig:
         return self.nodes * self.gpus_per_node
 
 
+DEFAULT_DYNAMIC_SLOTS = 65536
+"""Slots of each dynamic table when neither --dynamic-slots nor --dynamic-memory-gib is given."""
+
+
 @dataclass(kw_only=True, frozen=True)
 class DynamicConfig:
     """Dynamic tables (`--shard T=dynamic`): slots, eviction and the parameter store
     (model/dynamic_table.py, harness/param_store.py)."""
 
-    slots: int = option(65536, option="dynamic-slots", metavar="N")
+    slots: int | None = option(None, option="dynamic-slots", metavar="N")
     """Rows each dynamic table keeps resident on its rank (at most its rows); the planner counts
-    these, not the table's rows."""
+    these, not the table's rows. Left out: DEFAULT_DYNAMIC_SLOTS, or what --dynamic-memory-gib gives."""
+    memory_gib: float | None = option(None, option="dynamic-memory-gib", metavar="GIB")
+    """Instead of --dynamic-slots: what all dynamic tables' slots may hold together, over all ranks
+    (rows and optimizer state, as the planner counts them). Each table's share follows its ids a
+    sample, up to its rows (model/dynamic_budget.py); the plan records the slots it gives."""
     policy: str = option("hybrid", option="dynamic-policy", choices=DYNAMIC_POLICIES)
     """Which id a full table evicts: lru (least recent), lfu (fewest accesses), hybrid (accesses
     with decaying counters, as Redis's LFU; least recent among equals)."""
@@ -322,7 +330,12 @@ class DynamicConfig:
     """What the embedded store's file under the run folder may grow to (each rank's); past both, the run fails."""
 
     def __post_init__(self) -> None:
-        _positive_int("dynamic.slots", self.slots)
+        if self.slots is not None and self.memory_gib is not None:
+            raise ValueError("dynamic: give --dynamic-slots or --dynamic-memory-gib, not both")
+        if self.slots is not None:
+            _positive_int("dynamic.slots", self.slots)
+        if self.memory_gib is not None and not self.memory_gib > 0:
+            raise ValueError(f"dynamic.memory_gib must be > 0, got {self.memory_gib}")
         _positive_int("dynamic.half_life", self.half_life)
         if self.policy not in DYNAMIC_POLICIES:
             raise ValueError(f"dynamic.policy {self.policy!r} is not one of {list(DYNAMIC_POLICIES)}")
@@ -398,6 +411,9 @@ class BenchConfig:
         uses_dynamic = self.sharding.kind == "dynamic" or any(k == "dynamic" for _, k in self.sharding.per_table)
         if self.dynamic.ps is not None and not uses_dynamic:
             raise ValueError(f"--ps {self.dynamic.ps} has nothing to store: no table is dynamic (--shard T=dynamic)")
+        if self.dynamic.memory_gib is not None and not uses_dynamic:
+            raise ValueError(f"--dynamic-memory-gib {self.dynamic.memory_gib:g} has nothing to size: no table is dynamic "
+                             "(--shard T=dynamic)")
         if uses_dynamic and self.run.engine != "harness":
             raise ValueError(f"dynamic tables run on the harness engine only, not {self.run.engine!r}")
         if self.optimizations.skip_splits_a2a and self.data.ragged_every == 1:

@@ -167,6 +167,10 @@ def add_config_options(parser: argparse.ArgumentParser, *, root: type = BenchCon
                              "[default: the preset's]")
 
 
+ALTERNATIVES = (("dynamic", ("slots", "memory_gib")),)
+"""(concern, fields) that size the same thing in different units: --dynamic-slots or --dynamic-memory-gib."""
+
+
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The preset's config with every option the user gave put in (raises ValueError from the config's checks)."""
     cfg = PRESETS[args.preset]()
@@ -177,5 +181,11 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         value = getattr(args, opt.dest)
         if value is not None:
             given.setdefault(opt.concern, {})[opt.field] = value
+    # Options that say the same thing two ways: the one the user gives replaces the preset's other
+    # (given both, the config's check refuses them).
+    for concern, pair in ALTERNATIVES:
+        kv = given.get(concern, {})
+        if sum(f in kv for f in pair) == 1:
+            kv.update({f: None for f in pair if f not in kv})
     # All concerns at once: the cross-concern checks see the final combination, not a half-changed one.
     return cfg.replace(**{c: dataclasses.replace(getattr(cfg, c), **kv) for c, kv in given.items()})

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 
-from harness.config import BenchConfig
+from harness.config import DEFAULT_DYNAMIC_SLOTS, BenchConfig
 from harness.manifest import PlanEstimate, RankEstimate
 from model.names import STATE_PER_ELEMENT, STATE_PER_ROW, WEIGHT_BYTES
-from model.plan_traffic import Geometry
+from model.dynamic_budget import DynamicDemand, budget_slots
+from model.plan_traffic import Geometry, shard_bytes
 from model.planner import PlanError, Topology, TableSpec, plan_step_seconds, plan_tables
 from model.sharding import SHARDING_TYPES, TablePlan
 
@@ -69,6 +70,21 @@ def geometry(cfg: BenchConfig, topo: Topology) -> Geometry:
                     weight_bytes=WEIGHT_BYTES[cfg.precision.tables])
 
 
+def dynamic_slots(cfg: BenchConfig, forced: dict[int, str], geo: Geometry) -> dict[int, int]:
+    """table -> slots for each table forced dynamic: --dynamic-slots for each, or their shares of
+    --dynamic-memory-gib (model/dynamic_budget.py). Raises PlanError when the budget is too small."""
+    dynamic = sorted(t for t, kind in forced.items() if kind == "dynamic")
+    d, m = cfg.dynamic, cfg.model
+    if d.memory_gib is None:
+        return {t: d.slots or DEFAULT_DYNAMIC_SLOTS for t in dynamic}
+    demand = {t: DynamicDemand(rows=m.table_rows[t], pooling=m.multi_hot[t], slot_bytes=shard_bytes(1, m.embedding_dim, geo))
+              for t in dynamic if 0 <= t < m.num_sparse}  # a table out of range: plan_tables names it
+    try:
+        return budget_slots(demand, d.memory_gib * 2**30) if demand else {}
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+
+
 def make_plan(cfg: BenchConfig, *, ranks_per_host: int,
               on_this_host: bool = False) -> tuple[tuple[TablePlan, ...], PlanEstimate]:
     """The plan and what the planner assumed and estimated (per-rank memory and cost).
@@ -86,7 +102,7 @@ def make_plan(cfg: BenchConfig, *, ranks_per_host: int,
         plan, loads = plan_tables(
             tables, topo, global_batch=geo.global_batch, state_per_element=geo.state_per_element,
             state_per_row=geo.state_per_row, weight_bytes=geo.weight_bytes, forced=forced,
-            column_shards=cfg.sharding.column_shards, dynamic_slots=cfg.dynamic.slots,
+            column_shards=cfg.sharding.column_shards, dynamic_slots=dynamic_slots(cfg, forced, geo),
         )
     except PlanError as exc:
         if not on_this_host:

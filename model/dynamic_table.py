@@ -125,7 +125,7 @@ class DynamicTable:
             try:
                 moved = self.transformer.transform(ids)
             except ValueError as exc:  # refused whole: nothing admitted, nothing moved
-                raise ValueError(f"table {self.table}: {exc}; raise --dynamic-slots") from None
+                raise ValueError(f"table {self.table}: {exc}; raise --dynamic-slots or --dynamic-memory-gib") from None
         if moved.evicted_ids.numel():
             with self.span("dynamic_write_back"):
                 self.store.put(self.table, moved.evicted_ids, self._read(moved.evicted_slots))

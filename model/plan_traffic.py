@@ -100,6 +100,12 @@ class Geometry:
         return self.world_size // self.ranks_per_node
 
 
+def shard_bytes(rows: int, cols: int, geo: Geometry) -> float:
+    """What a fused shard of rows x cols holds on its rank: its weights and their optimizer state
+    (a dynamic table's slots count as its rows)."""
+    return rows * cols * (geo.weight_bytes + geo.state_per_element * FLOAT_BYTES) + rows * geo.state_per_row * FLOAT_BYTES
+
+
 def table_footprint(tp: TablePlan, *, rows: int, dim: int, pooling: float, geo: Geometry) -> np.ndarray:
     """One table's count (the module docstring), shape (FOOTPRINT_ROWS, W), bytes."""
     w, per_node, g = geo.world_size, geo.ranks_per_node, geo.global_batch
@@ -135,9 +141,7 @@ def table_footprint(tp: TablePlan, *, rows: int, dim: int, pooling: float, geo: 
     row_kinds = tp.kind in ("row_wise", *NODE_BLOCKED_KINDS)
     for sh in tp.shards:
         q = sh.rank
-        elements = sh.rows * sh.cols
-        fp[MEMORY, q] += (elements * (geo.weight_bytes + geo.state_per_element * FLOAT_BYTES)
-                          + sh.rows * geo.state_per_row * FLOAT_BYTES)
+        fp[MEMORY, q] += shard_bytes(sh.rows, sh.cols, geo)
         f = sh.rows / rows if row_kinds else 1.0
         fp[MEMORY, q] += ID_BYTES * (g * pooling * f + g)
         exchange(IDS, q, 0.0, ID_BYTES * (b * pooling * f + b))

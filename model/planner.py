@@ -33,7 +33,7 @@ and the best by, in order:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -227,21 +227,22 @@ def plan_tables(
     weight_bytes: float = 4.0,
     forced: dict[int, str] | None = None,
     column_shards: int = 4,
-    dynamic_slots: int | None = None,
+    dynamic_slots: Mapping[int, int] | None = None,
 ) -> tuple[list[TablePlan], list[RankLoad]]:
     """A plan for every table and each rank's resulting load. Raises PlanError with the reason.
     state_per_element / state_per_row: optimizer state floats, weight_bytes: bytes a fused table's
     weight element takes (see plan_traffic.Geometry);
-    column_shards: the most column blocks tried; dynamic_slots: the slots of each table forced
-    dynamic (placed as table-wise; the search never makes a table dynamic by itself)."""
+    column_shards: the most column blocks tried; dynamic_slots: table -> its slots, for each table
+    forced dynamic (placed as table-wise; the search never makes a table dynamic by itself)."""
     forced = forced or {}
+    dynamic_slots = dynamic_slots or {}
     for t, kind in forced.items():
         if kind not in SHARDING_TYPES:
             raise PlanError(f"table {t}: unknown sharding type {kind!r}; types are {', '.join(SHARDING_TYPES)}")
         if not 0 <= t < len(tables):
             raise PlanError(f"forced sharding names table {t}; tables are 0..{len(tables) - 1}")
-        if kind == "dynamic" and not (dynamic_slots or 0) >= 1:
-            raise PlanError(f"table {t}: a dynamic table needs its slots (--dynamic-slots)")
+        if kind == "dynamic" and not dynamic_slots.get(t, 0) >= 1:
+            raise PlanError(f"table {t}: a dynamic table needs its slots (--dynamic-slots or --dynamic-memory-gib)")
         holders = {"column_wise": ("rank", topo.world_size), "grid_shard": ("node", topo.world_size // topo.ranks_per_node)}
         if kind in holders and not column_blocks(tables[t].dim, column_shards, holders[kind][1]):
             what, n = holders[kind]
@@ -280,7 +281,7 @@ def plan_tables(
         kinds = [forced[t]] if t in forced else _kinds(topo)
         best, tightest = None, None
         for pref, kind in enumerate(kinds):
-            for tp in _candidates(kind, spec, topo, lightest, lightest_nodes, column_shards, dynamic_slots or 0):
+            for tp in _candidates(kind, spec, topo, lightest, lightest_nodes, column_shards, dynamic_slots.get(t, 0)):
                 fp = footprint(tp, spec)
                 held = total[MEMORY] + fp[MEMORY]
                 if tightest is None or held.max() < tightest:
