@@ -13,15 +13,16 @@
 //           once for every `half_life` ticks since its id's last access, and an access adds one to
 //           the decayed value; the least recent breaks ties.
 // Evictions are exact, reported coldest first. lru keeps a log of accesses in time order (an entry
-// a slot and tick, appended as ids occur); an entry is live while its slot's last access is that
-// tick, so the live entries from the front are the slots from least to most recent. Evicting pops
-// from the front, skipping the dead; the log is compacted to its live entries when a batch's
-// entries would overflow its room (four entries a slot). lfu and hybrid rank every evictable
-// slot (a linear-time selection, then a sort of the chosen), since a decayed counter's order
-// moves with time.
+// a slot, 4 bytes, appended as ids occur), and each slot where its last access's entry is (4
+// bytes): an entry is live while its slot points at it, so the live entries from the front are the
+// slots from least to most recent. Evicting pops from the front, skipping the dead; the log is
+// compacted to its live entries when a batch's entries would overflow its room (four entries a
+// slot). lfu and hybrid rank every evictable slot (a linear-time selection, then a sort of the
+// chosen), since a decayed counter's order moves with time.
 //
 // Speed: a resident id costs one hash bucket (key and slot side by side in one cache line) and its
-// slot's time (8 bytes a slot, so a million slots' times fit the last-level cache); a new id costs
+// slot's state (lru: where its live entry is, 4 bytes a slot, so a million slots' fit the
+// last-level cache); a new id costs
 // its bucket, then its victim's id and bucket (erased) and its slot's state. Every loop over such
 // random places prefetches them a few dozen entries ahead, so the misses of many ids overlap, and
 // the arrays live on 2 MiB pages so a random read is not a TLB miss too. random_read_rate()
@@ -118,10 +119,7 @@ struct Bucket {
   int64_t val = 0;       // its slot, or -(k + 2) for the k-th pending id of a batch
 };
 
-struct LogEntry {  // lru: slot `slot` was accessed at tick `time` (slot < 0: pending, resolved later)
-  int64_t time;
-  int64_t slot;
-};
+using LogEntry = uint32_t;  // lru: the slot accessed (a position in the log is its time)
 
 // How far ahead the loops over random places prefetch: far enough that a line has arrived when
 // its turn comes (a DRAM miss is a few hundred ns, an id's work a few ns), few enough that the
@@ -129,10 +127,11 @@ struct LogEntry {  // lru: slot `slot` was accessed at tick `time` (slot < 0: pe
 constexpr int64_t kAhead = 32;
 constexpr uint64_t kBucketsPerLine = 64 / sizeof(Bucket);
 constexpr size_t kLogRoomPerSlot = 4;  // lru log entries held, a slot (make_log_room)
+constexpr uint64_t kMaxLogRoom = uint64_t(1) << 32;  // lru positions and slots are 32-bit
 
 struct Touched {  // a slot's state before this batch first touched it (restored if the batch fails)
   int64_t slot;
-  int64_t time;
+  int64_t time;   // lru: the position of its live entry
   int64_t count;
 };
 
@@ -156,11 +155,19 @@ class IdTransformer {
     mask_ = size - 1;
     table_ = HugeArray<Bucket>(size, Bucket{});
     slot_id_ = HugeArray<int64_t>(capacity, kEmpty);
-    slot_time_ = HugeArray<int64_t>(capacity, -1);
-    slot_count_ = HugeArray<int64_t>(capacity, 0);
-    // The log's room is taken (and faulted in) here, not while batches run: a first touch of
-    // fresh pages costs a fault each 4 KiB, a regrown vector copies the whole log.
-    if (policy_ == Policy::kLru) log_ = HugeArray<LogEntry>(kLogRoomPerSlot * size_t(capacity), LogEntry{0, 0});
+    const bool lru = policy_ == Policy::kLru;
+    slot_time_ = HugeArray<int64_t>(lru ? 0 : capacity, -1);
+    slot_count_ = HugeArray<int64_t>(lru ? 0 : capacity, 0);
+    if (lru) {
+      if (kLogRoomPerSlot * uint64_t(capacity) > kMaxLogRoom) {
+        throw std::invalid_argument("id transformer: lru keeps at most " + std::to_string(kMaxLogRoom / kLogRoomPerSlot) +
+                                    " slots (32-bit log positions)");
+      }
+      // The log's room is taken (and faulted in) here, not while batches run: a first touch of
+      // fresh pages costs a fault each 4 KiB, a regrown vector copies the whole log.
+      slot_pos_ = HugeArray<uint32_t>(capacity, 0);
+      log_ = HugeArray<LogEntry>(kLogRoomPerSlot * size_t(capacity), 0);
+    }
   }
 
   // (slot of each id, admitted ids, their slots, evicted ids, their slots): admitted in the order
@@ -204,13 +211,13 @@ class IdTransformer {
     auto evicted_ids = at::empty({m}, at::kLong);
     auto evicted_slots = at::empty({m}, at::kLong);
     admit(fresh, admitted_ids.data_ptr<int64_t>(), admitted_slots.data_ptr<int64_t>(),
-          evicted_ids.data_ptr<int64_t>(), evicted_slots.data_ptr<int64_t>());
+          evicted_ids.data_ptr<int64_t>(), evicted_slots.data_ptr<int64_t>(), int64_t(log_start) - batch_start);
     used_ += fresh;
     const int64_t* slot_of_pending = admitted_slots.data_ptr<int64_t>();
     for (int64_t p = 0; p < n; ++p) {
       if (slot_of[p] < 0) {
         slot_of[p] = slot_of_pending[-slot_of[p] - 2];
-        if (lru) log_[log_start + p].slot = slot_of[p];
+        if (lru) log_[log_start + p] = LogEntry(slot_of[p]);
       }
     }
     return {out.view(ids_in.sizes()), admitted_ids, admitted_slots, evicted_ids, evicted_slots};
@@ -307,8 +314,12 @@ class IdTransformer {
         start[q] = probe(start[q], id[q]);
         const Bucket& ahead = table_[start[q]];
         if (ahead.key == id[q] && ahead.val >= 0) {
-          __builtin_prefetch(&slot_time_[ahead.val], 1);
-          if (!lru) __builtin_prefetch(&slot_count_[ahead.val], 1);
+          if constexpr (lru) {
+            __builtin_prefetch(&slot_pos_[ahead.val], 1);
+          } else {
+            __builtin_prefetch(&slot_time_[ahead.val], 1);
+            __builtin_prefetch(&slot_count_[ahead.val], 1);
+          }
         }
       }
       const int64_t t = clock_++;
@@ -317,11 +328,14 @@ class IdTransformer {
       if (b.key == id[p]) {
         const int64_t v = b.val;
         if (v >= 0) {
-          // (lru leaves counts alone, so it does not read them: a cache miss saved an id)
-          if (may_fail && slot_time_[v] < batch_start) {
-            touched_.push_back({v, slot_time_[v], lru ? 0 : slot_count_[v]});
+          if constexpr (lru) {  // this access's entry is its live one now
+            if (may_fail && slot_pos_[v] < log_start) touched_.push_back({v, int64_t(slot_pos_[v]), 0});
+            slot_pos_[v] = uint32_t(log_start + p);
+            log_[log_start + p] = LogEntry(v);
+          } else {
+            if (may_fail && slot_time_[v] < batch_start) touched_.push_back({v, slot_time_[v], slot_count_[v]});
+            touch<P>(v, t);
           }
-          touch<P>(v, t);
         } else {
           Pending& q = pending_[-v - 2];
           q.time = t;
@@ -339,7 +353,6 @@ class IdTransformer {
         slot_of[p] = b.val;
         pending_.push_back({id[p], t, 1, bi});
       }
-      if (lru) log_[log_start + p] = {t, slot_of[p]};
     }
   }
 
@@ -347,11 +360,12 @@ class IdTransformer {
   // first each pending bucket gets its slot (by the bucket noted in the scan, before any erase
   // can move it), then the victims leave the table, then the slots take their new ids' state.
   // Each loop prefetches the random places of the entry kAhead on.
+  // lru: log_from_tick turns a tick of this batch into its entry's position.
   void admit(int64_t fresh, int64_t* admitted_ids, int64_t* admitted_slots, int64_t* evicted_ids,
-             int64_t* evicted_slots) {
+             int64_t* evicted_slots, int64_t log_from_tick) {
     const int64_t k = int64_t(pending_.size());
     const int64_t m = int64_t(victims_.size());
-    const bool counts = policy_ != Policy::kLru;  // lru never reads a count
+    const bool lru = policy_ == Policy::kLru;
     for (int64_t j = 0; j < k; ++j) {
       if (j + kAhead < k) __builtin_prefetch(&table_[pending_[j + kAhead].bucket], 1);
       const int64_t s = j < fresh ? used_ + j : victims_[j - fresh];
@@ -375,13 +389,21 @@ class IdTransformer {
       if (j + kAhead < k) {
         const int64_t s = admitted_slots[j + kAhead];
         __builtin_prefetch(&slot_id_[s], 1);
-        __builtin_prefetch(&slot_time_[s], 1);
-        if (counts) __builtin_prefetch(&slot_count_[s], 1);
+        if (lru) {
+          __builtin_prefetch(&slot_pos_[s], 1);
+        } else {
+          __builtin_prefetch(&slot_time_[s], 1);
+          __builtin_prefetch(&slot_count_[s], 1);
+        }
       }
       const int64_t s = admitted_slots[j];
       slot_id_[s] = pending_[j].id;
-      slot_time_[s] = pending_[j].time;
-      if (counts) slot_count_[s] = pending_[j].count;
+      if (lru) {
+        slot_pos_[s] = uint32_t(pending_[j].time + log_from_tick);
+      } else {
+        slot_time_[s] = pending_[j].time;
+        slot_count_[s] = pending_[j].count;
+      }
     }
   }
 
@@ -389,9 +411,14 @@ class IdTransformer {
   // table, the slots it touched as they were, its log entries and clock ticks taken back.
   void undo(int64_t batch_start, size_t log_start) {
     for (const Pending& q : pending_) erase(q.id);
+    const bool lru = policy_ == Policy::kLru;
     for (const Touched& u : touched_) {
-      slot_time_[u.slot] = u.time;
-      if (policy_ != Policy::kLru) slot_count_[u.slot] = u.count;
+      if (lru) {  // its old entry lives again
+        slot_pos_[u.slot] = uint32_t(u.time);
+      } else {
+        slot_time_[u.slot] = u.time;
+        slot_count_[u.slot] = u.count;
+      }
     }
     log_size_ = std::min(log_size_, log_start);
     clock_ = batch_start;
@@ -402,9 +429,8 @@ class IdTransformer {
   void least_recent(int64_t need, size_t end, size_t* head) {
     size_t e = *head;
     for (; e < end && int64_t(victims_.size()) < need; ++e) {
-      if (e + kAhead < end) __builtin_prefetch(&slot_time_[log_[e + kAhead].slot]);
-      const LogEntry& entry = log_[e];
-      if (slot_time_[entry.slot] == entry.time) victims_.push_back(entry.slot);
+      if (e + kAhead < end) __builtin_prefetch(&slot_pos_[log_[e + kAhead]]);
+      if (slot_pos_[log_[e]] == e) victims_.push_back(log_[e]);
     }
     *head = e;
   }
@@ -415,17 +441,26 @@ class IdTransformer {
   // again at each compaction it survives; with room for kLogRoomPerSlot entries a slot, a
   // compaction comes every (kLogRoomPerSlot - 1) x slots appends or so and re-checks at most the
   // slots, so an access costs about 1 + 1/(kLogRoomPerSlot - 1) checks.
+  // A compaction moves each live entry down and tells its slot where it went.
   void make_log_room(int64_t n) {
     if (log_size_ + size_t(n) <= log_.size()) return;
     size_t kept = 0;
     for (size_t e = log_head_; e < log_size_; ++e) {
-      if (e + kAhead < log_size_) __builtin_prefetch(&slot_time_[log_[e + kAhead].slot]);
-      if (slot_time_[log_[e].slot] == log_[e].time) log_[kept++] = log_[e];
+      if (e + kAhead < log_size_) __builtin_prefetch(&slot_pos_[log_[e + kAhead]], 1);
+      const LogEntry s = log_[e];
+      if (slot_pos_[s] != e) continue;
+      log_[kept] = s;
+      slot_pos_[s] = uint32_t(kept++);
     }
     log_size_ = kept;
     log_head_ = 0;
     if (log_size_ + size_t(n) <= log_.size()) return;
-    HugeArray<LogEntry> grown(2 * (log_size_ + size_t(n)), LogEntry{0, 0});
+    const uint64_t room = 2 * (log_size_ + uint64_t(n));
+    if (room > kMaxLogRoom) {
+      throw std::invalid_argument("id transformer: a batch of " + std::to_string(n) +
+                                  " ids outgrows lru's log (32-bit positions)");
+    }
+    HugeArray<LogEntry> grown(room, 0);
     std::copy(&log_[0], &log_[0] + log_size_, &grown[0]);
     log_ = std::move(grown);
   }
@@ -484,11 +519,11 @@ class IdTransformer {
   const int64_t half_life_;
   uint64_t mask_ = 0;
   HugeArray<Bucket> table_;  // the id -> slot hash table
-  // A slot's state, one array a field: an lru access writes only its time (8 bytes a slot, so
-  // the times of a million slots fit the last-level cache), and eviction reads only times.
+  // A slot's state, one array a field, each allocated only for the policies that read it.
   HugeArray<int64_t> slot_id_;     // the id it holds, kEmpty if never used
-  HugeArray<int64_t> slot_time_;   // clock tick of the last access
+  HugeArray<int64_t> slot_time_;   // lfu, hybrid: clock tick of the last access
   HugeArray<int64_t> slot_count_;  // accesses (lfu) or the decayed counter as of that tick (hybrid)
+  HugeArray<uint32_t> slot_pos_;   // lru: where in log_ its last access's entry is
   HugeArray<LogEntry> log_;  // lru: accesses in time order, log_[log_head_ .. log_size_) unread
   size_t log_head_ = 0;
   size_t log_size_ = 0;

@@ -78,7 +78,7 @@ def test_an_evicted_row_comes_back_exactly(tmp_path, optimizer, precision):
 
 def test_a_batch_wider_than_the_slots_is_refused_in_one_line(tmp_path):
     table, _ = small_table(tmp_path, "exact_adagrad", "fp32")
-    with pytest.raises(ValueError, match=r"^table 3: .*more distinct ids than the table's 4 slots; raise --dynamic-slots$"):
+    with pytest.raises(ValueError, match=r"^table 3: .*more distinct ids than the table's 4 slots; raise --dynamic-slots or --dynamic-memory-gib$"):
         table.transform(torch.tensor([1, 2, 3, 4, 5]))
     with pytest.raises(ValueError, match="ids must be in 0..49"):
         table.transform(torch.tensor([50]))

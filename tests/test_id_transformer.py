@@ -126,7 +126,11 @@ def test_adversarial_streams_match_the_dict_model(policy):
     stride = [[(b * 7 + j) * 4096 for j in range(5)] for b in range(60)]  # ids sharing low bits
     # Batches one id too wide between ordinary ones: refused, and the table goes on as before.
     too_wide = [list(range(b * 3, b * 3 + cap + 1)) if b % 4 == 3 else [b, b + 1, 2 * b] for b in range(40)]
-    for batches in (scan, hot_and_scan, full, same, wide_repeats, big, stride, too_wide):
+    # A refused batch that touches the coldest ids and repeats ids, then batches that evict
+    # everything in order: the refused batch must leave no trace on recency.
+    refused_repeats = [list(range(cap)), [0, 0, 1, 1, 100, 100, *range(101, 100 + cap)], [200], [3, 201],
+                       *([300 + i] for i in range(2 * cap))]
+    for batches in (scan, hot_and_scan, full, same, wide_repeats, big, stride, too_wide, refused_repeats):
         check_stream(batches, cap, policy, half_life=5)
 
 
