@@ -5,8 +5,8 @@
    M ids/s of the transformer at hit rates of 50, 90 and 99%, against a Python dict transformer
    (an OrderedDict LRU, the same job in plain Python) and against raw torch.unique of the same
    ids (deduplication alone, no table). Only the calls are timed; batches are made outside. A few
-   warm-up batches go untimed first; the timed batches are enough ids to pass once through the
-   lru log's room (log_room_per_slot() a slot), so the log's compaction is in the figure, once.
+   warm-up batches go untimed first; the timed batches are one period of the lru log's
+   compaction (timed_batches), so its periodic cost is in the figure as in a long run.
    Beside them, the machine's memory bound: random reads a second from a table of the hash
    table's size, over the reads an id needs at the least (memory_bound), so a figure says both
    how far it is from the goal and how far from what this machine allows.
@@ -95,9 +95,10 @@ outputs and working lists for the first time)."""
 
 
 def timed_batches(slots: int, batch: int) -> int:
-    """Batches whose ids pass once through the lru log's room, so the timed window holds one
-    compaction (the log's periodic cost) wherever its phase falls."""
-    return -(-log_room_per_slot() * slots // batch)
+    """Batches of one period of the lru log's compaction: with every slot full, a compaction keeps
+    one entry a slot, so the next comes (log_room_per_slot() - 1) x slots ids later, and a window
+    of that many ids holds one compaction wherever its phase falls."""
+    return -(-(log_room_per_slot() - 1) * slots // batch)
 
 
 def throughput(slots: int, batch: int, batches: int, seed: int) -> list[dict]:
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slots", type=int, default=1 << 20, help="slots of the throughput table (default %(default)s)")
     p.add_argument("--batch", type=int, default=1 << 16, help="ids a batch (default %(default)s)")
     p.add_argument("--batches", type=int, default=None,
-                   help="batches timed a hit rate (default: enough ids to pass once through the lru log's room)")
+                   help="batches timed a hit rate (default: one period of the lru log's compaction)")
     p.add_argument("--alpha", type=float, default=1.05, help="power-law exponent of the hit-rate ids")
     p.add_argument("--universe", type=int, default=4_000_000, help="distinct ids the power law draws from")
     p.add_argument("--out", type=Path, default=Path("reports/perf-dynamic"), help="where the plot goes")
