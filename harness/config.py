@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.names import (
-    COLLECTIVE_WAITS, COMM_PRECISIONS, DENSE_PRECISIONS, DYNAMIC_POLICIES, TABLE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, ENGINES, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
+    COLLECTIVE_WAITS, COMM_PRECISIONS, DENSE_PRECISIONS, DYNAMIC_KINDS, DYNAMIC_POLICIES, TABLE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, ENGINES, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
 )
 
 # The command line is generated from these dataclasses (harness/options.py): a field's option
@@ -310,12 +310,14 @@ class DynamicConfig:
     (model/dynamic_table.py, harness/param_store.py)."""
 
     slots: int | None = option(None, option="dynamic-slots", metavar="N")
-    """Rows each dynamic table keeps resident on its rank (at most its rows); the planner counts
-    these, not the table's rows. Left out: DEFAULT_DYNAMIC_SLOTS, or what --dynamic-memory-gib gives."""
+    """Rows each dynamic table keeps resident on its rank (at most its rows; dynamic_row_wise: on
+    each rank, of its row block's ids); the planner counts these, not the table's rows. Left out:
+    DEFAULT_DYNAMIC_SLOTS, or what --dynamic-memory-gib gives."""
     memory_gib: float | None = option(None, option="dynamic-memory-gib", metavar="GIB")
     """Instead of --dynamic-slots: what all dynamic tables' slots may hold together, over all ranks
     (rows and optimizer state, as the planner counts them). Each table's share follows its ids a
-    sample, up to its rows (model/dynamic_budget.py); the plan records the slots it gives."""
+    sample, up to its rows (model/dynamic_budget.py), a dynamic_row_wise table's share split evenly over
+    the ranks; the plan records the slots it gives."""
     policy: str = option("hybrid", option="dynamic-policy", choices=DYNAMIC_POLICIES)
     """Which id a full table evicts: lru (least recent), lfu (fewest accesses), hybrid (accesses
     with decaying counters, as Redis's LFU; least recent among equals)."""
@@ -408,7 +410,7 @@ class BenchConfig:
                 "data_parallel tables train with dense Adagrad (= exact_adagrad); with "
                 f"optimizer.embedding_optimizer={self.optimizer.embedding_optimizer!r} shard them another way"
             )
-        uses_dynamic = self.sharding.kind == "dynamic" or any(k == "dynamic" for _, k in self.sharding.per_table)
+        uses_dynamic = self.sharding.kind in DYNAMIC_KINDS or any(k in DYNAMIC_KINDS for _, k in self.sharding.per_table)
         if self.dynamic.ps is not None and not uses_dynamic:
             raise ValueError(f"--ps {self.dynamic.ps} has nothing to store: no table is dynamic (--shard T=dynamic)")
         if self.dynamic.memory_gib is not None and not uses_dynamic:

@@ -17,6 +17,7 @@ from harness.config import BenchConfig
 from harness.param_store import open_store
 from harness.records import RankRecorder
 from model.dynamic_table import DynamicCounts, DynamicSettings
+from model.names import DYNAMIC_KINDS
 from model.sharding import TablePlan
 
 GIB = 2**30
@@ -31,7 +32,7 @@ def dynamic_setup(cfg: BenchConfig, plan: Sequence[TablePlan], *, rank: int, rec
     keys are prefixed with the run id and the rank, so runs sharing a server never mix rows.
     span(name): times a piece of a dynamic table's work (the transform runs as the ids are waited
     for, inside input_dist)."""
-    if not any(tp.kind == "dynamic" for tp in plan):
+    if not any(tp.kind in DYNAMIC_KINDS for tp in plan):
         return None, lambda: None
     d = cfg.dynamic
     scratch = None

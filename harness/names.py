@@ -6,8 +6,8 @@ heavy neighbours. model/ owns the names of its own concepts (model/names.py).
 """
 
 from model.names import (
-    COLLECTIVE_WAITS, COMM_PRECISIONS, DYNAMIC_POLICIES, EMBEDDING_OPTIMIZERS, EXCHANGE_PHASES, SHARDING_TYPES,
-    TABLE_PRECISIONS,
+    COLLECTIVE_WAITS, COMM_PRECISIONS, DYNAMIC_KINDS, DYNAMIC_POLICIES, EMBEDDING_OPTIMIZERS, EXCHANGE_PHASES,
+    SHARDING_TYPES, TABLE_PRECISIONS,
 )
 
 STAGES = ("input_dist", "emb_fwd", "dense_fwd_bwd", "emb_bwd", "dense_update")

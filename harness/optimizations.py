@@ -65,9 +65,9 @@ def resolve(
         if not static:
             reasons["skip_splits_a2a"] = ("no table/column-wise table: (table-)row-wise and grid splits depend on the "
                                           "ids and data-parallel tables exchange none")
-        elif any(k in ("row_wise", *NODE_BLOCKED_KINDS) for k in plan_kinds):
-            notes["skip_splits_a2a"] = ("(table-)row-wise and grid tables still exchange their splits (they depend on "
-                                        "the ids)")
+        elif any(k in ("row_wise", "dynamic_row_wise", *NODE_BLOCKED_KINDS) for k in plan_kinds):
+            notes["skip_splits_a2a"] = ("(table-)row-wise, dynamic row-wise and grid tables still exchange their "
+                                        "splits (they depend on the ids)")
     effective = {f: requested[f] and f not in reasons for f in OPTIMIZATION_FLAGS}
     return ResolvedFlags(pipeline=opts.pipeline, requested=requested, effective=effective,
                          inactive_reasons=reasons, notes=notes, precision=_precision_entry(precision, plan_kinds),

@@ -10,7 +10,7 @@ import os
 
 from harness.config import DEFAULT_DYNAMIC_SLOTS, BenchConfig
 from harness.manifest import PlanEstimate, RankEstimate
-from model.names import STATE_PER_ELEMENT, STATE_PER_ROW, WEIGHT_BYTES
+from model.names import DYNAMIC_KINDS, STATE_PER_ELEMENT, STATE_PER_ROW, WEIGHT_BYTES
 from model.dynamic_budget import DynamicDemand, budget_slots
 from model.plan_traffic import Geometry, shard_bytes
 from model.planner import PlanError, Topology, TableSpec, plan_step_seconds, plan_tables
@@ -71,18 +71,26 @@ def geometry(cfg: BenchConfig, topo: Topology) -> Geometry:
 
 
 def dynamic_slots(cfg: BenchConfig, forced: dict[int, str], geo: Geometry) -> dict[int, int]:
-    """table -> slots for each table forced dynamic: --dynamic-slots for each, or their shares of
-    --dynamic-memory-gib (model/dynamic_budget.py). Raises PlanError when the budget is too small."""
-    dynamic = sorted(t for t, kind in forced.items() if kind == "dynamic")
+    """table -> slots a rank for each table forced dynamic: --dynamic-slots for each, or their
+    shares of --dynamic-memory-gib (model/dynamic_budget.py), a dynamic_row_wise table's share
+    split evenly over the ranks. Raises PlanError when the budget is too small."""
+    dynamic = {t: kind for t, kind in sorted(forced.items()) if kind in DYNAMIC_KINDS}
     d, m = cfg.dynamic, cfg.model
     if d.memory_gib is None:
         return {t: d.slots or DEFAULT_DYNAMIC_SLOTS for t in dynamic}
     demand = {t: DynamicDemand(rows=m.table_rows[t], pooling=m.multi_hot[t], slot_bytes=shard_bytes(1, m.embedding_dim, geo))
               for t in dynamic if 0 <= t < m.num_sparse}  # a table out of range: plan_tables names it
     try:
-        return budget_slots(demand, d.memory_gib * 2**30) if demand else {}
+        slots = budget_slots(demand, d.memory_gib * 2**30) if demand else {}
     except ValueError as exc:
         raise PlanError(str(exc)) from None
+    for t, kind in dynamic.items():
+        if kind == "dynamic_row_wise" and t in slots:
+            slots[t] //= geo.world_size
+            if slots[t] < 1:
+                raise PlanError(f"table {t}: its share of the dynamic memory budget holds fewer slots than ranks "
+                                f"({geo.world_size}); raise --dynamic-memory-gib")
+    return slots
 
 
 def make_plan(cfg: BenchConfig, *, ranks_per_host: int,

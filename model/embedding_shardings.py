@@ -332,7 +332,11 @@ class RowWiseSharding:
         self.ids = IdsAllToAll(send_slots=[len(self.features)] * w, recv_slots=len(self.features),
                                world_size=w, group=ctx.ids_pg, device=ctx.device, transfer=ctx.transfer, wait=ctx.wait,
                                count=ctx.count_all_to_all)
-        self.tbe = row_block_tbe(ctx, self.features, self.local, table_rows)
+        self.tbe = self._build_tbe(table_rows)
+
+    def _build_tbe(self, table_rows: Sequence[int]):
+        """The fused table of this rank's row blocks, each initialised as its table's slice."""
+        return row_block_tbe(self.ctx, self.features, self.local, table_rows)
 
     def prepare_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> PendingIds:
         """Ids by destination rank (its row block), rebased to the block's first row: values
@@ -364,6 +368,56 @@ class RowWiseSharding:
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
         return [(t, s, w) for t, s, w in zip(self.features, self.local, self.tbe.split_embedding_weights()) if s.rows]
+
+
+class DynamicRowWiseSharding(RowWiseSharding):
+    """Dynamic tables row-wise (model/sharding.py dynamic_row_wise): ids go to the rank of their row
+    block as row-wise ids do, and each rank keeps slots for its blocks' ids only: it turns the ids
+    it receives into slots as it waits for them (as DynamicSharding's owner does), looks the whole
+    global batch up in its slots, and the partial sums are reduce-scattered as row-wise ones are.
+    Each rank's ID transformer and parameter store see only the ids of its blocks."""
+
+    def __init__(self, ctx: ShardingContext, *, features: Sequence[int], slots: Sequence[int],
+                 table_rows: Sequence[int], settings: DynamicSettings) -> None:
+        """slots: this rank's slots for each feature (its shard of the table's plan)."""
+        self.slots = list(slots)
+        super().__init__(ctx, features=features, table_rows=table_rows)
+        states = self.tbe.split_optimizer_states() if ctx.optimizer != "exact_sgd" else [[] for _ in self.features]
+        self.tables = [
+            DynamicTable(table=t, table_rows=table_rows[t], weights=w, states=list(st),
+                         transformer=IdTransformer(n, settings.policy, settings.half_life), store=settings.store,
+                         seed=ctx.init_seed, span=settings.span)
+            for t, n, w, st in zip(self.features, self.slots, self.tbe.split_embedding_weights(), states)
+        ]
+        self.block_starts = torch.tensor([s.row_start for s in self.local], dtype=torch.int64)
+
+    def _build_tbe(self, table_rows: Sequence[int]):
+        """Slots, not row blocks: empty until ids are admitted (each row written as its id comes)."""
+        tbe = build_fused_tbe(rows=self.slots, dims=[self.ctx.dim] * len(self.slots), device=self.ctx.device,
+                              optimizer=self.ctx.optimizer, learning_rate=self.ctx.learning_rate, eps=self.ctx.eps,
+                              precision=self.ctx.table_precision)
+        with torch.no_grad():
+            for w in tbe.split_embedding_weights():
+                w.zero_()
+        return tbe
+
+    def prepare_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> TransformedIds:
+        return TransformedIds(super().prepare_input_dist(ids, splits_known=splits_known), self._to_slots)
+
+    def _to_slots(self, local: SparseFeatures) -> SparseFeatures:
+        """The ids arrive rebased to this rank's blocks; the tables take them whole again (an id's
+        init and its key in the store are its table's)."""
+        counts = local.lengths.sum(dim=1).tolist()
+        values = local.values.cpu().split(counts)
+        slots = torch.cat([d.transform(v + start) for d, v, start in zip(self.tables, values, self.block_starts.tolist())])
+        return SparseFeatures(lengths=local.lengths, values=slots.to(local.values.device))
+
+    def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
+        """This rank's row block of each table, as its ids' rows wherever they live: a copy."""
+        return [(d.table, s, d.rows_of(torch.arange(s.row_start, s.row_end))) for s, d in zip(self.local, self.tables)]
+
+    def counts(self) -> dict[int, DynamicCounts]:
+        return {d.table: d.counts for d in self.tables}
 
 
 @dataclass(frozen=True)

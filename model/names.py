@@ -3,8 +3,13 @@
 model/embeddings.py maps the optimizer names to fbgemm's enum; model/sharding.py builds the kinds.
 """
 
-SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "grid_shard", "data_parallel", "dynamic")
+SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "grid_shard", "data_parallel", "dynamic",
+                  "dynamic_row_wise")
 """How one embedding table is spread over ranks (model/sharding.py)."""
+
+DYNAMIC_KINDS = ("dynamic", "dynamic_row_wise")
+"""Kinds whose slots hold only the ids in use (model/dynamic_table.py): the whole id space on one
+rank, or row-wise, each rank the slots of its row block's ids."""
 
 DYNAMIC_POLICIES = ("lru", "lfu", "hybrid")
 """Eviction policies of a dynamic table's slots (model/id_transformer.py): least recent; fewest

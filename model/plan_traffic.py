@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from model.names import NODE_BLOCKED_KINDS
-from model.sharding import TablePlan
+from model.sharding import TablePlan, block_rows
 
 ID_BYTES = 8
 FLOAT_BYTES = 4
@@ -138,11 +138,14 @@ def table_footprint(tp: TablePlan, *, rows: int, dim: int, pooling: float, geo: 
         return fp
 
     fp[MEMORY] += 2 * b * dim * FLOAT_BYTES  # every rank: its own pooled rows and their gradients
-    row_kinds = tp.kind in ("row_wise", *NODE_BLOCKED_KINDS)
-    for sh in tp.shards:
+    row_kinds = tp.kind in ("row_wise", "dynamic_row_wise", *NODE_BLOCKED_KINDS)
+    # The share of a table's ids each shard gets: its rows' share, but a dynamic_row_wise shard's
+    # rows are slots, and its ids are its row block's.
+    share = block_rows(rows, w) if tp.kind == "dynamic_row_wise" else [sh.rows for sh in tp.shards]
+    for sh, held in zip(tp.shards, share):
         q = sh.rank
         fp[MEMORY, q] += shard_bytes(sh.rows, sh.cols, geo)
-        f = sh.rows / rows if row_kinds else 1.0
+        f = held / rows if row_kinds else 1.0
         fp[MEMORY, q] += ID_BYTES * (g * pooling * f + g)
         exchange(IDS, q, 0.0, ID_BYTES * (b * pooling * f + b))
         width = sh.cols  # a row-wise kind's block is full width, but for a grid table's column block
@@ -154,7 +157,7 @@ def table_footprint(tp: TablePlan, *, rows: int, dim: int, pooling: float, geo: 
             continue
         fp[LOOKUP, q] += 2 * g * width * FLOAT_BYTES  # partial sums of every sample written, gradients read
         fp[MEMORY, q] += 2 * g * width * FLOAT_BYTES
-        if tp.kind == "row_wise":
+        if tp.kind in ("row_wise", "dynamic_row_wise"):
             exchange(FORWARD, q, b * width * FLOAT_BYTES, 0.0)
             exchange(BACKWARD, q, 0.0, b * width * FLOAT_BYTES)
             continue

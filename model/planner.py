@@ -19,7 +19,8 @@ Search: tables are placed largest first. For each, every kind (table-wise on eac
 column-wise into 2..column_shards blocks on the least loaded ranks, row-wise, table-row-wise on
 each node and grid (2..column_shards column blocks, each table-row-wise on one of the least loaded
 nodes) when the job spans nodes, data-parallel; a table forced dynamic: table-wise placements of its
-slot table on each rank) whose placement fits the memory left is tried,
+slot table on each rank; forced dynamic_row_wise: its one placement, slots on every rank) whose
+placement fits the memory left is tried,
 and the best by, in order:
 
 1. the resulting iteration seconds, but never below the balanced floor (the least total work any
@@ -42,9 +43,10 @@ from model.plan_traffic import (
     FOOTPRINT_ROWS, LOOKUP, MEMORY, PHASES, Geometry, PlanTraffic, row, table_footprint,
 )
 from model.sharding import (
-    SHARDING_TYPES, Shard, TablePlan, column_wise, data_parallel, dynamic, grid_shard, row_wise, table_row_wise,
-    table_wise,
+    SHARDING_TYPES, Shard, TablePlan, block_rows, column_wise, data_parallel, dynamic, dynamic_row_wise, grid_shard,
+    row_wise, table_row_wise, table_wise,
 )
+from model.names import DYNAMIC_KINDS
 
 MIN_COLUMN_BLOCK = 4
 """Columns a column-wise block needs at least, and a multiple of: fbgemm's CUDA kernels take
@@ -97,24 +99,24 @@ class PlanError(ValueError):
 
 
 ABBREVIATIONS = {"table_wise": "TW", "column_wise": "CW", "row_wise": "RW", "table_row_wise": "TRW",
-                 "grid_shard": "GRID", "data_parallel": "DP", "dynamic": "DYN"}
+                 "grid_shard": "GRID", "data_parallel": "DP", "dynamic": "DYN", "dynamic_row_wise": "DYN-RW"}
 
 
 def shard_label(t: int, tp: TablePlan, s: Shard) -> str:
     """'t3:TW', 't3:CW[0:64]', 't3:RW', 't3:GRID[64:128]', 't3:DP': what a rank holds, for the printed plan."""
     if tp.kind in ("column_wise", "grid_shard"):
         return f"t{t}:{ABBREVIATIONS[tp.kind]}[{s.col_start}:{s.col_end}]"
-    if tp.kind == "dynamic":
-        return f"t{t}:DYN[{s.rows} slots]"
+    if tp.kind in DYNAMIC_KINDS:
+        return f"t{t}:{ABBREVIATIONS[tp.kind]}[{s.rows} slots]"
     return f"t{t}:{ABBREVIATIONS[tp.kind]}"
 
 
 GROUP_OF_KIND = {"table_wise": "pooled", "column_wise": "pooled", "row_wise": "row_wise",
                  "table_row_wise": "table_row_wise", "grid_shard": "table_row_wise", "data_parallel": "data_parallel",
-                 "dynamic": "dynamic"}
+                 "dynamic": "dynamic", "dynamic_row_wise": "dynamic_row_wise"}
 """The sharding (one set of collectives an iteration, model/embedding_shardings.py) a kind's tables share."""
 COLLECTIVES_OF_GROUP = {"pooled": (4, 0), "row_wise": (4, 0), "table_row_wise": (4, 2), "data_parallel": (1, 0),
-                        "dynamic": (4, 0)}
+                        "dynamic": (4, 0), "dynamic_row_wise": (4, 0)}
 """(collectives over all ranks, collectives inside a node) a sharding runs an iteration: the splits and
 ids exchanges, the forward and backward exchanges (table-row-wise adds its in-node reduce-scatter
 and all-gather); data-parallel tables one gradient all-reduce."""
@@ -178,6 +180,8 @@ def _candidates(kind: str, spec: TableSpec, topo: Topology, lightest: list[int],
     `lightest_nodes`: the nodes, least loaded first."""
     if kind == "dynamic":
         return [dynamic(spec.rows, spec.dim, r, dynamic_slots) for r in range(topo.world_size)]
+    if kind == "dynamic_row_wise":
+        return [dynamic_row_wise(spec.rows, spec.dim, topo.world_size, dynamic_slots)]
     if kind == "table_wise":
         return [table_wise(spec.rows, spec.dim, r) for r in range(topo.world_size)]
     if kind == "column_wise":
@@ -241,8 +245,11 @@ def plan_tables(
             raise PlanError(f"table {t}: unknown sharding type {kind!r}; types are {', '.join(SHARDING_TYPES)}")
         if not 0 <= t < len(tables):
             raise PlanError(f"forced sharding names table {t}; tables are 0..{len(tables) - 1}")
-        if kind == "dynamic" and not dynamic_slots.get(t, 0) >= 1:
+        if kind in DYNAMIC_KINDS and not dynamic_slots.get(t, 0) >= 1:
             raise PlanError(f"table {t}: a dynamic table needs its slots (--dynamic-slots or --dynamic-memory-gib)")
+        if kind == "dynamic_row_wise" and min(block_rows(tables[t].rows, topo.world_size)) < 1:
+            raise PlanError(f"table {t}: dynamic_row_wise needs a row a rank; it has {tables[t].rows} rows for "
+                            f"{topo.world_size} ranks")
         holders = {"column_wise": ("rank", topo.world_size), "grid_shard": ("node", topo.world_size // topo.ranks_per_node)}
         if kind in holders and not column_blocks(tables[t].dim, column_shards, holders[kind][1]):
             what, n = holders[kind]

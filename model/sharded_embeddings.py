@@ -1,7 +1,7 @@
 """The sharded embedding collection: every table placed by a plan, batches data-parallel.
 
 Tables are grouped by how they are distributed (table/column-wise, row-wise, table-row-wise and
-grid, dynamic, data-parallel), one sharding each, as TorchRec does. The phases are separate methods (not
+grid, dynamic, dynamic row-wise, data-parallel), one sharding each, as TorchRec does. The phases are separate methods (not
 one autograd function) so the harness can time each stage and overlap the input distribution of
 the next batch with the compute of this one.
 """
@@ -18,8 +18,8 @@ from model.collective_bytes import CollectiveBytes
 from model.collective_wait import WaitFn, block
 from model.dynamic_table import DynamicCounts, DynamicSettings
 from model.embedding_shardings import (
-    BackwardInFlight, DataParallelSharding, DynamicSharding, EmbeddingSharding, NodeBlock, PooledAllToAllSharding,
-    RowWiseSharding, ShardForward, ShardingContext, TableRowWiseSharding,
+    BackwardInFlight, DataParallelSharding, DynamicRowWiseSharding, DynamicSharding, EmbeddingSharding, NodeBlock,
+    PooledAllToAllSharding, RowWiseSharding, ShardForward, ShardingContext, TableRowWiseSharding,
 )
 from model.features import FeatureOrder, SparseFeatures
 from model.ids_all_to_all import PLAIN_TRANSFER, HostTransfer, PendingIds, Ready
@@ -131,10 +131,12 @@ class ShardedEmbeddingCollection:
             blocks += [NodeBlock(p, n, i * width, (i + 1) * width) for i, n in enumerate(nodes)]
         replicated = [t for t, k in enumerate(kinds) if k == "data_parallel"]
         dynamic_tables = [t for t, k in enumerate(kinds) if k == "dynamic"]
-        if dynamic_tables and dynamic is None:
-            raise ValueError(f"tables {dynamic_tables} are dynamic: their policy and parameter store are needed")
+        dynamic_row_wise = [t for t, k in enumerate(kinds) if k == "dynamic_row_wise"]
+        if (dynamic_tables or dynamic_row_wise) and dynamic is None:
+            raise ValueError(f"tables {dynamic_tables + dynamic_row_wise} are dynamic: their policy and parameter store "
+                             "are needed")
         self.shardings: list[EmbeddingSharding] = []
-        self.dynamic: DynamicSharding | None = None
+        self.dynamic: list[DynamicSharding | DynamicRowWiseSharding] = []
         if pooled:
             slots = [(p, t, s) for p, t in enumerate(pooled) for s in plan[t].shards]
             self.shardings.append(PooledAllToAllSharding(ctx, features=pooled, slots=slots, table_rows=table_rows,
@@ -146,9 +148,13 @@ class ShardedEmbeddingCollection:
                                                        table_rows=table_rows))
         if dynamic_tables:
             slots = [(p, t, s) for p, t in enumerate(dynamic_tables) for s in plan[t].shards]
-            self.dynamic = DynamicSharding(ctx, features=dynamic_tables, slots=slots, table_rows=table_rows,
-                                           multi_hot=multi_hot, settings=dynamic)
-            self.shardings.append(self.dynamic)
+            self.dynamic.append(DynamicSharding(ctx, features=dynamic_tables, slots=slots, table_rows=table_rows,
+                                                multi_hot=multi_hot, settings=dynamic))
+        if dynamic_row_wise:
+            self.dynamic.append(DynamicRowWiseSharding(ctx, features=dynamic_row_wise, table_rows=table_rows,
+                                                       slots=[plan[t].shards[rank].rows for t in dynamic_row_wise],
+                                                       settings=dynamic))
+        self.shardings += self.dynamic
         if replicated:
             self.shardings.append(DataParallelSharding(ctx, features=replicated, table_rows=table_rows))
         self.select = [FeatureOrder.of(s.features, device) for s in self.shardings]
@@ -202,9 +208,9 @@ class ShardedEmbeddingCollection:
 
     def dynamic_counts(self) -> dict[int, DynamicCounts]:
         """What each dynamic table on this rank moved between its slots and the store."""
-        return self.dynamic.counts() if self.dynamic is not None else {}
+        return {t: c for s in self.dynamic for t, c in s.counts().items()}
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
         """(table, shard, live weights) for every shard this rank holds (a dynamic table: all its
-        rows, a copy; see DynamicSharding.shard_weights)."""
+        rows or, row-wise, its row block's, a copy; see DynamicSharding.shard_weights)."""
         return [item for s in self.shardings for item in s.shard_weights()]

@@ -17,7 +17,10 @@ times a column range on one rank), so placement, memory and cost are computed on
 - dynamic:       the whole id space on one rank (placed as table-wise), but only `slots` rows
                  resident: an ID transformer maps ids to slots and evicted rows go to a
                  parameter store (model/dynamic_table.py). Its one shard is the slot table:
-                 rows 0..slots, so memory and traffic are counted for slots, not rows.
+                 rows 0..slots, so memory and traffic are counted for slots, not rows;
+- dynamic_row_wise: dynamic, but the id space row-wise: rank r owns the ids of row block r (as
+                 row_wise's) and keeps `slots` of them resident; its shard is its slot table,
+                 rows 0..slots. Every block must have a row.
 """
 
 from __future__ import annotations
@@ -114,9 +117,25 @@ def dynamic(rows: int, dim: int, rank: int, slots: int) -> TablePlan:
     return TablePlan("dynamic", (Shard(rank, 0, min(slots, rows), 0, dim),))
 
 
+def dynamic_row_wise(rows: int, dim: int, world_size: int, slots: int) -> TablePlan:
+    """A dynamic table row-wise: each rank min(slots, its block's rows) slots for its block's ids."""
+    if slots < 1:
+        raise ValueError(f"a dynamic table needs at least one slot, got {slots}")
+    blocks = block_rows(rows, world_size)
+    if min(blocks) < 1:
+        raise ValueError(f"a dynamic_row_wise table needs a row a rank: {rows} rows over {world_size} ranks")
+    return TablePlan("dynamic_row_wise", tuple(Shard(r, 0, min(slots, n), 0, dim) for r, n in enumerate(blocks)))
+
+
+def block_rows(rows: int, world_size: int) -> list[int]:
+    """Rows of each rank's row block (row_wise's blocks; the last may be short or empty)."""
+    b = row_block(rows, world_size)
+    return [max(0, min(rows, (r + 1) * b) - r * b) for r in range(world_size)]
+
+
 def check_plan(plan: Sequence[TablePlan], table_rows: Sequence[int], dim: int, world_size: int) -> None:
     """Every table covered exactly once (replicas aside), on ranks that exist; a dynamic table
-    by one full-width slot table of at most its rows."""
+    by one full-width slot table of at most its rows (dynamic_row_wise: one a rank, of at most its block)."""
     if len(plan) != len(table_rows):
         raise ValueError(f"plan has {len(plan)} tables, model has {len(table_rows)}")
     for t, (tp, rows) in enumerate(zip(plan, table_rows)):
@@ -127,6 +146,13 @@ def check_plan(plan: Sequence[TablePlan], table_rows: Sequence[int], dim: int, w
         if tp.kind == "dynamic":
             if len(tp.shards) != 1 or tp.shards[0].cols != dim or not 1 <= tp.shards[0].rows <= rows:
                 raise ValueError(f"table {t}: a dynamic table is one shard of 1..{rows} slots x {dim}")
+            continue
+        if tp.kind == "dynamic_row_wise":
+            blocks = block_rows(rows, world_size)
+            if ([s.rank for s in tp.shards] != list(range(world_size))
+                    or any(s.cols != dim or not 1 <= s.rows <= n for s, n in zip(tp.shards, blocks))):
+                raise ValueError(f"table {t}: a dynamic_row_wise table is one shard a rank, rank r's of 1..(its "
+                                 f"row block's rows) slots x {dim}")
             continue
         copies = world_size if tp.kind == "data_parallel" else 1
         if sum(s.rows * s.cols for s in tp.shards) != copies * rows * dim:

@@ -53,6 +53,8 @@ BAD_BENCH = {
     "dynamic budget, no dynamic table": (["--dynamic-memory-gib", "1"], "has nothing to size: no table is dynamic"),
     "dynamic budget too small": (["--preset", "tiny", "--shard", "0=dynamic,20=dynamic", "--dynamic-memory-gib", "1e-7"],
                                  "table 0: its share of the dynamic memory budget, 3 bytes, holds no slot of 128 bytes"),
+    "dynamic row-wise, a rank with no row": (["--preset", "tiny", "--gpus-per-node", "4", "--shard", "5=dynamic_row_wise"],
+                                             "table 5: dynamic_row_wise needs a row a rank; it has 3 rows for 4 ranks"),
     "unknown dynamic policy": (["--shard", "2=dynamic", "--dynamic-policy", "fifo"], "invalid choice: 'fifo'"),
     "dynamic on torchrec": (["--preset", "tiny", "--shard", "2=dynamic", "--engine", "torchrec"],
                             "dynamic tables run on the harness engine only"),

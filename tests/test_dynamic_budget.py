@@ -71,3 +71,11 @@ def test_a_run_sized_by_a_budget_trains_and_records_its_slots(tmp_path):
     assert slots == {2: 677, 20: 1000}
     assert r.manifest.config.dynamic.memory_gib == 0.0002 and r.manifest.config.dynamic.slots is None
     assert r.iterations["loss"].notna().all()
+
+
+def test_a_row_wise_dynamic_tables_share_is_split_over_the_ranks():
+    # As the run above: 677 and 1,000 slots for tables 2 and 20, here over 2 ranks each.
+    cfg = parse(["--shard", "2=dynamic_row_wise,20=dynamic", "--dynamic-memory-gib", "0.0002",
+                 "--nodes", "1", "--gpus-per-node", "2"])
+    plan, _ = make_plan(cfg, ranks_per_host=2)
+    assert [s.rows for s in plan[2].shards] == [338, 338] and [s.rows for s in plan[20].shards] == [1000]

@@ -18,7 +18,7 @@ from harness.presets import tiny
 from model.dynamic_table import DynamicTable
 from model.embeddings import build_fused_tbe, init_shard_
 from model.id_transformer import IdTransformer
-from model.sharding import check_plan, dynamic
+from model.sharding import check_plan, dynamic, dynamic_row_wise
 from tests.distributed import run_ranks
 from tests.test_id_transformer import DictModel
 from tests.test_sharded_training import STEPS, assemble, close, reference_run
@@ -93,6 +93,17 @@ def test_a_dynamic_plan_counts_its_slots():
         check_plan([dynamic(2000, 16, 0, 1500)], [1000], 16, 2)
 
 
+def test_a_dynamic_row_wise_plan_has_slots_on_every_rank_for_its_row_block():
+    tp = dynamic_row_wise(1000, 16, 3, 300)  # blocks of 334, 334 and 332 rows
+    assert [(s.rank, s.rows, s.cols) for s in tp.shards] == [(0, 300, 16), (1, 300, 16), (2, 300, 16)]
+    assert [s.rows for s in dynamic_row_wise(1000, 16, 3, 333).shards] == [333, 333, 332]  # at most its block
+    check_plan([tp], [1000], 16, 3)
+    with pytest.raises(ValueError, match="one shard a rank"):
+        check_plan([dynamic_row_wise(1000, 16, 2, 300)], [1000], 16, 3)
+    with pytest.raises(ValueError, match="a row a rank"):
+        dynamic_row_wise(5, 16, 8, 4)  # blocks of 1 row: ranks 5..7 would have none
+
+
 DYNAMIC_TABLES = (2, 6)
 """tiny tables of 1000 rows and one id a sample: a batch of 96 fits in 100 slots, five batches do not."""
 
@@ -122,9 +133,10 @@ def test_with_room_for_every_id_a_dynamic_table_trains_bitwise_like_static(tmp_p
     assert set(counts) == set(DYNAMIC_TABLES) and all(c.evicted == 0 and c.admitted > 0 for c in counts.values())
 
 
-def dict_model_counts(cfg, table: int, slots: int, policy: str) -> tuple[int, int, int]:
+def dict_model_counts(cfg, table: int, slots: int, policy: str, rows: range | None = None) -> tuple[int, int, int]:
     """(admitted, evicted, fetched) of a Python dict model of the policy on the ids the table's
-    owner transforms: each global batch's ids of the table, in sample order."""
+    owner transforms: each global batch's ids of the table, in sample order (rows: only those in
+    this row block, what a dynamic_row_wise rank transforms)."""
     data, model, seen_evicted = open_batches(cfg), DictModel(slots, policy, cfg.dynamic.half_life), set()
     admitted = evicted = fetched = 0
     f = table
@@ -133,6 +145,8 @@ def dict_model_counts(cfg, table: int, slots: int, policy: str) -> tuple[int, in
         offsets = torch.cat([torch.zeros(1, dtype=torch.int64), b.sparse.lengths.reshape(-1).cumsum(0)])
         g = b.sparse.lengths.shape[1]
         ids = b.sparse.values[offsets[f * g]:offsets[(f + 1) * g]].tolist()
+        if rows is not None:
+            ids = [i for i in ids if i in rows]
         _, adm, ev = model.transform(ids)
         fetched += sum(i in seen_evicted for i, _ in adm)
         seen_evicted |= {i for i, _ in ev}
@@ -156,3 +170,42 @@ def test_evicting_every_batch_trains_like_the_reference_that_never_evicts(policy
         c = counts[t]
         assert (c.admitted, c.evicted, c.fetched) == dict_model_counts(cfg, t, 100, policy)
         assert c.evicted > 0 and c.fetched > 0  # rows did go to the store and come back
+
+
+def test_row_wise_with_room_for_every_id_trains_bitwise_like_static_row_wise(tmp_path):
+    cfg = tiny_with(1000, "lru", kind="row_wise")
+    static, _ = make_plan(cfg, ranks_per_host=2)
+    plan = list(static)
+    for t in DYNAMIC_TABLES:  # blocks of 500 rows: 500 slots each hold every id of the block
+        plan[t] = dynamic_row_wise(cfg.model.table_rows[t], cfg.model.embedding_dim, 2, 1000)
+    (tmp_path / "static").mkdir()
+    (tmp_path / "dynamic").mkdir()
+    a = run_ranks(cfg, static, tmp_path / "static")
+    b = run_ranks(cfg, plan, tmp_path / "dynamic")
+    for ra, rb in zip(a, b):
+        assert ra["losses"] == rb["losses"]
+    for t in DYNAMIC_TABLES:
+        assert torch.equal(assemble(a, t, 1000, 16), assemble(b, t, 1000, 16))
+    for r in b:  # each rank transformed ids of its block only, and evicted none
+        assert set(r["dynamic"]) == set(DYNAMIC_TABLES)
+        assert all(c.evicted == 0 and c.admitted > 0 for c in r["dynamic"].values())
+
+
+@pytest.mark.parametrize("policy", ["lru", "hybrid"])
+def test_row_wise_evicting_every_batch_trains_like_the_reference_that_never_evicts(policy, tmp_path):
+    cfg = tiny_with(60, policy, kind="dynamic_row_wise")
+    plan, _ = make_plan(cfg, ranks_per_host=2)
+    assert [[s.rows for s in plan[t].shards] for t in DYNAMIC_TABLES] == [[60, 60], [60, 60]]
+    ranks = run_ranks(cfg, plan, tmp_path)
+    ref_losses, ref = reference_run(cfg)
+    losses = torch.tensor([r["losses"] for r in ranks], dtype=torch.float64).mean(0)
+    close(losses, torch.tensor(ref_losses, dtype=torch.float64))
+    for t, rows in enumerate(cfg.model.table_rows):
+        close(assemble(ranks, t, rows, cfg.model.embedding_dim), ref.tables[t].weight.detach())
+    evicting = 0
+    for rank, r in enumerate(ranks):  # rank r's transformer saw block r's ids, as a dict model of it does
+        for t in DYNAMIC_TABLES:
+            c = r["dynamic"][t]
+            assert (c.admitted, c.evicted, c.fetched) == dict_model_counts(cfg, t, 60, policy, range(500 * rank, 500 * rank + 500))
+            evicting += c.evicted > 0 and c.fetched > 0
+    assert evicting >= 1  # rows did go to a store and come back

@@ -151,3 +151,17 @@ def test_a_sharding_in_use_costs_every_rank_its_latency_once():
     free = Topology(world_size=4, ranks_per_node=2, memory_bytes=GIB, memory_bw=10e9, intra_node_bw=1e9,
                     inter_node_bw=0.5e9)
     assert group_latency_s("pooled", free) == 0.0
+
+
+def test_a_dynamic_row_wise_table_moves_what_row_wise_moves_and_holds_only_its_slots():
+    """Its ids go by row block as row_wise's do, so every exchange row and its lookups equal
+    row_wise's; its memory holds 100 slots a rank where row_wise holds the 500-row blocks."""
+    from model.sharding import dynamic_row_wise
+
+    geo = Geometry(world_size=2, ranks_per_node=2, global_batch=64, state_per_element=1.0)
+    rw = table_footprint(row_wise(1000, 16, 2), rows=1000, dim=16, pooling=3, geo=geo)
+    dyn = table_footprint(dynamic_row_wise(1000, 16, 2, 100), rows=1000, dim=16, pooling=3, geo=geo)
+    others = [i for i in range(FOOTPRINT_ROWS) if i != MEMORY]
+    assert np.array_equal(dyn[others], rw[others])
+    # A row: 16 fp32 weights and 16 Adagrad floats = 128 bytes; 400 fewer rows a rank.
+    assert dyn[MEMORY].tolist() == pytest.approx((rw[MEMORY] - 400 * 128).tolist())
