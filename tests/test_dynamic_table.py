@@ -1,7 +1,7 @@
-"""Dynamic tables (issue 15): a row follows its id through eviction and back exactly, a dynamic table
-with room for every id trains bitwise like the same table static, and one that evicts every batch
-trains like the unsharded reference, which never evicts, while evicting what a Python dict model
-of its policy evicts."""
+"""Dynamic tables (issue 15), table-wise and row-wise: a row follows its id through eviction and
+back exactly, a dynamic table with room for every id trains bitwise like the same table static,
+and one that evicts every batch trains like the unsharded reference, which never evicts, while
+evicting what a Python dict model of its policy evicts."""
 
 from __future__ import annotations
 
@@ -115,12 +115,17 @@ def tiny_with(slots: int, policy: str, kind: str = "dynamic"):
                        dynamic=DynamicConfig(slots=slots, policy=policy))
 
 
-def test_with_room_for_every_id_a_dynamic_table_trains_bitwise_like_static(tmp_path):
-    cfg = tiny_with(1000, "lru", kind="table_wise")
+@pytest.mark.parametrize("static_kind", ["table_wise", "row_wise"])
+def test_with_room_for_every_id_a_dynamic_table_trains_bitwise_like_static(static_kind, tmp_path):
+    """dynamic against table-wise, dynamic_row_wise against row-wise (blocks of 500 rows, so 1000
+    slots a rank hold every id of the block)."""
+    cfg = tiny_with(1000, "lru", kind=static_kind)
     static, _ = make_plan(cfg, ranks_per_host=2)
     plan = list(static)
+    rows, dim = 1000, cfg.model.embedding_dim
     for t in DYNAMIC_TABLES:  # the same plan but for these tables: the other tables' numerics are untouched
-        plan[t] = dynamic(cfg.model.table_rows[t], cfg.model.embedding_dim, static[t].shards[0].rank, 1000)
+        plan[t] = (dynamic(rows, dim, static[t].shards[0].rank, 1000) if static_kind == "table_wise"
+                   else dynamic_row_wise(rows, dim, 2, 1000))
     (tmp_path / "static").mkdir()
     (tmp_path / "dynamic").mkdir()
     a = run_ranks(cfg, static, tmp_path / "static")
@@ -128,9 +133,9 @@ def test_with_room_for_every_id_a_dynamic_table_trains_bitwise_like_static(tmp_p
     for ra, rb in zip(a, b):
         assert ra["losses"] == rb["losses"]
     for t in DYNAMIC_TABLES:
-        assert torch.equal(assemble(a, t, 1000, 16), assemble(b, t, 1000, 16))
-    counts = {t: c for r in b for t, c in r["dynamic"].items()}
-    assert set(counts) == set(DYNAMIC_TABLES) and all(c.evicted == 0 and c.admitted > 0 for c in counts.values())
+        assert torch.equal(assemble(a, t, rows, dim), assemble(b, t, rows, dim))
+    moved = [(t, c) for r in b for t, c in r["dynamic"].items()]  # each table's owner, or each rank's block
+    assert {t for t, _ in moved} == set(DYNAMIC_TABLES) and all(c.evicted == 0 and c.admitted > 0 for _, c in moved)
 
 
 def dict_model_counts(cfg, table: int, slots: int, policy: str, rows: range | None = None) -> tuple[int, int, int]:
@@ -154,58 +159,26 @@ def dict_model_counts(cfg, table: int, slots: int, policy: str, rows: range | No
     return admitted, evicted, fetched
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu", "hybrid"])
-def test_evicting_every_batch_trains_like_the_reference_that_never_evicts(policy, tmp_path):
-    cfg = tiny_with(100, policy)
+@pytest.mark.parametrize("kind, policy", [("dynamic", "lru"), ("dynamic", "lfu"), ("dynamic", "hybrid"),
+                                          ("dynamic_row_wise", "lru"), ("dynamic_row_wise", "hybrid")])
+def test_evicting_every_batch_trains_like_the_reference_that_never_evicts(kind, policy, tmp_path):
+    slots = 100 if kind == "dynamic" else 60  # row-wise: 60 a rank, for blocks of 500 rows
+    cfg = tiny_with(slots, policy, kind=kind)
     plan, _ = make_plan(cfg, ranks_per_host=2)
-    assert [plan[t].kind for t in DYNAMIC_TABLES] == ["dynamic", "dynamic"]
+    assert [plan[t].kind for t in DYNAMIC_TABLES] == [kind, kind]
     ranks = run_ranks(cfg, plan, tmp_path)
     ref_losses, ref = reference_run(cfg)
     losses = torch.tensor([r["losses"] for r in ranks], dtype=torch.float64).mean(0)
     close(losses, torch.tensor(ref_losses, dtype=torch.float64))
     for t, rows in enumerate(cfg.model.table_rows):
         close(assemble(ranks, t, rows, cfg.model.embedding_dim), ref.tables[t].weight.detach())
-    counts = {t: c for r in ranks for t, c in r["dynamic"].items()}
-    for t in DYNAMIC_TABLES:
-        c = counts[t]
-        assert (c.admitted, c.evicted, c.fetched) == dict_model_counts(cfg, t, 100, policy)
-        assert c.evicted > 0 and c.fetched > 0  # rows did go to the store and come back
-
-
-def test_row_wise_with_room_for_every_id_trains_bitwise_like_static_row_wise(tmp_path):
-    cfg = tiny_with(1000, "lru", kind="row_wise")
-    static, _ = make_plan(cfg, ranks_per_host=2)
-    plan = list(static)
-    for t in DYNAMIC_TABLES:  # blocks of 500 rows: 500 slots each hold every id of the block
-        plan[t] = dynamic_row_wise(cfg.model.table_rows[t], cfg.model.embedding_dim, 2, 1000)
-    (tmp_path / "static").mkdir()
-    (tmp_path / "dynamic").mkdir()
-    a = run_ranks(cfg, static, tmp_path / "static")
-    b = run_ranks(cfg, plan, tmp_path / "dynamic")
-    for ra, rb in zip(a, b):
-        assert ra["losses"] == rb["losses"]
-    for t in DYNAMIC_TABLES:
-        assert torch.equal(assemble(a, t, 1000, 16), assemble(b, t, 1000, 16))
-    for r in b:  # each rank transformed ids of its block only, and evicted none
-        assert set(r["dynamic"]) == set(DYNAMIC_TABLES)
-        assert all(c.evicted == 0 and c.admitted > 0 for c in r["dynamic"].values())
-
-
-@pytest.mark.parametrize("policy", ["lru", "hybrid"])
-def test_row_wise_evicting_every_batch_trains_like_the_reference_that_never_evicts(policy, tmp_path):
-    cfg = tiny_with(60, policy, kind="dynamic_row_wise")
-    plan, _ = make_plan(cfg, ranks_per_host=2)
-    assert [[s.rows for s in plan[t].shards] for t in DYNAMIC_TABLES] == [[60, 60], [60, 60]]
-    ranks = run_ranks(cfg, plan, tmp_path)
-    ref_losses, ref = reference_run(cfg)
-    losses = torch.tensor([r["losses"] for r in ranks], dtype=torch.float64).mean(0)
-    close(losses, torch.tensor(ref_losses, dtype=torch.float64))
-    for t, rows in enumerate(cfg.model.table_rows):
-        close(assemble(ranks, t, rows, cfg.model.embedding_dim), ref.tables[t].weight.detach())
-    evicting = 0
-    for rank, r in enumerate(ranks):  # rank r's transformer saw block r's ids, as a dict model of it does
-        for t in DYNAMIC_TABLES:
-            c = r["dynamic"][t]
-            assert (c.admitted, c.evicted, c.fetched) == dict_model_counts(cfg, t, 60, policy, range(500 * rank, 500 * rank + 500))
-            evicting += c.evicted > 0 and c.fetched > 0
-    assert evicting >= 1  # rows did go to a store and come back
+    # Each transformer moved what a dict model of the ids it saw moves: a table's owner saw all of
+    # the table's ids, a row-wise rank its block's.
+    round_trips = 0
+    for rank, r in enumerate(ranks):
+        for t, c in r["dynamic"].items():
+            block = None if kind == "dynamic" else range(500 * rank, 500 * rank + 500)
+            assert (c.admitted, c.evicted, c.fetched) == dict_model_counts(cfg, t, slots, policy, block)
+            round_trips += c.evicted > 0 and c.fetched > 0  # rows did go to the store and come back
+    assert {t for r in ranks for t in r["dynamic"]} == set(DYNAMIC_TABLES)
+    assert round_trips >= (2 if kind == "dynamic" else 1)
