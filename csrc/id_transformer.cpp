@@ -21,11 +21,11 @@
 // chosen), since a decayed counter's order moves with time.
 //
 // Speed: a resident id costs one hash bucket (key and slot side by side in one cache line) and its
-// slot's state (lru: where its live entry is, 4 bytes a slot, so a million slots' fit the
-// last-level cache); a new id costs
-// its bucket, then its victim's id and bucket (erased) and its slot's state. Every loop over such
-// random places prefetches them a few dozen entries ahead, so the misses of many ids overlap, and
-// the arrays live on 2 MiB pages so a random read is not a TLB miss too. random_read_rate()
+// slot's state (lru: where its live entry is, 4 bytes a slot, so a million slots' positions fit
+// the last-level cache); a new id costs its bucket, then its victim's id and bucket (erased) and
+// its slot's state. Every loop over such random places prefetches them a few dozen entries ahead,
+// so the misses of many ids overlap, and the arrays live on 2 MiB pages so a random read is not a
+// TLB miss too. random_read_rate()
 // measures what such reads cost on the machine at hand: the ceiling `make perf-dynamic` prints.
 //
 // The id -> slot map is an open-addressing hash table with linear probing and backward-shift

@@ -253,31 +253,37 @@ class TransformedIds:
         return self._rewrite(self._pending.wait())
 
 
-class DynamicSharding(PooledAllToAllSharding):
-    """Dynamic tables (model/dynamic_table.py), each placed as table-wise: its ids go to its rank,
-    which looks the whole global batch up in the table's slots and sends every batch owner its
-    rows. The owner turns the ids it receives into slots as it waits for them (the ID transformer
-    and the rows it moves to and from the store run on the host, in the main thread, after the
-    previous iteration's fused update), so the lookup and the update run on slots."""
+class DynamicSlots:
+    """What a sharding of dynamic tables adds to the sharding it places them as (mixed in before
+    it): a DynamicTable over each of its TBE's tables, and the ids turned into slots as they are
+    waited for (the ID transformer and the rows it moves to and from the store run on the host,
+    in the main thread, after the previous iteration's fused update), so the lookup and the
+    update run on slots."""
 
-    def __init__(self, ctx: ShardingContext, *, features: Sequence[int], slots: Sequence[tuple[int, int, Shard]],
-                 table_rows: Sequence[int], multi_hot: Sequence[int], settings: DynamicSettings) -> None:
-        """slots: (position in `features`, table, its one shard: the slot table, rows 0..slots)."""
-        super().__init__(ctx, features=features, slots=slots, table_rows=table_rows, multi_hot=multi_hot)
-        self.tables: list[DynamicTable] = []
+    tables: list[DynamicTable]
+    id_offsets: list[int]
+    """What each table's received ids lack of their table's ids (row-wise: the block's first row)."""
+
+    def _open_tables(self, tables: Sequence[int], slots: Sequence[int], table_rows: Sequence[int],
+                     settings: DynamicSettings, id_offsets: Sequence[int]) -> None:
+        """A DynamicTable for each table of self.tbe (in its order), with its slots."""
+        self.tables, self.id_offsets = [], list(id_offsets)
         if self.tbe is None:
             return
-        states = self.tbe.split_optimizer_states() if ctx.optimizer != "exact_sgd" else [[] for _ in self.local]
-        for (_, t, s), w, st in zip(self.local, self.tbe.split_embedding_weights(), states):
-            self.tables.append(DynamicTable(
-                table=t, table_rows=table_rows[t], weights=w, states=list(st),
-                transformer=IdTransformer(s.rows, settings.policy, settings.half_life), store=settings.store,
-                seed=ctx.init_seed, span=settings.span))
+        ctx = self.ctx
+        states = self.tbe.split_optimizer_states() if ctx.optimizer != "exact_sgd" else [[] for _ in tables]
+        self.tables = [
+            DynamicTable(table=t, table_rows=table_rows[t], weights=w, states=list(st),
+                         transformer=IdTransformer(n, settings.policy, settings.half_life), store=settings.store,
+                         seed=ctx.init_seed, span=settings.span)
+            for t, n, w, st in zip(tables, slots, self.tbe.split_embedding_weights(), states)
+        ]
 
-    def _init_weights(self, table_rows: Sequence[int]) -> None:
+    @staticmethod
+    def _empty_slots(tbe) -> None:
         """Slots start empty: a row is written into its slot when its id is admitted."""
         with torch.no_grad():
-            for w in self.tbe.split_embedding_weights():
+            for w in tbe.split_embedding_weights():
                 w.zero_()
 
     def prepare_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> TransformedIds:
@@ -290,17 +296,33 @@ class DynamicSharding(PooledAllToAllSharding):
         # TorchRec's dynamic embedding does.
         counts = local.lengths.sum(dim=1).tolist()
         values = local.values.cpu().split(counts)
-        slots = torch.cat([d.transform(v) for d, v in zip(self.tables, values)])
+        slots = torch.cat([d.transform(v + off if off else v) for d, v, off in zip(self.tables, values, self.id_offsets)])
         return SparseFeatures(lengths=local.lengths, values=slots.to(local.values.device))
+
+    def counts(self) -> dict[int, DynamicCounts]:
+        return {d.table: d.counts for d in self.tables}
+
+
+class DynamicSharding(DynamicSlots, PooledAllToAllSharding):
+    """Dynamic tables (model/dynamic_table.py), each placed as table-wise: its ids go to its rank,
+    which turns them into slots (DynamicSlots), looks the whole global batch up in the table's
+    slots and sends every batch owner its rows."""
+
+    def __init__(self, ctx: ShardingContext, *, features: Sequence[int], slots: Sequence[tuple[int, int, Shard]],
+                 table_rows: Sequence[int], multi_hot: Sequence[int], settings: DynamicSettings) -> None:
+        """slots: (position in `features`, table, its one shard: the slot table, rows 0..slots)."""
+        super().__init__(ctx, features=features, slots=slots, table_rows=table_rows, multi_hot=multi_hot)
+        self._open_tables([t for _, t, _ in self.local], [s.rows for _, _, s in self.local], table_rows, settings,
+                          id_offsets=[0] * len(self.local))
+
+    def _init_weights(self, table_rows: Sequence[int]) -> None:
+        self._empty_slots(self.tbe)
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
         """Each dynamic table whole, as its ids' rows wherever they live (slot, store, or the
         init of an id never seen): a copy, not the live slots."""
         return [(d.table, Shard(s.rank, 0, d.table_rows, 0, s.cols), d.rows_of(torch.arange(d.table_rows)))
                 for (_, _, s), d in zip(self.local, self.tables)]
-
-    def counts(self) -> dict[int, DynamicCounts]:
-        return {d.table: d.counts for d in self.tables}
 
 
 def row_block_tbe(ctx: ShardingContext, tables: Sequence[int], shards: Sequence[Shard], table_rows: Sequence[int]):
@@ -370,54 +392,33 @@ class RowWiseSharding:
         return [(t, s, w) for t, s, w in zip(self.features, self.local, self.tbe.split_embedding_weights()) if s.rows]
 
 
-class DynamicRowWiseSharding(RowWiseSharding):
+class DynamicRowWiseSharding(DynamicSlots, RowWiseSharding):
     """Dynamic tables row-wise (model/sharding.py dynamic_row_wise): ids go to the rank of their row
-    block as row-wise ids do, and each rank keeps slots for its blocks' ids only: it turns the ids
-    it receives into slots as it waits for them (as DynamicSharding's owner does), looks the whole
-    global batch up in its slots, and the partial sums are reduce-scattered as row-wise ones are.
-    Each rank's ID transformer and parameter store see only the ids of its blocks."""
+    block as row-wise ids do, and each rank keeps slots for its blocks' ids only, turns the ids it
+    receives into slots (DynamicSlots), looks the whole global batch up in its slots, and the
+    partial sums are reduce-scattered as row-wise ones are. Each rank's ID transformer and
+    parameter store see only the ids of its blocks, which arrive rebased to the block's first row:
+    the tables take them whole again (an id's init and its key in the store are its table's)."""
 
     def __init__(self, ctx: ShardingContext, *, features: Sequence[int], slots: Sequence[int],
                  table_rows: Sequence[int], settings: DynamicSettings) -> None:
         """slots: this rank's slots for each feature (its shard of the table's plan)."""
         self.slots = list(slots)
         super().__init__(ctx, features=features, table_rows=table_rows)
-        states = self.tbe.split_optimizer_states() if ctx.optimizer != "exact_sgd" else [[] for _ in self.features]
-        self.tables = [
-            DynamicTable(table=t, table_rows=table_rows[t], weights=w, states=list(st),
-                         transformer=IdTransformer(n, settings.policy, settings.half_life), store=settings.store,
-                         seed=ctx.init_seed, span=settings.span)
-            for t, n, w, st in zip(self.features, self.slots, self.tbe.split_embedding_weights(), states)
-        ]
-        self.block_starts = torch.tensor([s.row_start for s in self.local], dtype=torch.int64)
+        self._open_tables(self.features, self.slots, table_rows, settings,
+                          id_offsets=[s.row_start for s in self.local])
 
     def _build_tbe(self, table_rows: Sequence[int]):
-        """Slots, not row blocks: empty until ids are admitted (each row written as its id comes)."""
+        """Slots, not row blocks."""
         tbe = build_fused_tbe(rows=self.slots, dims=[self.ctx.dim] * len(self.slots), device=self.ctx.device,
                               optimizer=self.ctx.optimizer, learning_rate=self.ctx.learning_rate, eps=self.ctx.eps,
                               precision=self.ctx.table_precision)
-        with torch.no_grad():
-            for w in tbe.split_embedding_weights():
-                w.zero_()
+        self._empty_slots(tbe)
         return tbe
-
-    def prepare_input_dist(self, ids: SparseFeatures, *, splits_known: bool) -> TransformedIds:
-        return TransformedIds(super().prepare_input_dist(ids, splits_known=splits_known), self._to_slots)
-
-    def _to_slots(self, local: SparseFeatures) -> SparseFeatures:
-        """The ids arrive rebased to this rank's blocks; the tables take them whole again (an id's
-        init and its key in the store are its table's)."""
-        counts = local.lengths.sum(dim=1).tolist()
-        values = local.values.cpu().split(counts)
-        slots = torch.cat([d.transform(v + start) for d, v, start in zip(self.tables, values, self.block_starts.tolist())])
-        return SparseFeatures(lengths=local.lengths, values=slots.to(local.values.device))
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
         """This rank's row block of each table, as its ids' rows wherever they live: a copy."""
         return [(d.table, s, d.rows_of(torch.arange(s.row_start, s.row_end))) for s, d in zip(self.local, self.tables)]
-
-    def counts(self) -> dict[int, DynamicCounts]:
-        return {d.table: d.counts for d in self.tables}
 
 
 @dataclass(frozen=True)
