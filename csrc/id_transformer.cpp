@@ -12,21 +12,23 @@
 //   hybrid: LFU with decayed counters (Redis's approximated LFU is the model): a counter is halved
 //           once for every `half_life` ticks since its id's last access, and an access adds one to
 //           the decayed value; the least recent breaks ties.
-// Evictions are exact, reported coldest first. lru keeps a log of accesses in time order (an entry
-// a slot, 4 bytes, appended as ids occur), and each slot where its last access's entry is (4
-// bytes): an entry is live while its slot points at it, so the live entries from the front are the
-// slots from least to most recent. Evicting pops from the front, skipping the dead; the log is
-// compacted to its live entries when a batch's entries would overflow its room (four entries a
-// slot). lfu and hybrid rank every evictable slot (a linear-time selection, then a sort of the
-// chosen), since a decayed counter's order moves with time.
+// Evictions are exact, reported coldest first. lru keeps a log of accesses in time order (the id
+// accessed, appended as ids occur) and, in each resident id's hash bucket, where its last access's
+// entry is. An access marks its id's previous entry dead (a bit an entry, beside the log), so the
+// live entries from the front are the resident ids from least to most recent: evicting reads them
+// off the front, a word of dead bits at a time, and never visits a bucket to skip an entry. The
+// log is compacted to its live entries when a batch's entries would overflow its room (eight
+// entries a slot); only the live ones (at most the slots) tell their buckets where they went.
+// lfu and hybrid keep each slot's time and count and rank every evictable slot (a linear-time
+// selection, then a sort of the chosen), since a decayed counter's order moves with time.
 //
-// Speed: a resident id costs one hash bucket (key and slot side by side in one cache line) and its
-// slot's state (lru: where its live entry is, 4 bytes a slot, so a million slots' positions fit
-// the last-level cache); a new id costs its bucket, then its victim's id and bucket (erased) and
-// its slot's state. Every loop over such random places prefetches them a few dozen entries ahead,
-// so the misses of many ids overlap, and the arrays live on 2 MiB pages so a random read is not a
-// TLB miss too. random_read_rate()
-// measures what such reads cost on the machine at hand: the ceiling `make perf-dynamic` prints.
+// Speed: a resident id costs one hash bucket (key, slot and lru's recency in 16 bytes, in one
+// cache line) and a bit of the dead set (1 MiB for a million slots); a new id costs its bucket,
+// then its victim's bucket (erased). lru keeps no array indexed by slot: a second random place an
+// id would wait on. Every loop over random places prefetches them a few dozen entries ahead, so
+// the misses of many ids overlap, and the arrays live on 2 MiB pages so a random read is not a
+// TLB miss too. random_read_rate() measures what such reads cost on the machine at hand: the
+// ceiling `make perf-dynamic` prints.
 //
 // The id -> slot map is an open-addressing hash table with linear probing and backward-shift
 // deletion (no tombstones), sized to a power of two at least 4x the slots: at most `capacity`
@@ -39,6 +41,7 @@
 // build time.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <sys/mman.h>
@@ -95,6 +98,7 @@ class HugeArray {
   }
   HugeArray(const HugeArray&) = delete;
   HugeArray& operator=(const HugeArray&) = delete;
+  HugeArray(HugeArray&& o) noexcept { *this = std::move(o); }
   HugeArray& operator=(HugeArray&& o) noexcept {
     std::swap(data_, o.data_);
     std::swap(n_, o.n_);
@@ -116,30 +120,32 @@ class HugeArray {
 
 struct Bucket {
   int64_t key = kEmpty;  // an id, or kEmpty
-  int64_t val = 0;       // its slot, or -(k + 2) for the k-th pending id of a batch
+  int32_t val = 0;       // its slot, or -(k + 2) for the k-th pending id of a batch
+  uint32_t pos = 0;      // lru: where in the log its id's last access is (its recency)
 };
+constexpr int64_t kMaxSlots = (int64_t(1) << 31) - 2;  // a slot and a pending place fit `val`
 
-using LogEntry = uint32_t;  // lru: the slot accessed (a position in the log is its time)
+using LogEntry = int64_t;  // lru: the id accessed (a position in the log is its time)
 
 // How far ahead the loops over random places prefetch: far enough that a line has arrived when
 // its turn comes (a DRAM miss is a few hundred ns, an id's work a few ns), few enough that the
 // lines in flight fit the core's miss buffers.
-constexpr int64_t kAhead = 32;
+constexpr int64_t kAhead = 48;
 constexpr uint64_t kBucketsPerLine = 64 / sizeof(Bucket);
-constexpr size_t kLogRoomPerSlot = 4;  // lru log entries held, a slot (make_log_room)
+constexpr size_t kLogRoomPerSlot = 8;  // lru log entries held, a slot (make_log_room)
 constexpr uint64_t kMaxLogRoom = uint64_t(1) << 32;  // lru positions and slots are 32-bit
 
-struct Touched {  // a slot's state before this batch first touched it (restored if the batch fails)
-  int64_t slot;
+struct Touched {  // a resident id's state before this batch first touched it (restored if the batch fails)
+  int64_t where;  // lru: its bucket (the scan only inserts, so no bucket moves before undo); else its slot
   int64_t time;   // lru: the position of its live entry
   int64_t count;
 };
 
 struct Pending {  // an id of this batch that is not resident yet
   int64_t id;
-  int64_t time;    // its last occurrence in the batch
-  int64_t count;   // its occurrences in the batch
-  uint64_t bucket; // its bucket: valid until the first erase of the batch (inserts move nothing)
+  int64_t time;     // its last occurrence in the batch
+  int64_t count;    // its occurrences in the batch
+  uint64_t bucket;  // its bucket (inserts move nothing; an erase that shifts it back says where to)
 };
 
 using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
@@ -149,13 +155,17 @@ class IdTransformer {
   IdTransformer(int64_t capacity, const std::string& policy, int64_t half_life)
       : policy_(parse_policy(policy)), capacity_(capacity), half_life_(half_life) {
     if (capacity < 1) throw std::invalid_argument("id transformer: capacity must be >= 1 slot");
+    if (capacity > kMaxSlots) {
+      throw std::invalid_argument("id transformer: at most " + std::to_string(kMaxSlots) + " slots (32-bit slots)");
+    }
     if (half_life < 1) throw std::invalid_argument("id transformer: half_life must be >= 1 tick");
     uint64_t size = 1;
     while (size < uint64_t(4) * uint64_t(capacity)) size <<= 1;
     mask_ = size - 1;
     table_ = HugeArray<Bucket>(size, Bucket{});
-    slot_id_ = HugeArray<int64_t>(capacity, kEmpty);
     const bool lru = policy_ == Policy::kLru;
+    // lru finds a victim's id in the log and its recency in its bucket: it keeps no slot state.
+    slot_id_ = HugeArray<int64_t>(lru ? 0 : capacity, kEmpty);
     slot_time_ = HugeArray<int64_t>(lru ? 0 : capacity, -1);
     slot_count_ = HugeArray<int64_t>(lru ? 0 : capacity, 0);
     if (lru) {
@@ -165,8 +175,7 @@ class IdTransformer {
       }
       // The log's room is taken (and faulted in) here, not while batches run: a first touch of
       // fresh pages costs a fault each 4 KiB, a regrown vector copies the whole log.
-      slot_pos_ = HugeArray<uint32_t>(capacity, 0);
-      log_ = HugeArray<LogEntry>(kLogRoomPerSlot * size_t(capacity), 0);
+      make_log(kLogRoomPerSlot * size_t(capacity));
     }
   }
 
@@ -189,7 +198,7 @@ class IdTransformer {
     scan(id, n, slot_of, batch_start, log_start);
     const int64_t k = int64_t(pending_.size());
     const int64_t fresh = std::min(k, capacity_ - used_);
-    victims_.clear();  // slots, coldest first
+    victims_.clear();  // coldest first: lru their ids, lfu and hybrid their slots
     size_t log_head = log_head_;
     if (k > fresh) {
       if (lru) {
@@ -215,10 +224,7 @@ class IdTransformer {
     used_ += fresh;
     const int64_t* slot_of_pending = admitted_slots.data_ptr<int64_t>();
     for (int64_t p = 0; p < n; ++p) {
-      if (slot_of[p] < 0) {
-        slot_of[p] = slot_of_pending[-slot_of[p] - 2];
-        if (lru) log_[log_start + p] = LogEntry(slot_of[p]);
-      }
+      if (slot_of[p] < 0) slot_of[p] = slot_of_pending[-slot_of[p] - 2];
     }
     return {out.view(ids_in.sizes()), admitted_ids, admitted_slots, evicted_ids, evicted_slots};
   }
@@ -237,12 +243,18 @@ class IdTransformer {
     return out.view(ids_in.sizes());
   }
 
-  // The id in each slot, -1 for a slot never used.
+  // The id in each slot, -1 for a slot never used (lru keeps no slot -> id array: read off the table).
   at::Tensor slot_ids() {
     std::lock_guard<std::mutex> lock(mu_);
-    auto out = at::empty({capacity_}, at::kLong);
+    auto out = at::full({capacity_}, kEmpty, at::kLong);
     int64_t* o = out.data_ptr<int64_t>();
-    for (int64_t s = 0; s < capacity_; ++s) o[s] = slot_id_[s];
+    if (policy_ == Policy::kLru) {
+      for (uint64_t b = 0; b <= mask_; ++b) {
+        if (table_[b].key != kEmpty) o[table_[b].val] = table_[b].key;
+      }
+    } else {
+      for (int64_t s = 0; s < capacity_; ++s) o[s] = slot_id_[s];
+    }
     return out;
   }
 
@@ -279,11 +291,12 @@ class IdTransformer {
   // Each id to its slot, or to a pending place (-(k + 2)) when it is not resident: the resident
   // are touched, the new go to pending_ and into the table. A first pass hashes the batch; then the
   // buckets of ids kAhead places on are prefetched, and at half that distance (their buckets have
-  // arrived) each id's bucket is found and its slot's state prefetched, so the misses of many ids
-  // overlap and an id is hashed and probed once. A bucket found ahead is where the id's own probe
-  // resumes: the scan only inserts, which moves no key, so the key is still there, or, if it was
-  // absent, every bucket before that one still holds another key.
-  // The touched slots' old state is kept only when the batch could fail (more ids than slots):
+  // arrived) each id's bucket is found and the word of its dead bit (lru) or its slot's state
+  // (lfu, hybrid) prefetched, so the misses of many ids overlap and an id is hashed and probed
+  // once. A bucket found ahead is where the id's own probe resumes: the scan only inserts, which
+  // moves no key, so the key is still there, or, if it was absent, every bucket before that one
+  // still holds another key. Every occurrence's entry goes into the lru log as it comes.
+  // The touched ids' old state is kept only when the batch could fail (more ids than slots):
   // a batch with at most `capacity` ids has at most that many distinct ones, so it always fits.
   void scan(const int64_t* id, int64_t n, int64_t* slot_of, int64_t batch_start, size_t log_start) {
     const bool may_fail = n > capacity_;
@@ -315,7 +328,7 @@ class IdTransformer {
         const Bucket& ahead = table_[start[q]];
         if (ahead.key == id[q] && ahead.val >= 0) {
           if constexpr (lru) {
-            __builtin_prefetch(&slot_pos_[ahead.val], 1);
+            __builtin_prefetch(&dead_[ahead.pos / 64], 1);
           } else {
             __builtin_prefetch(&slot_time_[ahead.val], 1);
             __builtin_prefetch(&slot_count_[ahead.val], 1);
@@ -325,19 +338,21 @@ class IdTransformer {
       const int64_t t = clock_++;
       const uint64_t bi = probe(start[p], id[p]);
       Bucket& b = table_[bi];
+      if constexpr (lru) log_[log_start + p] = id[p];
       if (b.key == id[p]) {
         const int64_t v = b.val;
         if (v >= 0) {
-          if constexpr (lru) {  // this access's entry is its live one now
-            if (may_fail && slot_pos_[v] < log_start) touched_.push_back({v, int64_t(slot_pos_[v]), 0});
-            slot_pos_[v] = uint32_t(log_start + p);
-            log_[log_start + p] = LogEntry(v);
+          if constexpr (lru) {  // this access's entry is its live one now, its last one dead
+            if (may_fail && b.pos < log_start) touched_.push_back({int64_t(bi), int64_t(b.pos), 0});
+            set_dead(b.pos);
+            b.pos = uint32_t(log_start + p);
           } else {
             if (may_fail && slot_time_[v] < batch_start) touched_.push_back({v, slot_time_[v], slot_count_[v]});
             touch<P>(v, t);
           }
         } else {
           Pending& q = pending_[-v - 2];
+          if constexpr (lru) set_dead(size_t(q.time - batch_start) + log_start);
           q.time = t;
           q.count += 1;
         }
@@ -349,109 +364,127 @@ class IdTransformer {
                                       std::to_string(capacity_) + " slots");
         }
         b.key = id[p];
-        b.val = -int64_t(pending_.size()) - 2;
+        b.val = int32_t(-int64_t(pending_.size()) - 2);
         slot_of[p] = b.val;
         pending_.push_back({id[p], t, 1, bi});
       }
     }
   }
 
-  // The pending ids take the fresh slots, then the victims' (victims_[j - fresh] for the j-th):
-  // first each pending bucket gets its slot (by the bucket noted in the scan, before any erase
-  // can move it), then the victims leave the table, then the slots take their new ids' state.
-  // Each loop prefetches the random places of the entry kAhead on.
+  // The victims leave the table, then the pending ids take the fresh slots and the victims' slots
+  // (evicted_slots[j - fresh] for the j-th). A victim is found by its id (lru: from the log; lfu,
+  // hybrid: the id its chosen slot holds) and its slot read off its bucket as it is erased. A
+  // pending id's bucket is where the scan put it, or where an erase shifted it back to (erase_at
+  // keeps that note). Each loop prefetches the places of the entry kAhead on.
   // lru: log_from_tick turns a tick of this batch into its entry's position.
   void admit(int64_t fresh, int64_t* admitted_ids, int64_t* admitted_slots, int64_t* evicted_ids,
              int64_t* evicted_slots, int64_t log_from_tick) {
     const int64_t k = int64_t(pending_.size());
     const int64_t m = int64_t(victims_.size());
     const bool lru = policy_ == Policy::kLru;
-    for (int64_t j = 0; j < k; ++j) {
-      if (j + kAhead < k) __builtin_prefetch(&table_[pending_[j + kAhead].bucket], 1);
-      const int64_t s = j < fresh ? used_ + j : victims_[j - fresh];
-      table_[pending_[j].bucket].val = s;
-      admitted_ids[j] = pending_[j].id;
-      admitted_slots[j] = s;
+    auto victim_id = [&](int64_t j) { return lru ? victims_[j] : slot_id_[victims_[j]]; };
+    if (!lru) {
+      for (int64_t j = 0; j < std::min(m, 2 * kAhead); ++j) __builtin_prefetch(&slot_id_[victims_[j]]);
     }
-    for (int64_t j = 0; j < std::min(m, 2 * kAhead); ++j) __builtin_prefetch(&slot_id_[victims_[j]]);
     for (int64_t j = 0; j < m; ++j) {
-      if (j + 2 * kAhead < m) __builtin_prefetch(&slot_id_[victims_[j + 2 * kAhead]]);
-      if (j + kAhead < m) {  // its bucket's line and the next, which backward shifting reads on
-        const uint64_t h = home(slot_id_[victims_[j + kAhead]]);
-        __builtin_prefetch(&table_[h], 1);
-        __builtin_prefetch(&table_[(h + kBucketsPerLine) & mask_], 1);
-      }
-      evicted_ids[j] = slot_id_[victims_[j]];
-      evicted_slots[j] = victims_[j];
-      erase(evicted_ids[j]);
+      if (!lru && j + 2 * kAhead < m) __builtin_prefetch(&slot_id_[victims_[j + 2 * kAhead]]);
+      if (j + kAhead < m) prefetch_probe(victim_id(j + kAhead));
+      const int64_t key = victim_id(j);
+      const uint64_t b = bucket_of(key);
+      evicted_ids[j] = key;
+      evicted_slots[j] = table_[b].val;
+      erase_at(b);
     }
+    auto slot_for = [&](int64_t j) { return j < fresh ? used_ + j : evicted_slots[j - fresh]; };
     for (int64_t j = 0; j < k; ++j) {
       if (j + kAhead < k) {
-        const int64_t s = admitted_slots[j + kAhead];
-        __builtin_prefetch(&slot_id_[s], 1);
-        if (lru) {
-          __builtin_prefetch(&slot_pos_[s], 1);
-        } else {
+        __builtin_prefetch(&table_[pending_[j + kAhead].bucket], 1);
+        if (!lru) {
+          const int64_t s = slot_for(j + kAhead);
+          __builtin_prefetch(&slot_id_[s], 1);
           __builtin_prefetch(&slot_time_[s], 1);
           __builtin_prefetch(&slot_count_[s], 1);
         }
       }
-      const int64_t s = admitted_slots[j];
-      slot_id_[s] = pending_[j].id;
+      const Pending& q = pending_[j];
+      const int64_t s = slot_for(j);
+      Bucket& b = table_[q.bucket];
+      b.val = int32_t(s);
       if (lru) {
-        slot_pos_[s] = uint32_t(pending_[j].time + log_from_tick);
+        b.pos = uint32_t(q.time + log_from_tick);
       } else {
-        slot_time_[s] = pending_[j].time;
-        slot_count_[s] = pending_[j].count;
+        slot_id_[s] = q.id;
+        slot_time_[s] = q.time;
+        slot_count_[s] = q.count;
       }
+      admitted_ids[j] = q.id;
+      admitted_slots[j] = s;
     }
   }
 
-  // A batch that cannot be admitted leaves the table as it found it: its pending ids out of the
-  // table, the slots it touched as they were, its log entries and clock ticks taken back.
+  // A batch that cannot be admitted leaves the table as it found it: the ids it touched as they
+  // were (before any erase moves their buckets), its pending ids out of the table, its log
+  // entries and clock ticks taken back.
   void undo(int64_t batch_start, size_t log_start) {
-    for (const Pending& q : pending_) erase(q.id);
     const bool lru = policy_ == Policy::kLru;
     for (const Touched& u : touched_) {
       if (lru) {  // its old entry lives again
-        slot_pos_[u.slot] = uint32_t(u.time);
+        table_[u.where].pos = uint32_t(u.time);
+        clear_dead(size_t(u.time));
       } else {
-        slot_time_[u.slot] = u.time;
-        slot_count_[u.slot] = u.count;
+        slot_time_[u.where] = u.time;
+        slot_count_[u.where] = u.count;
       }
+    }
+    for (const Pending& q : pending_) erase(q.id);
+    if (lru) {  // this batch's entries, some marked dead by a later occurrence of their id
+      for (size_t e = log_start; e < log_size_; ++e) clear_dead(e);
     }
     log_size_ = std::min(log_size_, log_start);
     clock_ = batch_start;
   }
 
-  // lru: up to `need` slots into victims_, least recent first, from the log's live entries before
-  // `end` (this batch's begin there); `head` advances past what was read.
+  // lru: the ids of up to `need` slots into victims_, least recent first, from the log's live
+  // entries before `end` (this batch's begin there); `head` advances past what was read. The
+  // dead bits make this a sequential read: no bucket is visited for an entry skipped.
   void least_recent(int64_t need, size_t end, size_t* head) {
+    // A word of dead bits at a time, visiting its live entries only (no branch an entry).
     size_t e = *head;
-    for (; e < end && int64_t(victims_.size()) < need; ++e) {
-      if (e + kAhead < end) __builtin_prefetch(&slot_pos_[log_[e + kAhead]]);
-      if (slot_pos_[log_[e]] == e) victims_.push_back(log_[e]);
+    while (e < end && int64_t(victims_.size()) < need) {
+      const size_t word = e / 64;
+      uint64_t live = ~dead_[word] & (~uint64_t(0) << (e % 64));  // live entries at e and on
+      const size_t word_end = std::min(end, (word + 1) * 64);
+      if (word_end % 64) live &= (uint64_t(1) << (word_end % 64)) - 1;
+      size_t after = word_end;
+      while (live && int64_t(victims_.size()) < need) {
+        const size_t at = word * 64 + __builtin_ctzll(live);
+        victims_.push_back(log_[at]);
+        live &= live - 1;
+        after = at + 1;
+      }
+      e = live ? after : word_end;  // live entries left: the victims are all found, read on from there
     }
     *head = e;
   }
 
   // lru: room in the log for a batch of n entries. When they do not fit, the log is compacted
   // to its live entries (at most one a slot), and grown only where even that leaves too little
-  // room (a batch of more than a few times the slots). An entry is checked when it is popped and
-  // again at each compaction it survives; with room for kLogRoomPerSlot entries a slot, a
-  // compaction comes every (kLogRoomPerSlot - 1) x slots appends or so and re-checks at most the
-  // slots, so an access costs about 1 + 1/(kLogRoomPerSlot - 1) checks.
-  // A compaction moves each live entry down and tells its slot where it went.
+  // room (a batch of more than a few times the slots). With room for kLogRoomPerSlot entries a
+  // slot, a compaction comes every (kLogRoomPerSlot - 1) x slots appends or so: its read of the
+  // log and its dead bits is sequential, and only a live entry visits its bucket (to say where
+  // the entry went), at most the slots a compaction.
   void make_log_room(int64_t n) {
     if (log_size_ + size_t(n) <= log_.size()) return;
     size_t kept = 0;
-    for (size_t e = log_head_; e < log_size_; ++e) {
-      if (e + kAhead < log_size_) __builtin_prefetch(&slot_pos_[log_[e + kAhead]], 1);
-      const LogEntry s = log_[e];
-      if (slot_pos_[s] != e) continue;
-      log_[kept] = s;
-      slot_pos_[s] = uint32_t(kept++);
+    for (size_t e = log_head_; e < log_size_; ++e) {  // no branch: a live entry is kept, a dead one overwritten
+      log_[kept] = log_[e];
+      kept += !is_dead(e);
     }
+    for (size_t e = 0; e < kept; ++e) {  // apart, so the lookahead counts live entries only
+      if (e + kAhead < kept) __builtin_prefetch(&table_[home(log_[e + kAhead])], 1);
+      table_[bucket_of(log_[e])].pos = uint32_t(e);
+    }
+    std::fill(&dead_[0], &dead_[0] + (log_size_ + 63) / 64, uint64_t(0));
     log_size_ = kept;
     log_head_ = 0;
     if (log_size_ + size_t(n) <= log_.size()) return;
@@ -460,16 +493,35 @@ class IdTransformer {
       throw std::invalid_argument("id transformer: a batch of " + std::to_string(n) +
                                   " ids outgrows lru's log (32-bit positions)");
     }
-    HugeArray<LogEntry> grown(room, 0);
-    std::copy(&log_[0], &log_[0] + log_size_, &grown[0]);
-    log_ = std::move(grown);
+    HugeArray<LogEntry> kept_log = std::move(log_);
+    make_log(room);
+    std::copy(&kept_log[0], &kept_log[0] + log_size_, &log_[0]);
+  }
+
+  // lru: a log with room for `room` entries, all of them live (no dead bit set).
+  void make_log(size_t room) {
+    log_ = HugeArray<LogEntry>(room, 0);
+    dead_ = HugeArray<uint64_t>((room + 63) / 64, 0);
+  }
+  bool is_dead(size_t e) const { return (dead_[e / 64] >> (e % 64)) & 1; }
+  void set_dead(size_t e) { dead_[e / 64] |= uint64_t(1) << (e % 64); }
+  void clear_dead(size_t e) { dead_[e / 64] &= ~(uint64_t(1) << (e % 64)); }
+
+  // The lines a probe for `key` reads first: its home bucket's and the next (a probe or a
+  // backward shift that runs past the home line reads on there).
+  __attribute__((always_inline)) void prefetch_probe(int64_t key) const {
+    const uint64_t h = home(key);
+    __builtin_prefetch(&table_[h], 1);
+    __builtin_prefetch(&table_[(h + kBucketsPerLine) & mask_], 1);
   }
 
   // Backward-shift deletion: entries after the hole that may move into it do, so every key
   // stays reachable from its home bucket without tombstones.
   void erase(int64_t key) {
-    uint64_t hole = bucket_of(key);
-    if (table_[hole].key != key) return;
+    const uint64_t b = bucket_of(key);
+    if (table_[b].key == key) erase_at(b);
+  }
+  void erase_at(uint64_t hole) {
     uint64_t j = hole;
     while (true) {
       j = (j + 1) & mask_;
@@ -478,6 +530,7 @@ class IdTransformer {
       const bool stays = hole <= j ? (hole < h && h <= j) : (hole < h || h <= j);
       if (stays) continue;
       table_[hole] = table_[j];
+      if (table_[hole].val < 0) pending_[-table_[hole].val - 2].bucket = hole;  // a pending id moved
       hole = j;
     }
     table_[hole].key = kEmpty;
@@ -523,14 +576,14 @@ class IdTransformer {
   HugeArray<int64_t> slot_id_;     // the id it holds, kEmpty if never used
   HugeArray<int64_t> slot_time_;   // lfu, hybrid: clock tick of the last access
   HugeArray<int64_t> slot_count_;  // accesses (lfu) or the decayed counter as of that tick (hybrid)
-  HugeArray<uint32_t> slot_pos_;   // lru: where in log_ its last access's entry is
   HugeArray<LogEntry> log_;  // lru: accesses in time order, log_[log_head_ .. log_size_) unread
+  HugeArray<uint64_t> dead_;  // lru: a bit an entry of log_, set once a later access of its id came
   size_t log_head_ = 0;
   size_t log_size_ = 0;
   // A batch's working lists, kept between calls so a batch allocates (and faults in) nothing.
   std::vector<Pending> pending_;
   std::vector<Touched> touched_;
-  std::vector<int64_t> victims_;
+  std::vector<int64_t> victims_;  // lru: ids; lfu, hybrid: slots
   std::vector<uint64_t> start_;  // scan: each id's home bucket, then where its probe resumes
   int64_t used_ = 0;   // slots 0 .. used_-1 have held an id; the rest were never used
   int64_t clock_ = 0;  // ticks once an id occurrence

@@ -63,7 +63,9 @@ def mixed_batch(resident: torch.Tensor, n: int, hit_rate: float, next_new: int, 
 READS_PER_HIT = 1
 READS_PER_MISS = 2
 """Random reads of the hash table an id needs at the least: a resident id its bucket; a new one its
-bucket and, once the slots are full, its victim's (erased). Slot states come on top of these."""
+bucket and, once the slots are full, its victim's (erased). The lru transformer keeps an id's
+recency in its bucket; its log entry (sequential) and dead bit (a 1 MiB set at a million slots)
+come on top of these."""
 
 
 def memory_bound(ceiling: float, hit_rate: float) -> float:
