@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from model.id_transformer import POLICIES, IdTransformer
+from model.id_transformer import POLICIES, IdTransformer, log_room_per_slot
 
 
 class DictModel:
@@ -119,9 +119,10 @@ def test_adversarial_streams_match_the_dict_model(policy):
     hot_and_scan = [[1, 2, 3, 1, 2, 3, 100 + b] for b in range(100)]  # a hot set beside a one-off scan
     full = [list(range(b * 8, b * 8 + cap)) for b in range(30)]  # every batch as wide as the table
     same = [[7] * 50 for _ in range(5)]
-    # Now and then a batch of more ids than the lru log has room for (4 a slot) after ordinary
-    # ones: the log grows, keeping its live entries in order.
-    wide_repeats = [[b % 5] * 70 + [100 + b] if b % 10 == 9 else [100 + b, 200 + b, 300 + b] for b in range(40)]
+    # Now and then a batch of more ids than the lru log has room for (log_room_per_slot() a slot)
+    # after ordinary ones: the log grows, keeping its live entries in order.
+    wide = log_room_per_slot() * cap
+    wide_repeats = [[b % 5] * wide + [100 + b] if b % 10 == 9 else [100 + b, 200 + b, 300 + b] for b in range(40)]
     big = [[(1 << 62) + b, (1 << 63) - 1 - b, b << 40] for b in range(40)]  # ids at the top of int64
     stride = [[(b * 7 + j) * 4096 for j in range(5)] for b in range(60)]  # ids sharing low bits
     # Batches one id too wide between ordinary ones: refused, and the table goes on as before.
