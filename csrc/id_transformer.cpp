@@ -23,8 +23,8 @@
 // selection, then a sort of the chosen), since a decayed counter's order moves with time.
 //
 // Speed: a resident id costs one hash bucket (key, slot and lru's recency in 16 bytes, in one
-// cache line) and a bit of the dead set (1 MiB for a million slots); a new id costs its bucket,
-// then its victim's bucket (erased). lru keeps no array indexed by slot: a second random place an
+// cache line) and a bit of the dead set (1 MiB for a million slots, marked after the scan); a new
+// id costs its bucket, then its victim's bucket (erased), then its bucket again (its slot). lru keeps no array indexed by slot: a second random place an
 // id would wait on. Every loop over random places prefetches them a few dozen entries ahead, so
 // the misses of many ids overlap, and the arrays live on 2 MiB pages so a random read is not a
 // TLB miss too. random_read_rate() measures what such reads cost on the machine at hand: the
@@ -33,6 +33,7 @@
 // The id -> slot map is an open-addressing hash table with linear probing and backward-shift
 // deletion (no tombstones), sized to a power of two at least 4x the slots: at most `capacity`
 // resident ids plus up to `capacity` ids pending admission during one batch keep its load <= 1/2.
+// Homes are the first buckets of cache lines (home_in), so a probe reads one line, not two.
 //
 // Thread-safe: one mutex serialises every call (the input-dist thread transforms while the main
 // thread may read); the GIL is released while a call runs.
@@ -194,6 +195,7 @@ class IdTransformer {
     const size_t log_start = log_size_;
     if (lru) log_size_ += n;  // every entry is written by the scan before anything reads it
     pending_.clear();
+    pending_at_.clear();
     touched_.clear();
     scan(id, n, slot_of, batch_start, log_start);
     const int64_t k = int64_t(pending_.size());
@@ -223,9 +225,7 @@ class IdTransformer {
           evicted_ids.data_ptr<int64_t>(), evicted_slots.data_ptr<int64_t>(), int64_t(log_start) - batch_start);
     used_ += fresh;
     const int64_t* slot_of_pending = admitted_slots.data_ptr<int64_t>();
-    for (int64_t p = 0; p < n; ++p) {
-      if (slot_of[p] < 0) slot_of[p] = slot_of_pending[-slot_of[p] - 2];
-    }
+    for (const int64_t p : pending_at_) slot_of[p] = slot_of_pending[-slot_of[p] - 2];
     return {out.view(ids_in.sizes()), admitted_ids, admitted_slots, evicted_ids, evicted_slots};
   }
 
@@ -272,30 +272,39 @@ class IdTransformer {
     }
     auto flat = ids.contiguous().view(-1);
     const int64_t* id = flat.data_ptr<int64_t>();
-    int64_t low = 0;  // one plain pass: a torch reduction costs more than it scans at these sizes
-    for (int64_t p = 0; p < flat.numel(); ++p) low = std::min(low, id[p]);
-    if (low < 0) throw std::invalid_argument("id transformer: ids must be non-negative");
+    uint64_t bits = 0;  // one plain pass, an OR (it vectorises; a torch reduction costs more at these sizes)
+    for (int64_t p = 0; p < flat.numel(); ++p) bits |= uint64_t(id[p]);
+    if (int64_t(bits) < 0) throw std::invalid_argument("id transformer: ids must be non-negative");
     return flat;
   }
 
-  uint64_t home(int64_t key) const { return mix(uint64_t(key)) & mask_; }
+  // An id's home is the first bucket of a cache line: its probe reads that one line unless the
+  // line is full (rare at a load <= 1/4 in steady state), where a home anywhere in a line would
+  // run into the next line, an unprefetched miss, a quarter of the time its home bucket is taken.
+  // Static forms take the table and mask as locals: through a member, every store to an int64
+  // array in a loop (which may alias the member) would reload them.
+  static uint64_t home_in(uint64_t mask, int64_t key) { return mix(uint64_t(key)) & mask & ~(kBucketsPerLine - 1); }
+  uint64_t home(int64_t key) const { return home_in(mask_, key); }
 
   // The bucket holding `key`, or the empty bucket where it would go, probing from bucket `b` (its
   // home, or a bucket its probe from there has reached).
-  uint64_t probe(uint64_t b, int64_t key) const {
-    while (table_[b].key != kEmpty && table_[b].key != key) b = (b + 1) & mask_;
+  static uint64_t probe_in(const Bucket* table, uint64_t mask, uint64_t b, int64_t key) {
+    while (table[b].key != kEmpty && table[b].key != key) b = (b + 1) & mask;
     return b;
   }
+  uint64_t probe(uint64_t b, int64_t key) const { return probe_in(&table_[0], mask_, b, key); }
   uint64_t bucket_of(int64_t key) const { return probe(home(key), key); }
 
   // Each id to its slot, or to a pending place (-(k + 2)) when it is not resident: the resident
-  // are touched, the new go to pending_ and into the table. A first pass hashes the batch; then the
-  // buckets of ids kAhead places on are prefetched, and at half that distance (their buckets have
-  // arrived) each id's bucket is found and the word of its dead bit (lru) or its slot's state
-  // (lfu, hybrid) prefetched, so the misses of many ids overlap and an id is hashed and probed
-  // once. A bucket found ahead is where the id's own probe resumes: the scan only inserts, which
-  // moves no key, so the key is still there, or, if it was absent, every bucket before that one
-  // still holds another key. Every occurrence's entry goes into the lru log as it comes.
+  // are touched, the new go to pending_ and into the table (pending_at_ notes where they occur,
+  // for the fix-up once their slots are known). A first pass hashes the batch; then the buckets
+  // of ids kAhead places on are prefetched, so the misses of many ids overlap. Every occurrence's
+  // entry goes into the lru log as it comes; the entries it makes dead are listed and marked in
+  // one pass at the end: marking them in the loop would add a second random place (the dead set
+  // is 1 MiB at a million slots) that an id waits on. lfu and hybrid also find, at half the
+  // prefetch distance, each id's bucket (arrived by then) and prefetch its slot's state; the
+  // id's own probe resumes there: the scan only inserts, which moves no key, so the key is still
+  // there, or, if it was absent, every bucket before that one still holds another key.
   // The touched ids' old state is kept only when the batch could fail (more ids than slots):
   // a batch with at most `capacity` ids has at most that many distinct ones, so it always fits.
   void scan(const int64_t* id, int64_t n, int64_t* slot_of, int64_t batch_start, size_t log_start) {
@@ -318,33 +327,38 @@ class IdTransformer {
     constexpr bool lru = P == Policy::kLru;
     start_.resize(n);
     uint64_t* start = start_.data();
-    for (int64_t p = 0; p < n; ++p) start[p] = home(id[p]);
-    for (int64_t p = 0; p < std::min(n, kAhead); ++p) __builtin_prefetch(&table_[start[p]]);
+    Bucket* const table = &table_[0];
+    const uint64_t mask = mask_;
+    int64_t* const log = lru ? &log_[log_start] : nullptr;
+    if (lru) killed_.resize(n);
+    uint32_t* const killed = lru ? killed_.data() : nullptr;
+    size_t n_killed = 0;
+    for (int64_t p = 0; p < n; ++p) start[p] = home_in(mask, id[p]);
+    for (int64_t p = 0; p < std::min(n, kAhead); ++p) __builtin_prefetch(&table[start[p]]);
     for (int64_t p = 0; p < n; ++p) {
-      if (p + kAhead < n) __builtin_prefetch(&table_[start[p + kAhead]], 1);
-      if (p + kAhead / 2 < n) {
-        const int64_t q = p + kAhead / 2;
-        start[q] = probe(start[q], id[q]);
-        const Bucket& ahead = table_[start[q]];
-        if (ahead.key == id[q] && ahead.val >= 0) {
-          if constexpr (lru) {
-            __builtin_prefetch(&dead_[ahead.pos / 64], 1);
-          } else {
+      if (p + kAhead < n) __builtin_prefetch(&table[start[p + kAhead]], 1);
+      if constexpr (!lru) {
+        if (p + kAhead / 2 < n) {
+          const int64_t q = p + kAhead / 2;
+          start[q] = probe_in(table, mask, start[q], id[q]);
+          const Bucket& ahead = table[start[q]];
+          if (ahead.key == id[q] && ahead.val >= 0) {
             __builtin_prefetch(&slot_time_[ahead.val], 1);
             __builtin_prefetch(&slot_count_[ahead.val], 1);
           }
         }
       }
-      const int64_t t = clock_++;
-      const uint64_t bi = probe(start[p], id[p]);
-      Bucket& b = table_[bi];
-      if constexpr (lru) log_[log_start + p] = id[p];
-      if (b.key == id[p]) {
+      const int64_t key = id[p];
+      const int64_t t = batch_start + p;
+      const uint64_t bi = probe_in(table, mask, start[p], key);
+      Bucket& b = table[bi];
+      if constexpr (lru) log[p] = key;
+      if (b.key == key) {
         const int64_t v = b.val;
         if (v >= 0) {
           if constexpr (lru) {  // this access's entry is its live one now, its last one dead
             if (may_fail && b.pos < log_start) touched_.push_back({int64_t(bi), int64_t(b.pos), 0});
-            set_dead(b.pos);
+            killed[n_killed++] = b.pos;
             b.pos = uint32_t(log_start + p);
           } else {
             if (may_fail && slot_time_[v] < batch_start) touched_.push_back({v, slot_time_[v], slot_count_[v]});
@@ -352,9 +366,10 @@ class IdTransformer {
           }
         } else {
           Pending& q = pending_[-v - 2];
-          if constexpr (lru) set_dead(size_t(q.time - batch_start) + log_start);
+          if constexpr (lru) killed[n_killed++] = uint32_t(size_t(q.time - batch_start) + log_start);
           q.time = t;
           q.count += 1;
+          pending_at_.push_back(p);
         }
         slot_of[p] = v;
       } else {
@@ -363,10 +378,19 @@ class IdTransformer {
           throw std::invalid_argument("id transformer: a batch has more distinct ids than the table's " +
                                       std::to_string(capacity_) + " slots");
         }
-        b.key = id[p];
+        b.key = key;
         b.val = int32_t(-int64_t(pending_.size()) - 2);
         slot_of[p] = b.val;
-        pending_.push_back({id[p], t, 1, bi});
+        pending_.push_back({key, t, 1, bi});
+        pending_at_.push_back(p);
+      }
+    }
+    clock_ = batch_start + n;
+    if constexpr (lru) {
+      uint64_t* const dead = &dead_[0];
+      for (size_t j = 0; j < n_killed; ++j) {
+        if (j + 32 < n_killed) __builtin_prefetch(&dead[killed[j + 32] / 64], 1);
+        dead[killed[j] / 64] |= uint64_t(1) << (killed[j] % 64);
       }
     }
   }
@@ -507,8 +531,8 @@ class IdTransformer {
   void set_dead(size_t e) { dead_[e / 64] |= uint64_t(1) << (e % 64); }
   void clear_dead(size_t e) { dead_[e / 64] &= ~(uint64_t(1) << (e % 64)); }
 
-  // The lines a probe for `key` reads first: its home bucket's and the next (a probe or a
-  // backward shift that runs past the home line reads on there).
+  // The lines a probe for `key` reads first: its home line and the next (a backward shift from a
+  // hole late in a line reads on there; prefetching both measured faster than the home line alone).
   __attribute__((always_inline)) void prefetch_probe(int64_t key) const {
     const uint64_t h = home(key);
     __builtin_prefetch(&table_[h], 1);
@@ -584,6 +608,8 @@ class IdTransformer {
   std::vector<Pending> pending_;
   std::vector<Touched> touched_;
   std::vector<int64_t> victims_;  // lru: ids; lfu, hybrid: slots
+  std::vector<int64_t> pending_at_;  // scan: where in the batch a pending id occurs (its slot comes at the end)
+  std::vector<uint32_t> killed_;  // scan, lru: the log entries its accesses made dead, marked when it ends
   std::vector<uint64_t> start_;  // scan: each id's home bucket, then where its probe resumes
   int64_t used_ = 0;   // slots 0 .. used_-1 have held an id; the rest were never used
   int64_t clock_ = 0;  // ticks once an id occurrence
