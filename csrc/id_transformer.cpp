@@ -24,11 +24,11 @@
 //
 // Speed: a resident id costs one hash bucket (key, slot and lru's recency in 16 bytes, in one
 // cache line) and a bit of the dead set (1 MiB for a million slots, marked after the scan); a new
-// id costs its bucket, then its victim's bucket (erased), then its bucket again (its slot). lru keeps no array indexed by slot: a second random place an
-// id would wait on. Every loop over random places prefetches them a few dozen entries ahead, so
-// the misses of many ids overlap, and the arrays live on 2 MiB pages so a random read is not a
-// TLB miss too. random_read_rate() measures what such reads cost on the machine at hand: the
-// ceiling `make perf-dynamic` prints.
+// id costs its bucket, then its victim's bucket (erased), then its own again (its slot). lru
+// keeps no array indexed by slot: a second random place an id would wait on. Every loop over
+// random places prefetches them a few dozen entries ahead, so the misses of many ids overlap, and
+// the arrays live on 2 MiB pages so a random read is not a TLB miss too. random_read_rate()
+// measures what such reads cost on the machine at hand: the ceiling `make perf-dynamic` prints.
 //
 // The id -> slot map is an open-addressing hash table with linear probing and backward-shift
 // deletion (no tombstones), sized to a power of two at least 4x the slots: at most `capacity`
@@ -279,8 +279,8 @@ class IdTransformer {
   }
 
   // An id's home is the first bucket of a cache line: its probe reads that one line unless the
-  // line is full (rare at a load <= 1/4 in steady state), where a home anywhere in a line would
-  // run into the next line, an unprefetched miss, a quarter of the time its home bucket is taken.
+  // line is full (rare at a load <= 1/4 in steady state). With a home anywhere in a line, a probe
+  // from its last bucket that finds it taken reads on in the next line: a miss nothing prefetched.
   // Static forms take the table and mask as locals: through a member, every store to an int64
   // array in a loop (which may alias the member) would reload them.
   static uint64_t home_in(uint64_t mask, int64_t key) { return mix(uint64_t(key)) & mask & ~(kBucketsPerLine - 1); }
@@ -387,10 +387,9 @@ class IdTransformer {
     }
     clock_ = batch_start + n;
     if constexpr (lru) {
-      uint64_t* const dead = &dead_[0];
       for (size_t j = 0; j < n_killed; ++j) {
-        if (j + 32 < n_killed) __builtin_prefetch(&dead[killed[j + 32] / 64], 1);
-        dead[killed[j] / 64] |= uint64_t(1) << (killed[j] % 64);
+        if (j + 32 < n_killed) __builtin_prefetch(&dead_[killed[j + 32] / 64], 1);
+        set_dead(killed[j]);
       }
     }
   }
