@@ -133,6 +133,7 @@ using LogEntry = int64_t;  // lru: the id accessed (a position in the log is its
 // lines in flight fit the core's miss buffers.
 constexpr int64_t kAhead = 48;
 constexpr uint64_t kBucketsPerLine = 64 / sizeof(Bucket);
+static_assert(64 % sizeof(Bucket) == 0, "a cache line holds whole buckets (homes are line starts; the table is page-aligned)");
 constexpr size_t kLogRoomPerSlot = 8;  // lru log entries held, a slot (make_log_room)
 constexpr uint64_t kMaxLogRoom = uint64_t(1) << 32;  // lru positions and slots are 32-bit
 
