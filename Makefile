@@ -102,12 +102,13 @@ $(STAMP): requirements.txt $(TORCH_REQS) requirements-torchrec.txt requirements-
 venv: $(STAMP)
 
 # The C++ extensions (csrc/), built by torch's extension tooling with the machine's compiler into
-# model/, beside the Python that loads them; rebuilt when a source changes.
+# model/ and harness/, beside the Python that loads them; rebuilt when a source changes.
 EXT_SUFFIX    := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
-EXT           := model/_id_transformer$(EXT_SUFFIX)
-$(EXT): $(STAMP) $(wildcard csrc/*.cpp) csrc/setup.py
-	$(PY) csrc/setup.py -q build_ext --inplace --build-temp build/csrc
-	@touch $@
+EXT           := model/_id_transformer$(EXT_SUFFIX) model/_row_init$(EXT_SUFFIX) harness/_row_index$(EXT_SUFFIX)
+# One rule makes them all (a grouped target: one run of setup.py, not one a module).
+$(EXT) &: $(STAMP) $(wildcard csrc/*.cpp csrc/*.h) csrc/setup.py
+	$(PY) csrc/setup.py -q build_ext --inplace --build-temp build/csrc --parallel 2
+	@touch $(EXT)
 
 ext: $(EXT)
 

@@ -68,11 +68,27 @@ def init_values(rows: torch.Tensor, *, col_start: int, cols: int, table: int, ta
     -b + 2b * u in float64, then rounded to float32. So any row's values are the same whichever
     shard, slot or batch of rows asks for them, and one row costs what one row is: a dynamic
     table initialises the rows it admits, one by one, from ids anywhere in a 40M-row id space."""
-    x = rows.to(torch.int64).view(-1, 1) * table_dim + torch.arange(col_start, col_start + cols, device=rows.device)
-    z = _mix(x * _GOLDEN + _stream(seed, table))
-    u = ((z >> 40) & 0xFFFFFF).to(torch.float64) / (1 << 24)
     b = table_rows**-0.5
+    if rows.device.type == "cpu":  # the same bits in one pass (csrc/row_init.cpp): 10x the torch ops below
+        return _row_init().init_values(rows.to(torch.int64), col_start, cols, table_dim, _stream(seed, table), b)
+    return _init_values_torch(rows, col_start=col_start, cols=cols, table_dim=table_dim, key=_stream(seed, table), b=b)
+
+
+def _init_values_torch(rows: torch.Tensor, *, col_start: int, cols: int, table_dim: int, key: int,
+                       b: float) -> torch.Tensor:
+    """init_values in torch's element-wise ops, on any device (the host takes csrc/row_init.cpp)."""
+    x = rows.to(torch.int64).view(-1, 1) * table_dim + torch.arange(col_start, col_start + cols, device=rows.device)
+    z = _mix(x * _GOLDEN + key)
+    u = ((z >> 40) & 0xFFFFFF).to(torch.float64) / (1 << 24)
     return (u * (2 * b) - b).to(torch.float32)
+
+
+def _row_init():
+    try:
+        from model import _row_init
+    except ImportError as exc:  # a checkout where `make ext` has not run
+        raise ImportError(f"the row init extension is not built ({exc}); run `make ext`") from exc
+    return _row_init
 
 
 def build_fused_tbe(

@@ -31,21 +31,27 @@ def _finish_u64(z: np.ndarray) -> np.ndarray:
 
 
 def embedding_init(rows: int, dim: int, *, table: int, seed: int) -> torch.Tensor:
-    """The documented init rule (model/embeddings.py init_values), in numpy's unsigned 64-bit
-    arithmetic: element (r, c) is splitmix64's finaliser of key + (r * dim + c) * golden gamma,
-    key the finaliser of seed * 1000003 + table; its top 24 bits u / 2^24 give -b + 2b * u in
-    float64 (b = 1/sqrt(rows)), rounded to float32."""
+    """The documented init rule (model/embeddings.py init_values) for a whole table of `rows`."""
+    out = np.empty((rows, dim), dtype=np.float32)
+    for first in range(0, rows, 65536):
+        r = np.arange(first, min(rows, first + 65536), dtype=np.uint64)
+        out[first : first + len(r)] = embedding_init_rows(r, dim, rows=rows, table=table, seed=seed)
+    return torch.from_numpy(out)
+
+
+def embedding_init_rows(ids: np.ndarray, dim: int, *, rows: int, table: int, seed: int) -> np.ndarray:
+    """The documented init rule for the rows `ids` of a table of `rows`, in numpy's unsigned
+    64-bit arithmetic: element (r, c) is splitmix64's finaliser of key + (r * dim + c) * golden
+    gamma, key the finaliser of seed * 1000003 + table; its top 24 bits u / 2^24 give -b + 2b * u
+    in float64 (b = 1/sqrt(rows)), rounded to float32."""
     key = np.uint64(_finish_int((seed * 1_000_003 + table) & MASK64))
     b = rows**-0.5
-    out = np.empty((rows, dim), dtype=np.float32)
+    r = np.asarray(ids, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        for first in range(0, rows, 65536):
-            r = np.arange(first, min(rows, first + 65536), dtype=np.uint64)
-            x = r[:, None] * np.uint64(dim) + np.arange(dim, dtype=np.uint64)[None, :]
-            z = _finish_u64(x * np.uint64(0x9E3779B97F4A7C15) + key)
-            u = (z >> np.uint64(40)).astype(np.float64) / float(1 << 24)
-            out[first : first + len(r)] = (u * (2 * b) - b).astype(np.float32)
-    return torch.from_numpy(out)
+        x = r[:, None] * np.uint64(dim) + np.arange(dim, dtype=np.uint64)[None, :]
+        z = _finish_u64(x * np.uint64(0x9E3779B97F4A7C15) + key)
+        u = (z >> np.uint64(40)).astype(np.float64) / float(1 << 24)
+        return (u * (2 * b) - b).astype(np.float32)
 
 
 class ReferenceDLRM:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from model.embeddings import build_dense_tbe, init_rows, init_shard_
-from tests.reference import embedding_init
+from model.embeddings import _init_values_torch, _stream, build_dense_tbe, init_rows, init_shard_
+from tests.reference import embedding_init, embedding_init_rows
 
 
 def test_any_shard_is_a_slice_of_the_full_table_init():
@@ -27,6 +27,18 @@ def test_any_shard_is_a_slice_of_the_full_table_init():
     # Another table or seed draws other values.
     for other in (embedding_init(rows, dim, table=4, seed=7), embedding_init(rows, dim, table=3, seed=8)):
         assert (other != full).float().mean() > 0.99
+
+
+def test_the_host_init_and_the_torch_init_give_the_reference_bits():
+    # The host takes csrc/row_init.cpp, a GPU the torch ops: both must be the documented rule.
+    # Ids far into a 40M-row space, and a table whose b is not a power of two.
+    rows, dim = 40_000_000, 16
+    ids = torch.tensor([39_999_999, 0, 12_345_678, 12_345_678, 2**24 + 1])
+    want = torch.from_numpy(embedding_init_rows(ids.numpy(), dim, rows=rows, table=5, seed=3))
+    host = init_rows(ids, table=5, table_rows=rows, table_dim=dim, seed=3)
+    torch_ops = _init_values_torch(ids, col_start=0, cols=dim, table_dim=dim, key=_stream(3, 5), b=rows**-0.5)
+    assert torch.equal(host.view(torch.int32), want.view(torch.int32))
+    assert torch.equal(torch_ops.view(torch.int32), want.view(torch.int32))
 
 
 def test_dense_tbe_forward_and_grad_match_embedding_bag():

@@ -74,6 +74,8 @@ def test_rows_come_back_bit_for_bit(store):
     assert found.tolist() == [True, False, True, True, True]
     want = torch.stack([rows[3], torch.zeros(WIDTH), rows[0], rows[1], rows[2]])
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))  # bits, -0.0 included
+    found, got = store.get(3, ids.flip(0), WIDTH)  # every id held (the embedded store's one-gather path)
+    assert found.all() and torch.equal(got.view(torch.int32), rows.flip(0).view(torch.int32))
     found, _ = store.get(4, ids, WIDTH)  # tables are apart
     assert not found.any()
 

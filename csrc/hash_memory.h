@@ -1,0 +1,63 @@
+// What the extensions' hash tables share (id_transformer.cpp, row_index.cpp): the mix that spreads
+// ids over a table, and arrays on 2 MiB pages.
+#pragma once
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <new>
+#include <utility>
+
+namespace dlrm_csrc {
+
+inline uint64_t mix(uint64_t x) {  // splitmix64's finaliser: consecutive ids spread over the table
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+// A fixed-size array on its own anonymous mapping, asking the kernel for 2 MiB pages: the hash
+// table and slot states are read at random, and with 4 KiB pages nearly every such read also
+// misses the TLB (a page walk of its own). Where huge pages are not granted it works as is.
+template <typename T>
+class HugeArray {
+ public:
+  HugeArray() = default;
+  HugeArray(size_t n, const T& fill) : n_(n) {
+    bytes_ = std::max<size_t>(1, n * sizeof(T));
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes_, MADV_HUGEPAGE);
+#endif
+    data_ = static_cast<T*>(p);
+    std::fill(data_, data_ + n, fill);
+  }
+  HugeArray(const HugeArray&) = delete;
+  HugeArray& operator=(const HugeArray&) = delete;
+  HugeArray(HugeArray&& o) noexcept { *this = std::move(o); }
+  HugeArray& operator=(HugeArray&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(n_, o.n_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  ~HugeArray() {
+    if (data_) munmap(data_, bytes_);
+  }
+  T& operator[](size_t i) { return data_[i]; }
+  const T& operator[](size_t i) const { return data_[i]; }
+  size_t size() const { return n_; }
+
+ private:
+  T* data_ = nullptr;
+  size_t n_ = 0;
+  size_t bytes_ = 0;
+};
+
+}  // namespace dlrm_csrc
