@@ -107,7 +107,7 @@ EXT_SUFFIX    := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_con
 EXT           := model/_id_transformer$(EXT_SUFFIX) model/_row_init$(EXT_SUFFIX) harness/_row_index$(EXT_SUFFIX)
 # One rule makes them all (a grouped target: one run of setup.py, not one a module).
 $(EXT) &: $(STAMP) $(wildcard csrc/*.cpp csrc/*.h) csrc/setup.py
-	$(PY) csrc/setup.py -q build_ext --inplace --build-temp build/csrc --parallel 2
+	$(PY) csrc/setup.py -q build_ext --inplace --build-temp build/csrc
 	@touch $(EXT)
 
 ext: $(EXT)

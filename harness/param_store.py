@@ -163,7 +163,13 @@ class _Table:
         # so the array never grows again. Grown by doubling, a copy of every row held came with
         # each growth: 0.1-0.6 s at a time in a mlperf-ids run.
         if rows > self.memory.shape[0]:
-            grown = np.empty((self.memory_rows_used + self._free_memory_rows(), self.width), dtype=np.float32)
+            cap = self.memory_rows_used + self._free_memory_rows()
+            try:
+                grown = np.empty((cap, self.width), dtype=np.float32)
+            except MemoryError:
+                raise StoreError(f"parameter store: cannot reserve {cap * self.width * 4:,} B for table {self.table}'s "
+                                 "rows in memory (the memory budget, --ps-memory-gib, is more than this host "
+                                 "can give)") from None
             grown[: self.memory_rows_used] = self.memory[: self.memory_rows_used]
             self.memory = grown
 
@@ -178,8 +184,11 @@ class _Table:
             # sparse extension would fail later as a SIGBUS on a write through the mapping. The
             # mapping is made anew over it; the old one needs no flush first, as both map the same
             # pages of the file.
-            with open(self.path, "ab") as f:
-                os.posix_fallocate(f.fileno(), have * self.width * 4, (cap - have) * self.width * 4)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # not O_APPEND: glibc's fallback refuses it
+            try:
+                os.posix_fallocate(fd, have * self.width * 4, (cap - have) * self.width * 4)
+            finally:
+                os.close(fd)
             self.spill = np.memmap(self.path, dtype=np.float32, mode="r+", shape=(cap, self.width))
         except OSError as exc:
             raise StoreError(f"parameter store: cannot grow {self.path}: {exc.strerror or exc}") from exc

@@ -113,6 +113,15 @@ def test_a_full_embedded_store_refuses_a_put_whole(tmp_path):
     assert found.tolist() == [True] * 25 + [False] * 6 and torch.equal(got[:25], rows_of(25, 4))  # nothing half-written
 
 
+def test_a_memory_budget_no_host_can_reserve_is_one_line(tmp_path):
+    # 1 PiB: more than a 64-bit process's address space, whatever the host's overcommit setting.
+    s = EmbeddedStore(memory_bytes=1 << 50, spill_dir=tmp_path / "ps", spill_bytes=0)
+    with pytest.raises(StoreError, match=r"parameter store: cannot reserve [\d,]+ B for table 2's rows in memory") as exc:
+        s.put(2, torch.arange(3), rows_of(3, 8))
+    assert "\n" not in str(exc.value)
+    assert not s.get(2, torch.arange(3), WIDTH)[0].any()  # nothing half-stored
+
+
 def test_an_unwritable_spill_folder_is_one_line(tmp_path):
     (tmp_path / "ps").write_text("a file where the folder should be")
     s = EmbeddedStore(memory_bytes=0, spill_dir=tmp_path / "ps", spill_bytes=1 << 20)
