@@ -19,8 +19,10 @@
 // off the front, a word of dead bits at a time, and never visits a bucket to skip an entry. The
 // log is compacted to its live entries when a batch's entries would overflow its room (eight
 // entries a slot); only the live ones (at most the slots) tell their buckets where they went.
-// lfu and hybrid keep each slot's time and count and rank every evictable slot (a linear-time
-// selection, then a sort of the chosen), since a decayed counter's order moves with time.
+// lfu and hybrid keep each slot's time and count, and a batch that evicts passes over every slot
+// (a decayed counter's order moves with time, so no order kept between batches would hold): a
+// threshold from a sample of the slots keeps that pass to a compare a slot (coldest), and the
+// selection and sort run on the few slots no warmer than it.
 //
 // Speed: a resident id costs one hash bucket (key, slot and lru's recency in 16 bytes, in one
 // cache line) and a bit of the dead set (1 MiB for a million slots, marked after the scan); a new
@@ -102,6 +104,11 @@ struct Touched {  // a resident id's state before this batch first touched it (r
   int64_t where;  // lru: its bucket (the scan only inserts, so no bucket moves before undo); else its slot
   int64_t time;   // lru: the position of its live entry
   int64_t count;
+};
+
+struct ColdKey {  // lfu, hybrid: a slot as coldest() ranks it, coldest first
+  int64_t heat, time, slot;
+  bool operator<(const ColdKey& o) const { return heat != o.heat ? heat < o.heat : time < o.time; }
 };
 
 struct Pending {  // an id of this batch that is not resident yet
@@ -525,8 +532,19 @@ class IdTransformer {
   }
 
   int64_t decayed(int64_t slot, int64_t now) const {
-    const int64_t halvings = (now - slot_time_[slot]) / half_life_;
+    const uint64_t halvings = halvings_in(uint64_t(now - slot_time_[slot]));
     return halvings >= 62 ? 0 : slot_count_[slot] >> halvings;
+  }
+
+  // min(floor(ticks / half_life_), 62) for ticks < 2^63, exact, with no division and no branch:
+  // coldest() takes one a slot, and an idiv a slot was a tenth of its time at a million slots.
+  // The high half of ticks x floor((2^64 - 1) / half_life_) is the quotient or one less (its
+  // error is under 2 x ticks / 2^64 < 1), and one compare of the remainder settles which.
+  uint64_t halvings_in(uint64_t ticks) const {
+    const uint64_t h = uint64_t(half_life_);
+    uint64_t q = uint64_t((__uint128_t(ticks) * half_life_reciprocal_) >> 64);
+    q += ticks - q * h >= h;
+    return std::min<uint64_t>(q, 62);
   }
 
   template <Policy P>
@@ -537,27 +555,59 @@ class IdTransformer {
   }
 
   // lfu, hybrid: up to `need` slots into victims_, not accessed since `since`, coldest first.
+  // Ranking every evictable slot in a list and selecting from it wrote and re-read 24 bytes a
+  // slot (about 12 ms a batch at a million slots). Instead a sample of the slots (every
+  // stride-th) gives a threshold a little past the `need`-th coldest, one pass lists only the
+  // slots no warmer than it, and the selection runs on those. Exact: when at least `need` slots
+  // are listed, every slot left out is warmer than `need` listed ones; when fewer are (a sample
+  // that missed), the pass runs again listing every evictable slot. Times are distinct (a tick
+  // an access), so the order is total. The pass has no branch a slot: whether a slot is kept is
+  // as unpredictable as its heat, and a mispredicted branch a slot cost more than the rest of it.
   void coldest(int64_t need, int64_t since) {
-    struct Key {
-      int64_t heat, time, slot;
-      bool operator<(const Key& o) const { return heat != o.heat ? heat < o.heat : time < o.time; }
-    };
-    std::vector<Key> keys;
-    keys.reserve(used_);
-    for (int64_t s = 0; s < used_; ++s) {
-      if (slot_time_[s] >= since) continue;  // accessed by this batch
-      const int64_t heat = policy_ == Policy::kLfu ? slot_count_[s] : decayed(s, since);
-      keys.push_back({heat, slot_time_[s], s});
+    if (need <= 0) return;
+    constexpr int64_t kSample = 4096;
+    const int64_t stride = std::max<int64_t>(1, used_ / kSample);
+    cold_sample_.clear();
+    for (int64_t s = 0; s < used_; s += stride) {
+      if (slot_time_[s] < since) cold_sample_.push_back(cold_key(s, since));
     }
-    const int64_t m = std::min<int64_t>(need, keys.size());
-    if (m < int64_t(keys.size())) std::nth_element(keys.begin(), keys.begin() + m, keys.end());
-    std::sort(keys.begin(), keys.begin() + m);
+    // The sample rank that stands for `need` slots, a quarter and 8 more for the sample's error.
+    const size_t rank = size_t(need / stride + need / stride / 4 + 8);
+    bool all = rank >= cold_sample_.size();
+    ColdKey threshold{};
+    if (!all) {
+      std::nth_element(cold_sample_.begin(), cold_sample_.begin() + rank, cold_sample_.end());
+      threshold = cold_sample_[rank];
+    }
+    if (cold_keys_.size() < size_t(used_)) cold_keys_ = HugeArray<ColdKey>(size_t(capacity_), ColdKey{});
+    ColdKey* const keys = &cold_keys_[0];
+    int64_t n = 0;
+    while (true) {
+      n = 0;
+      for (int64_t s = 0; s < used_; ++s) {
+        const ColdKey key = cold_key(s, since);
+        const bool colder = (key.heat < threshold.heat) | ((key.heat == threshold.heat) & (key.time <= threshold.time));
+        keys[n] = key;  // kept only if n moves on
+        n += (key.time < since) & (all | colder);  // not accessed by this batch, and no warmer
+      }
+      if (all || n >= need) break;
+      all = true;  // the threshold fell short of `need` slots: list them all
+    }
+    const int64_t m = std::min(need, n);
+    if (m < n) std::nth_element(keys, keys + m, keys + n);
+    std::sort(keys, keys + m);
     for (int64_t j = 0; j < m; ++j) victims_.push_back(keys[j].slot);
+  }
+
+  ColdKey cold_key(int64_t slot, int64_t now) const {
+    return {policy_ == Policy::kLfu ? slot_count_[slot] : decayed(slot, now), slot_time_[slot], slot};
   }
 
   const Policy policy_;
   const int64_t capacity_;
   const int64_t half_life_;
+  // halvings_in's; 0 for a half_life the constructor is about to refuse (no division by 0 first)
+  const uint64_t half_life_reciprocal_ = half_life_ >= 1 ? ~uint64_t(0) / uint64_t(half_life_) : 0;
   uint64_t mask_ = 0;
   HugeArray<Bucket> table_;  // the id -> slot hash table
   // A slot's state, one array a field, each allocated only for the policies that read it.
@@ -575,6 +625,8 @@ class IdTransformer {
   std::vector<int64_t> pending_at_;  // scan: where in the batch a pending id occurs (its slot comes at the end)
   std::vector<uint32_t> killed_;  // scan, lru: the log entries its accesses made dead, marked when it ends
   std::vector<uint64_t> start_;  // scan: each id's home bucket, then (lfu, hybrid) where its probe resumes
+  std::vector<ColdKey> cold_sample_;  // coldest(): a sample of the evictable slots, for its threshold
+  HugeArray<ColdKey> cold_keys_;  // coldest(): the slots no warmer than the threshold (room for all, made at the first eviction)
   int64_t used_ = 0;   // slots 0 .. used_-1 have held an id; the rest were never used
   int64_t clock_ = 0;  // ticks once an id occurrence
   std::mutex mu_;

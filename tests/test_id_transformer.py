@@ -135,6 +135,24 @@ def test_adversarial_streams_match_the_dict_model(policy):
         check_stream(batches, cap, policy, half_life=5)
 
 
+@pytest.mark.parametrize("policy", ["lfu", "hybrid"])
+def test_tables_wide_enough_to_be_sampled_match_the_dict_model(policy):
+    """lfu and hybrid find their victims through a threshold from a sample of every
+    (slots / 4096)-th slot (csrc/id_transformer.cpp coldest); both ways it can go, against the model."""
+    # A random stream over a table of 20,000 slots (every 4th slot sampled), half hits.
+    gen = torch.Generator().manual_seed(3)
+    cap = 20_000
+    stream = [list(range(cap))] + torch.randint(0, 3 * cap, (6, 4000), generator=gen).tolist()
+    assert check_stream(stream, cap, policy, half_life=9000) > 5000
+    # A sample that misses: 16,384 slots hold ids 0.., slot s id s; every id but the multiples of
+    # 4 is used again, so the coldest slots are exactly the sampled ones (slots 0, 4, 8, ...). The
+    # threshold from them lists about 320 slots, fewer than the 1,000 a batch of new ids needs,
+    # and the transformer must list every slot again.
+    cap = 16_384
+    missed = [list(range(cap)), [i for i in range(cap) if i % 4], list(range(cap, cap + 1000))]
+    assert check_stream(missed, cap, policy, half_life=1 << 20) == 1000
+
+
 def test_the_policies_evict_differently_where_they_should():
     """An id used 20 times long ago, then one-off ids: LRU evicts it first, LFU never, and
     hybrid once its counter has decayed below the others'. Worked out by hand below."""
