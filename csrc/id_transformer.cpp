@@ -106,6 +106,11 @@ struct Touched {  // a resident id's state before this batch first touched it (r
   int64_t count;
 };
 
+struct SlotUse {  // lfu, hybrid: a slot's use, in one 16-byte place (one cache line, not two, a hit)
+  int64_t time = -1;  // clock tick of the last access
+  int64_t count = 0;  // accesses (lfu) or the decayed counter as of that tick (hybrid)
+};
+
 struct ColdKey {  // lfu, hybrid: a slot as coldest() ranks it, coldest first
   int64_t heat, time, slot;
   bool operator<(const ColdKey& o) const { return heat != o.heat ? heat < o.heat : time < o.time; }
@@ -136,8 +141,7 @@ class IdTransformer {
     const bool lru = policy_ == Policy::kLru;
     // lru finds a victim's id in the log and its recency in its bucket: it keeps no slot state.
     slot_id_ = HugeArray<int64_t>(lru ? 0 : capacity, kEmpty);
-    slot_time_ = HugeArray<int64_t>(lru ? 0 : capacity, -1);
-    slot_count_ = HugeArray<int64_t>(lru ? 0 : capacity, 0);
+    slot_use_ = HugeArray<SlotUse>(lru ? 0 : capacity, SlotUse{});
     if (lru) {
       if (kLogRoomPerSlot * uint64_t(capacity) > kMaxLogRoom) {
         throw std::invalid_argument("id transformer: lru keeps at most " + std::to_string(kMaxLogRoom / kLogRoomPerSlot) +
@@ -312,8 +316,7 @@ class IdTransformer {
           start[q] = probe_in(table, mask, start[q], id[q]);
           const Bucket& ahead = table[start[q]];
           if (ahead.key == id[q] && ahead.val >= 0) {
-            __builtin_prefetch(&slot_time_[ahead.val], 1);
-            __builtin_prefetch(&slot_count_[ahead.val], 1);
+            __builtin_prefetch(&slot_use_[ahead.val], 1);
           }
         }
       }
@@ -330,7 +333,7 @@ class IdTransformer {
             killed[n_killed++] = b.pos;
             b.pos = uint32_t(log_start + p);
           } else {
-            if (may_fail && slot_time_[v] < batch_start) touched_.push_back({v, slot_time_[v], slot_count_[v]});
+            if (may_fail && slot_use_[v].time < batch_start) touched_.push_back({v, slot_use_[v].time, slot_use_[v].count});
             touch<P>(v, t);
           }
         } else {
@@ -395,8 +398,7 @@ class IdTransformer {
         if (!lru) {
           const int64_t s = slot_for(j + kAhead);
           __builtin_prefetch(&slot_id_[s], 1);
-          __builtin_prefetch(&slot_time_[s], 1);
-          __builtin_prefetch(&slot_count_[s], 1);
+          __builtin_prefetch(&slot_use_[s], 1);
         }
       }
       const Pending& q = pending_[j];
@@ -407,8 +409,7 @@ class IdTransformer {
         b.pos = uint32_t(q.time + log_from_tick);
       } else {
         slot_id_[s] = q.id;
-        slot_time_[s] = q.time;
-        slot_count_[s] = q.count;
+        slot_use_[s] = {q.time, q.count};
       }
       admitted_ids[j] = q.id;
       admitted_slots[j] = s;
@@ -425,8 +426,7 @@ class IdTransformer {
         table_[u.where].pos = uint32_t(u.time);
         clear_dead(size_t(u.time));
       } else {
-        slot_time_[u.where] = u.time;
-        slot_count_[u.where] = u.count;
+        slot_use_[u.where] = {u.time, u.count};
       }
     }
     for (const Pending& q : pending_) erase(q.id);
@@ -532,8 +532,8 @@ class IdTransformer {
   }
 
   int64_t decayed(int64_t slot, int64_t now) const {
-    const uint64_t halvings = halvings_in(uint64_t(now - slot_time_[slot]));
-    return halvings >= 62 ? 0 : slot_count_[slot] >> halvings;
+    const uint64_t halvings = halvings_in(uint64_t(now - slot_use_[slot].time));
+    return halvings >= 62 ? 0 : slot_use_[slot].count >> halvings;
   }
 
   // min(floor(ticks / half_life_), 62) for ticks < 2^63, exact, with no division and no branch:
@@ -549,9 +549,9 @@ class IdTransformer {
 
   template <Policy P>
   void touch(int64_t slot, int64_t t) {
-    if constexpr (P == Policy::kLfu) slot_count_[slot] = std::min(slot_count_[slot] + 1, kMaxCount);
-    if constexpr (P == Policy::kHybrid) slot_count_[slot] = std::min(decayed(slot, t) + 1, kMaxCount);
-    slot_time_[slot] = t;
+    if constexpr (P == Policy::kLfu) slot_use_[slot].count = std::min(slot_use_[slot].count + 1, kMaxCount);
+    if constexpr (P == Policy::kHybrid) slot_use_[slot].count = std::min(decayed(slot, t) + 1, kMaxCount);
+    slot_use_[slot].time = t;
   }
 
   // lfu, hybrid: up to `need` slots into victims_, not accessed since `since`, coldest first.
@@ -569,7 +569,7 @@ class IdTransformer {
     const int64_t stride = std::max<int64_t>(1, used_ / kSample);
     cold_sample_.clear();
     for (int64_t s = 0; s < used_; s += stride) {
-      if (slot_time_[s] < since) cold_sample_.push_back(cold_key(s, since));
+      if (slot_use_[s].time < since) cold_sample_.push_back(cold_key(s, since));
     }
     // The sample rank that stands for `need` slots, a quarter and 8 more for the sample's error.
     const size_t rank = size_t(need / stride + need / stride / 4 + 8);
@@ -600,7 +600,7 @@ class IdTransformer {
   }
 
   ColdKey cold_key(int64_t slot, int64_t now) const {
-    return {policy_ == Policy::kLfu ? slot_count_[slot] : decayed(slot, now), slot_time_[slot], slot};
+    return {policy_ == Policy::kLfu ? slot_use_[slot].count : decayed(slot, now), slot_use_[slot].time, slot};
   }
 
   const Policy policy_;
@@ -610,10 +610,9 @@ class IdTransformer {
   const uint64_t half_life_reciprocal_ = half_life_ >= 1 ? ~uint64_t(0) / uint64_t(half_life_) : 0;
   uint64_t mask_ = 0;
   HugeArray<Bucket> table_;  // the id -> slot hash table
-  // A slot's state, one array a field, each allocated only for the policies that read it.
-  HugeArray<int64_t> slot_id_;     // the id it holds, kEmpty if never used
-  HugeArray<int64_t> slot_time_;   // lfu, hybrid: clock tick of the last access
-  HugeArray<int64_t> slot_count_;  // accesses (lfu) or the decayed counter as of that tick (hybrid)
+  // A slot's state, allocated only for the policies that read it (lfu, hybrid; lru keeps none).
+  HugeArray<int64_t> slot_id_;    // the id it holds, kEmpty if never used (read when it is evicted)
+  HugeArray<SlotUse> slot_use_;   // its last access and count, together: a hit reads and writes both
   HugeArray<LogEntry> log_;  // lru: accesses in time order, log_[log_head_ .. log_size_) unread
   HugeArray<uint64_t> dead_;  // lru: a bit an entry of log_, set once a later access of its id came
   size_t log_head_ = 0;
