@@ -62,7 +62,7 @@ help:
 	@echo "            (one epoch at most, 20 evaluations an epoch, stops at the target AUROC; MLPerf result log in the run folder)"
 	@echo "make dataset OUT=dir [ROWS=100000 a day] [DAYS=3] [PRESET=tiny] [SEED=0]  (synthetic days in the MLPerf file layout)"
 	@echo "make data-perf [DATA=dir] [PRESET=small] [RUN=id|latest]  (the file loader's samples/s on one rank, beside the synthetic stream's and RUN's training)"
-	@echo "make ext  (the C++ extensions in csrc/; bench, ablation, mlperf, test and perf-dynamic build them)"
+	@echo "make ext  (the C++ extensions in csrc/; every target that trains builds them)"
 	@echo "make perf-dynamic [REPEATS=2]  (ID transformer: M ids/s vs a Python dict and torch.unique; hit rate vs slots, a plot; mlperf-ids vs small)"
 	@echo "make gpu-check  (on a GPU host: the CUDA battery, a line a check and a verdict; elsewhere one line)"
 	@echo "OPTS passes extra flags to 'python -m harness bench' (see: $(PY) -m harness bench --help)"
@@ -127,7 +127,7 @@ ablation: check-bench-knobs $(STAMP) $(EXT)
 	$(PY) -m harness ablation $(KNOB_ARGS) $(if $(REPEATS),--repeats $(REPEATS)) $(OPTS)
 
 # TorchRec vs harness on one config: REPEATS runs each, interleaved; PRESET defaults to tiny here.
-compare: check-bench-knobs $(STAMP)
+compare: check-bench-knobs $(STAMP) $(EXT)
 	$(PY) -m harness compare $(KNOB_ARGS) $(if $(PRESET),,--preset tiny) $(if $(REPEATS),--repeats $(REPEATS)) $(OPTS)
 
 report: $(STAMP)
@@ -153,7 +153,7 @@ test: $(STAMP) $(EXT) browser redis-server
 # Real hosts on this machine (network namespaces), torchrun on each, a real Slurm (tests/cluster/).
 # Needs root: elsewhere one line says why and nothing runs (exit 0). The packages come from the
 # distribution (as root, with apt-get); the check runs on the system python, before any install.
-test-cluster: $(STAMP)
+test-cluster: $(STAMP) $(EXT)
 	@test "$$(id -u)" != 0 || $(MAKE) --no-print-directory cluster-packages
 	@$(PYTHON) -m tests.cluster.testhosts check; rc=$$?; test $$rc -ne 3 || exit 0; test $$rc -eq 0 && \
 	  echo "$(PY) -m pytest -m cluster tests/cluster" && $(PY) -m pytest -m cluster tests/cluster
@@ -167,12 +167,12 @@ cluster-packages:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$pkgs >/dev/null; fi
 
 # The instrumentation's own cost: timeline on vs off, interleaved runs (PRESET=tiny|small).
-perf: $(STAMP)
+perf: $(STAMP) $(EXT)
 	$(PY) -m harness.perf --preset $(or $(PRESET),tiny) $(if $(GPUS_PER_NODE),--gpus-per-node $(GPUS_PER_NODE))
 
 # fp16 tables against fp32 (PRESET=tiny|small, small by default): memory planned and measured, and
 # interleaved runs (iteration-time ratio, loss difference).
-precision-perf: check-bench-knobs $(STAMP)
+precision-perf: check-bench-knobs $(STAMP) $(EXT)
 	$(PY) -m harness.precision_perf --preset $(or $(PRESET),small) $(if $(REPEATS),--repeats $(REPEATS)) \
 	  $(if $(GPUS_PER_NODE),--gpus-per-node $(GPUS_PER_NODE))
 
@@ -183,7 +183,7 @@ perf-dynamic: $(STAMP) $(EXT)
 	$(PY) -m harness.perf_dynamic $(if $(REPEATS),--repeats $(REPEATS))
 
 # The CUDA battery (every test marked cuda), one line a check; without a GPU, one line and exit 0.
-gpu-check: $(STAMP)
+gpu-check: $(STAMP) $(EXT)
 	$(PY) -m harness.gpu_check
 
 # Planning only: the harness's sharding plan of the mlperf tables against TorchRec's planner.

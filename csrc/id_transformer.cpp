@@ -585,7 +585,7 @@ class IdTransformer {
     while (true) {
       n = 0;
       for (int64_t s = 0; s < used_; ++s) {
-        const ColdKey key = cold_key(s, since);
+        const ColdKey key = cold_key(s, since);  // meaningless for a slot this batch accessed: never kept
         const bool colder = (key.heat < threshold.heat) | ((key.heat == threshold.heat) & (key.time <= threshold.time));
         keys[n] = key;  // kept only if n moves on
         n += (key.time < since) & (all | colder);  // not accessed by this batch, and no warmer
