@@ -24,6 +24,8 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
+from model.extensions import extension
+
 
 class StoreError(RuntimeError):
     """The store is unreachable or full (one line, naming it)."""
@@ -85,12 +87,9 @@ class EmbeddedStore:
 
 
 def _row_index():
-    """A new id -> row position index (csrc/row_index.cpp, built by `make ext`)."""
-    try:
-        from harness import _row_index
-    except ImportError as exc:  # a checkout where `make ext` has not run
-        raise ImportError(f"the parameter store's index extension is not built ({exc}); run `make ext`") from exc
-    return _row_index.RowIndex(), _row_index.ABSENT
+    """A new id -> row position index (csrc/row_index.cpp), and the position it gives an id not held."""
+    ext = extension("harness._row_index", "parameter store's index")
+    return ext.RowIndex(), ext.ABSENT
 
 
 class _Table:

@@ -14,6 +14,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     SplitTableBatchedEmbeddingBagsCodegen,
 )
 
+from model.extensions import extension
 from model.names import EMBEDDING_OPTIMIZERS as EMBEDDING_OPTIMIZER_NAMES
 from model.names import TABLE_PRECISIONS
 
@@ -70,7 +71,8 @@ def init_values(rows: torch.Tensor, *, col_start: int, cols: int, table: int, ta
     table initialises the rows it admits, one by one, from ids anywhere in a 40M-row id space."""
     b = table_rows**-0.5
     if rows.device.type == "cpu":  # the same bits in one pass (csrc/row_init.cpp): 10x the torch ops below
-        return _row_init().init_values(rows.to(torch.int64), col_start, cols, table_dim, _stream(seed, table), b)
+        return extension("model._row_init", "row init").init_values(rows.to(torch.int64), col_start, cols, table_dim,
+                                                                   _stream(seed, table), b)
     return _init_values_torch(rows, col_start=col_start, cols=cols, table_dim=table_dim, key=_stream(seed, table), b=b)
 
 
@@ -81,14 +83,6 @@ def _init_values_torch(rows: torch.Tensor, *, col_start: int, cols: int, table_d
     z = _mix(x * _GOLDEN + key)
     u = ((z >> 40) & 0xFFFFFF).to(torch.float64) / (1 << 24)
     return (u * (2 * b) - b).to(torch.float32)
-
-
-def _row_init():
-    try:
-        from model import _row_init
-    except ImportError as exc:  # a checkout where `make ext` has not run
-        raise ImportError(f"the row init extension is not built ({exc}); run `make ext`") from exc
-    return _row_init
 
 
 def build_fused_tbe(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from model.extensions import extension
 from model.names import DYNAMIC_POLICIES
 
 POLICIES = DYNAMIC_POLICIES
@@ -25,11 +26,7 @@ DEFAULT_HALF_LIFE = 1 << 20
 
 
 def _extension():
-    try:
-        from model import _id_transformer
-    except ImportError as exc:  # a checkout where `make ext` has not run
-        raise ImportError(f"the ID transformer extension is not built ({exc}); run `make ext`") from exc
-    return _id_transformer
+    return extension("model._id_transformer", "ID transformer")
 
 
 @dataclass(frozen=True)
