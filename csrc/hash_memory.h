@@ -1,5 +1,5 @@
 // What the extensions' hash tables share (id_transformer.cpp, row_index.cpp): the mix that spreads
-// ids over a table, and arrays on 2 MiB pages.
+// ids over a table, the check that ids are non-negative, and arrays on 2 MiB pages.
 #pragma once
 
 #include <sys/mman.h>
@@ -19,6 +19,14 @@ inline uint64_t mix(uint64_t x) {  // splitmix64's finaliser: consecutive ids sp
   x *= 0x94d049bb133111ebULL;
   x ^= x >> 31;
   return x;
+}
+
+// Whether any of n ids is negative (the tables' empty mark is -1): one plain pass, an OR of them
+// all, which vectorises (a torch reduction costs more at a batch's sizes).
+inline bool any_negative(const int64_t* id, int64_t n) {
+  uint64_t bits = 0;
+  for (int64_t p = 0; p < n; ++p) bits |= uint64_t(id[p]);
+  return int64_t(bits) < 0;
 }
 
 // A fixed-size array on its own anonymous mapping, asking the kernel for 2 MiB pages: the hash

@@ -244,10 +244,9 @@ class IdTransformer {
       throw std::invalid_argument("id transformer: ids must be an int64 tensor on the CPU");
     }
     auto flat = ids.contiguous().view(-1);
-    const int64_t* id = flat.data_ptr<int64_t>();
-    uint64_t bits = 0;  // one plain pass, an OR (it vectorises; a torch reduction costs more at these sizes)
-    for (int64_t p = 0; p < flat.numel(); ++p) bits |= uint64_t(id[p]);
-    if (int64_t(bits) < 0) throw std::invalid_argument("id transformer: ids must be non-negative");
+    if (dlrm_csrc::any_negative(flat.data_ptr<int64_t>(), flat.numel())) {
+      throw std::invalid_argument("id transformer: ids must be non-negative");
+    }
     return flat;
   }
 

@@ -95,10 +95,9 @@ class RowIndex {
       throw std::invalid_argument("row index: ids must be an int64 CPU tensor");
     }
     at::Tensor flat = ids.contiguous().view(-1);
-    const int64_t* id = flat.data_ptr<int64_t>();
-    uint64_t bits = 0;  // one pass, an OR (it vectorises): a negative id sets the top bit
-    for (int64_t p = 0; p < flat.numel(); ++p) bits |= uint64_t(id[p]);
-    if (int64_t(bits) < 0) throw std::invalid_argument("row index: ids must be non-negative");
+    if (dlrm_csrc::any_negative(flat.data_ptr<int64_t>(), flat.numel())) {
+      throw std::invalid_argument("row index: ids must be non-negative");
+    }
     return flat;
   }
 

@@ -149,7 +149,7 @@ class _Table:
         if (pos >= 0).all():  # the usual case: every row found in memory, one gather
             return found, self.memory[pos]
         out = np.zeros((len(ids), self.width), dtype=np.float32)
-        in_memory = np.flatnonzero(found & (pos >= 0))
+        in_memory = np.flatnonzero(pos >= 0)  # ABSENT is negative: held in memory implies found
         out[in_memory] = self.memory[pos[in_memory]]
         spilled = np.flatnonzero(found & (pos < 0))
         if len(spilled):
