@@ -17,15 +17,20 @@
 // entry is. An access marks its id's previous entry dead (a bit an entry, beside the log), so the
 // live entries from the front are the resident ids from least to most recent: evicting reads them
 // off the front, a word of dead bits at a time, and never visits a bucket to skip an entry. The
-// log is compacted to its live entries when a batch's entries would overflow its room (eight
-// entries a slot); only the live ones (at most the slots) tell their buckets where they went.
+// log is a ring (room for eight entries a slot, a power of two): evicting frees its front, a batch
+// appends behind its back, and it is compacted to its live entries only when a batch's entries
+// would reach its front (its live span, from the least recent resident id's access to now, longer
+// than the ring); only the live ones (at most the slots) then tell their buckets where they went.
+// At a steady rate of new ids the span stays a few entries a slot and the ring never fills; a log
+// read from its start and compacted whenever its end was reached spent a tenth of lru's time on
+// it at 90% hits (a million slots, batches of 65,536).
 // lfu and hybrid keep each slot's time and count, and a batch that evicts passes over every slot
 // (a decayed counter's order moves with time, so no order kept between batches would hold): a
 // threshold from a sample of the slots keeps that pass to a compare a slot (coldest), and the
 // selection and sort run on the few slots no warmer than it.
 //
 // Speed: a resident id costs one hash bucket (key, slot and lru's recency in 16 bytes, in one
-// cache line) and a bit of the dead set (1 MiB for a million slots, marked after the scan); a new
+// cache line) and a bit of the dead set (1 MiB for a million slots, its word prefetched well before it is set); a new
 // id costs its bucket, then its victim's bucket (erased), then its own again (its slot). lru
 // keeps no array indexed by slot: a second random place an id would wait on. Every loop over
 // random places prefetches them a few dozen entries ahead, so the misses of many ids overlap, and
@@ -94,15 +99,20 @@ using LogEntry = int64_t;  // lru: the id accessed (a position in the log is its
 // its turn comes (a DRAM miss is a few hundred ns, an id's work a few ns), few enough that the
 // lines in flight fit the core's miss buffers.
 constexpr int64_t kAhead = 48;
+// The scan's ring of the ids ahead (their buckets) and of lru's kills not yet marked; a kill's
+// dead bit is set kKillLag kills after its word is prefetched (about as far as kAhead ids).
+constexpr int64_t kRing = 64;
+constexpr size_t kKillLag = 40;
+static_assert(kAhead < kRing && kKillLag < size_t(kRing), "the ring holds what is ahead");
 constexpr uint64_t kBucketsPerLine = 64 / sizeof(Bucket);
 // Homes are line starts (home_in): a line must hold whole buckets (the table is page-aligned).
 static_assert(64 % sizeof(Bucket) == 0, "a cache line holds whole buckets");
-constexpr size_t kLogRoomPerSlot = 8;  // lru log entries held, a slot (make_log_room)
-constexpr uint64_t kMaxLogRoom = uint64_t(1) << 32;  // lru positions and slots are 32-bit
+constexpr size_t kLogRoomPerSlot = 8;  // lru log entries held, a slot at least (a power of two in all; make_log_room)
+constexpr uint64_t kMaxLogRoom = uint64_t(1) << 32;  // lru positions in the ring and slots are 32-bit
 
 struct Touched {  // a resident id's state before this batch first touched it (restored if the batch fails)
   int64_t where;  // lru: its bucket (the scan only inserts, so no bucket moves before undo); else its slot
-  int64_t time;   // lru: the position of its live entry
+  int64_t time;   // lru: where in the ring its live entry is
   int64_t count;
 };
 
@@ -149,7 +159,7 @@ class IdTransformer {
       }
       // The log's room is taken (and faulted in) here, not while batches run: a first touch of
       // fresh pages costs a fault each 4 KiB, a regrown vector copies the whole log.
-      make_log(kLogRoomPerSlot * size_t(capacity));
+      make_log(ring_room(kLogRoomPerSlot * uint64_t(capacity)));
     }
   }
 
@@ -165,8 +175,8 @@ class IdTransformer {
     const bool lru = policy_ == Policy::kLru;
     if (lru) make_log_room(n);
     const int64_t batch_start = clock_;
-    const size_t log_start = log_size_;
-    if (lru) log_size_ += n;  // every entry is written by the scan before anything reads it
+    const size_t log_start = log_end_;
+    if (lru) log_end_ += n;  // every entry is written by the scan before anything reads it
     pending_.clear();
     pending_at_.clear();
     touched_.clear();
@@ -237,6 +247,10 @@ class IdTransformer {
     std::lock_guard<std::mutex> lock(mu_);
     return used_;
   }
+  int64_t log_compactions() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return log_compactions_;
+  }
 
  private:
   static at::Tensor check_ids(const at::Tensor& ids) {
@@ -269,14 +283,18 @@ class IdTransformer {
 
   // Each id to its slot, or to a pending place (-(k + 2)) when it is not resident: the resident
   // are touched, the new go to pending_ and into the table (pending_at_ notes where they occur,
-  // for the fix-up once their slots are known). A first pass hashes the batch; then the buckets
-  // of ids kAhead places on are prefetched, so the misses of many ids overlap. Every occurrence's
-  // entry goes into the lru log as it comes; the entries it makes dead are listed and marked in
-  // one pass at the end: marking them in the loop would add a second random place (the dead set
-  // is 1 MiB at a million slots) that an id waits on. lfu and hybrid also find, at half the
-  // prefetch distance, each id's bucket (arrived by then) and prefetch its slot's state; the
-  // id's own probe resumes there: the scan only inserts, which moves no key, so the key is still
-  // there, or, if it was absent, every bucket before that one still holds another key.
+  // for the fix-up once their slots are known). The bucket of the id kAhead places on is hashed
+  // and prefetched as the loop goes, so the misses of many ids overlap; its home waits in a ring
+  // of the last few (a first pass hashing the whole batch into an array cost a read and a write
+  // of that array an id, about 1 ns). lfu and hybrid also find, at half the prefetch distance,
+  // each id's bucket (arrived by then) and prefetch its slot's state; the id's own probe resumes
+  // there: the scan only inserts, which moves no key, so the key is still there, or, if it was
+  // absent, every bucket before that one still holds another key.
+  // lru: every occurrence's entry goes into the log as it comes, and the entry it makes dead (its
+  // id's last one) gets its dead bit kKillLag kills later, its word prefetched now: the dead set
+  // (1 MiB at a million slots) is then a place no id waits on. Marking the kills in a pass of
+  // their own after the loop waited on each word instead (1-2 ns an id at 90-99% hits). A batch
+  // undone (undo) clears the bits it marked.
   // The touched ids' old state is kept only when the batch could fail (more ids than slots):
   // a batch with at most `capacity` ids has at most that many distinct ones, so it always fits.
   void scan(const int64_t* id, int64_t n, int64_t* slot_of, int64_t batch_start, size_t log_start) {
@@ -297,23 +315,35 @@ class IdTransformer {
   template <Policy P, bool may_fail>
   void scan_as(const int64_t* id, int64_t n, int64_t* slot_of, int64_t batch_start, size_t log_start) {
     constexpr bool lru = P == Policy::kLru;
-    start_.resize(n);
-    uint64_t* start = start_.data();
     Bucket* const table = &table_[0];
     const uint64_t mask = mask_;
-    int64_t* const log = lru ? &log_[log_start] : nullptr;
-    if (lru) killed_.resize(n);
-    uint32_t* const killed = lru ? killed_.data() : nullptr;
+    LogEntry* const log = lru ? &log_[0] : nullptr;
+    const size_t ring = log_mask_;  // a position in the log to its place in the ring
+    uint64_t* const dead = lru ? &dead_[0] : nullptr;
+    uint64_t where[kRing];  // where[p % kRing]: id p's home, then (lfu, hybrid) where its probe resumes
+    uint32_t kills[kRing];  // lru: kills[j % kRing], the j-th entry made dead, marked kKillLag kills on
     size_t n_killed = 0;
-    for (int64_t p = 0; p < n; ++p) start[p] = home_in(mask, id[p]);
-    for (int64_t p = 0; p < std::min(n, kAhead); ++p) __builtin_prefetch(&table[start[p]]);
+    auto kill = [&](uint32_t e) {
+      __builtin_prefetch(&dead[e / 64], 1);
+      kills[n_killed % kRing] = e;
+      if (n_killed >= kKillLag) {
+        const uint32_t due = kills[(n_killed - kKillLag) % kRing];
+        dead[due / 64] |= uint64_t(1) << (due % 64);
+      }
+      ++n_killed;
+    };
+    auto hash_ahead = [&](int64_t q) {
+      where[q % kRing] = home_in(mask, id[q]);
+      __builtin_prefetch(&table[where[q % kRing]], 1);
+    };
+    for (int64_t q = 0; q < std::min(n, kAhead); ++q) hash_ahead(q);
     for (int64_t p = 0; p < n; ++p) {
-      if (p + kAhead < n) __builtin_prefetch(&table[start[p + kAhead]], 1);
+      if (p + kAhead < n) hash_ahead(p + kAhead);
       if constexpr (!lru) {
         if (p + kAhead / 2 < n) {
           const int64_t q = p + kAhead / 2;
-          start[q] = probe_in(table, mask, start[q], id[q]);
-          const Bucket& ahead = table[start[q]];
+          where[q % kRing] = probe_in(table, mask, where[q % kRing], id[q]);
+          const Bucket& ahead = table[where[q % kRing]];
           if (ahead.key == id[q] && ahead.val >= 0) {
             __builtin_prefetch(&slot_use_[ahead.val], 1);
           }
@@ -321,23 +351,24 @@ class IdTransformer {
       }
       const int64_t key = id[p];
       const int64_t t = batch_start + p;
-      const uint64_t bi = probe_in(table, mask, start[p], key);
+      const uint64_t bi = probe_in(table, mask, where[p % kRing], key);
       Bucket& b = table[bi];
-      if constexpr (lru) log[p] = key;
+      if constexpr (lru) log[(log_start + p) & ring] = key;
       if (b.key == key) {
         const int64_t v = b.val;
         if (v >= 0) {
           if constexpr (lru) {  // this access's entry is its live one now, its last one dead
-            if (may_fail && b.pos < log_start) touched_.push_back({int64_t(bi), int64_t(b.pos), 0});
-            killed[n_killed++] = b.pos;
-            b.pos = uint32_t(log_start + p);
+            const bool before_batch = ((b.pos - log_start) & ring) >= size_t(n);
+            if (may_fail && before_batch) touched_.push_back({int64_t(bi), int64_t(b.pos), 0});
+            kill(b.pos);
+            b.pos = uint32_t((log_start + p) & ring);
           } else {
             if (may_fail && slot_use_[v].time < batch_start) touched_.push_back({v, slot_use_[v].time, slot_use_[v].count});
             touch<P>(v, t);
           }
         } else {
           Pending& q = pending_[-v - 2];
-          if constexpr (lru) killed[n_killed++] = uint32_t(size_t(q.time - batch_start) + log_start);
+          if constexpr (lru) kill(uint32_t((size_t(q.time - batch_start) + log_start) & ring));
           q.time = t;
           q.count += 1;
           pending_at_.push_back(p);
@@ -357,12 +388,8 @@ class IdTransformer {
       }
     }
     clock_ = batch_start + n;
-    // Only a batch that got through the scan marks its kills: one undone inside it marked none.
-    if constexpr (lru) {
-      for (size_t j = 0; j < n_killed; ++j) {
-        if (j + 32 < n_killed) __builtin_prefetch(&dead_[killed[j + 32] / 64], 1);
-        set_dead(killed[j]);
-      }
+    if constexpr (lru) {  // the last kills, not yet due
+      for (size_t j = n_killed - std::min(n_killed, kKillLag); j < n_killed; ++j) set_dead(kills[j % kRing]);
     }
   }
 
@@ -371,7 +398,7 @@ class IdTransformer {
   // hybrid: the id its chosen slot holds) and its slot read off its bucket as it is erased. A
   // pending id's bucket is where the scan put it, or where an erase shifted it back to (erase_at
   // keeps that note). Each loop prefetches the places of the entry kAhead on.
-  // lru: log_from_tick turns a tick of this batch into its entry's position.
+  // lru: log_from_tick turns a tick of this batch into its entry's position in the log.
   void admit(int64_t fresh, int64_t* admitted_ids, int64_t* admitted_slots, int64_t* evicted_ids,
              int64_t* evicted_slots, int64_t log_from_tick) {
     const int64_t k = int64_t(pending_.size());
@@ -405,7 +432,7 @@ class IdTransformer {
       Bucket& b = table_[q.bucket];
       b.val = int32_t(s);
       if (lru) {
-        b.pos = uint32_t(q.time + log_from_tick);
+        b.pos = uint32_t(size_t(q.time + log_from_tick) & log_mask_);
       } else {
         slot_id_[s] = q.id;
         slot_use_[s] = {q.time, q.count};
@@ -430,9 +457,9 @@ class IdTransformer {
     }
     for (const Pending& q : pending_) erase(q.id);
     if (lru) {  // this batch's entries, some marked dead by a later occurrence of their id
-      for (size_t e = log_start; e < log_size_; ++e) clear_dead(e);
+      for (size_t e = log_start; e < log_end_; ++e) clear_dead(e & log_mask_);
     }
-    log_size_ = std::min(log_size_, log_start);
+    log_end_ = std::min(log_end_, log_start);
     clock_ = batch_start;
   }
 
@@ -440,17 +467,18 @@ class IdTransformer {
   // entries before `end` (this batch's begin there); `head` advances past what was read. The
   // dead bits make this a sequential read: no bucket is visited for an entry skipped.
   void least_recent(int64_t need, size_t end, size_t* head) {
-    // A word of dead bits at a time, visiting its live entries only (no branch an entry).
+    // A word of dead bits at a time, visiting its live entries only (no branch an entry). A word
+    // never straddles the ring's wrap (its room is a multiple of 64).
     size_t e = *head;
     while (e < end && int64_t(victims_.size()) < need) {
       const size_t word = e / 64;
-      uint64_t live = ~dead_[word] & (~uint64_t(0) << (e % 64));  // live entries at e and on
+      uint64_t live = ~dead_[(e & log_mask_) / 64] & (~uint64_t(0) << (e % 64));  // live entries at e and on
       const size_t word_end = std::min(end, (word + 1) * 64);
       if (word_end % 64) live &= (uint64_t(1) << (word_end % 64)) - 1;
       size_t after = word_end;
       while (live && int64_t(victims_.size()) < need) {
         const size_t at = word * 64 + __builtin_ctzll(live);
-        victims_.push_back(log_[at]);
+        victims_.push_back(log_[at & log_mask_]);
         live &= live - 1;
         after = at + 1;
       }
@@ -459,45 +487,71 @@ class IdTransformer {
     *head = e;
   }
 
-  // lru: room in the log for a batch of n entries. When they do not fit, the log is compacted
-  // to its live entries (at most one a slot), and grown only where even that leaves too little
-  // room (a batch of more than a few times the slots). With room for kLogRoomPerSlot entries a
-  // slot, a compaction comes every (kLogRoomPerSlot - 1) x slots appends or so: its read of the
-  // log and its dead bits is sequential, and only a live entry visits its bucket (to say where
-  // the entry went), at most the slots a compaction.
+  // lru: room in the ring for a batch of n entries behind its live ones, their dead bits cleared.
+  // When the batch would reach the front, the log is compacted in place to its live entries (at
+  // most one a slot; a kept entry moves only towards the front, so it never overwrites one not yet
+  // read), and grown where even that leaves too little room (a batch of more than a few times the
+  // slots). The compaction's read of the log and its dead bits is sequential; only a live entry
+  // visits its bucket (to say where the entry went).
   void make_log_room(int64_t n) {
-    if (log_size_ + size_t(n) <= log_.size()) return;
-    size_t kept = 0;
-    for (size_t e = log_head_; e < log_size_; ++e) {  // no branch: a live entry is kept, a dead one overwritten
-      log_[kept] = log_[e];
-      kept += !is_dead(e);
+    if (log_end_ - log_head_ + size_t(n) > log_.size()) {
+      ++log_compactions_;
+      size_t kept = 0;
+      for (size_t e = log_head_; e < log_end_; ++e) {  // no branch: a live entry is kept, a dead one overwritten
+        log_[(log_head_ + kept) & log_mask_] = log_[e & log_mask_];
+        kept += !is_dead(e & log_mask_);
+      }
+      size_t base = log_head_;
+      if (kept + size_t(n) > log_.size()) {
+        const uint64_t room = ring_room(2 * (kept + uint64_t(n)));
+        if (room > kMaxLogRoom) {
+          throw std::invalid_argument("id transformer: a batch of " + std::to_string(n) +
+                                      " ids outgrows lru's log (32-bit positions)");
+        }
+        HugeArray<LogEntry> kept_log = std::move(log_);
+        const size_t old_mask = log_mask_;
+        make_log(room);
+        for (size_t e = 0; e < kept; ++e) log_[e] = kept_log[(base + e) & old_mask];
+        base = 0;
+      } else {
+        clear_dead_range(base, kept);
+      }
+      for (size_t e = 0; e < kept; ++e) {  // apart, so the lookahead counts live entries only
+        if (e + kAhead < kept) __builtin_prefetch(&table_[home(log_[(base + e + kAhead) & log_mask_])], 1);
+        table_[bucket_of(log_[(base + e) & log_mask_])].pos = uint32_t((base + e) & log_mask_);
+      }
+      log_head_ = base;
+      log_end_ = base + kept;
     }
-    for (size_t e = 0; e < kept; ++e) {  // apart, so the lookahead counts live entries only
-      if (e + kAhead < kept) __builtin_prefetch(&table_[home(log_[e + kAhead])], 1);
-      table_[bucket_of(log_[e])].pos = uint32_t(e);
-    }
-    std::fill(&dead_[0], &dead_[0] + (log_size_ + 63) / 64, uint64_t(0));
-    log_size_ = kept;
-    log_head_ = 0;
-    if (log_size_ + size_t(n) <= log_.size()) return;
-    const uint64_t room = 2 * (log_size_ + uint64_t(n));
-    if (room > kMaxLogRoom) {
-      throw std::invalid_argument("id transformer: a batch of " + std::to_string(n) +
-                                  " ids outgrows lru's log (32-bit positions)");
-    }
-    HugeArray<LogEntry> kept_log = std::move(log_);
-    make_log(room);
-    std::copy(&kept_log[0], &kept_log[0] + log_size_, &log_[0]);
+    clear_dead_range(log_end_, size_t(n));
   }
 
-  // lru: a log with room for `room` entries, all of them live (no dead bit set).
+  // A ring's room for at least `entries`: a power of two (a position's place is a mask away) and a
+  // multiple of 64 (a word of dead bits never wraps).
+  static uint64_t ring_room(uint64_t entries) {
+    uint64_t room = 64;
+    while (room < entries) room <<= 1;
+    return room;
+  }
+
+  // lru: an empty ring of `room` entries (ring_room's), no dead bit set.
   void make_log(size_t room) {
     log_ = HugeArray<LogEntry>(room, 0);
-    dead_ = HugeArray<uint64_t>((room + 63) / 64, 0);
+    log_mask_ = room - 1;
+    dead_ = HugeArray<uint64_t>(room / 64, 0);
   }
+  // Dead bits by place in the ring; clear_dead_range takes log positions, wrapping as they do.
   bool is_dead(size_t e) const { return (dead_[e / 64] >> (e % 64)) & 1; }
   void set_dead(size_t e) { dead_[e / 64] |= uint64_t(1) << (e % 64); }
   void clear_dead(size_t e) { dead_[e / 64] &= ~(uint64_t(1) << (e % 64)); }
+  void clear_dead_range(size_t from, size_t count) {
+    for (size_t e = from; e < from + count;) {
+      const size_t bits = std::min<size_t>(64 - e % 64, from + count - e);
+      const uint64_t mask = bits == 64 ? ~uint64_t(0) : ((uint64_t(1) << bits) - 1) << (e % 64);
+      dead_[(e & log_mask_) / 64] &= ~mask;
+      e += bits;
+    }
+  }
 
   // The lines a probe for `key` reads first: its home line and the next. A victim's backward shift
   // reads on into the next line about one erase in five (counted at a million slots, 50% hits), so
@@ -612,17 +666,19 @@ class IdTransformer {
   // A slot's state, allocated only for the policies that read it (lfu, hybrid; lru keeps none).
   HugeArray<int64_t> slot_id_;    // the id it holds, kEmpty if never used (read when it is evicted)
   HugeArray<SlotUse> slot_use_;   // its last access and count, together: a hit reads and writes both
-  HugeArray<LogEntry> log_;  // lru: accesses in time order, log_[log_head_ .. log_size_) unread
-  HugeArray<uint64_t> dead_;  // lru: a bit an entry of log_, set once a later access of its id came
+  // lru: accesses in time order, a ring: the entries at log positions log_head_ .. log_end_ are
+  // unread, position e at log_[e & log_mask_] (positions count on, places wrap).
+  HugeArray<LogEntry> log_;
+  HugeArray<uint64_t> dead_;  // lru: a bit a place of log_, set once a later access of its id came
+  size_t log_mask_ = 0;
   size_t log_head_ = 0;
-  size_t log_size_ = 0;
+  size_t log_end_ = 0;
+  int64_t log_compactions_ = 0;  // lru: how many times make_log_room compacted (perf-dynamic prints it)
   // A batch's working lists, kept between calls so a batch allocates (and faults in) nothing.
   std::vector<Pending> pending_;
   std::vector<Touched> touched_;
   std::vector<int64_t> victims_;  // lru: ids; lfu, hybrid: slots
   std::vector<int64_t> pending_at_;  // scan: where in the batch a pending id occurs (its slot comes at the end)
-  std::vector<uint32_t> killed_;  // scan, lru: the log entries its accesses made dead, marked when it ends
-  std::vector<uint64_t> start_;  // scan: each id's home bucket, then (lfu, hybrid) where its probe resumes
   std::vector<ColdKey> cold_sample_;  // coldest(): a sample of the evictable slots, for its threshold
   HugeArray<ColdKey> cold_keys_;  // coldest(): the slots no warmer than the threshold (room for all, made at the first eviction)
   int64_t used_ = 0;   // slots 0 .. used_-1 have held an id; the rest were never used
@@ -663,6 +719,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("lookup", &IdTransformer::lookup, py::arg("ids"), py::call_guard<py::gil_scoped_release>())
       .def("slot_ids", &IdTransformer::slot_ids, py::call_guard<py::gil_scoped_release>())
       .def("resident", &IdTransformer::resident)
+      .def("log_compactions", &IdTransformer::log_compactions)
       .def_property_readonly("capacity", &IdTransformer::capacity)
       .def_property_readonly("table_bytes", &IdTransformer::table_bytes);
   m.attr("log_room_per_slot") = kLogRoomPerSlot;

@@ -5,9 +5,9 @@
    M ids/s of the transformer at hit rates of 50, 90 and 99%, against a Python dict transformer
    (an OrderedDict LRU, the same job in plain Python, timed on every batch the transformer is)
    and against raw torch.unique of the same ids (deduplication alone, no table). Only the calls
-   are timed; batches are made outside. A few
-   warm-up batches go untimed first; the timed batches are one period of the lru log's
-   compaction (timed_batches), so its periodic cost is in the figure as in a long run.
+   are timed; batches are made outside. A few warm-up batches go untimed first; over the timed
+   batches the lru log's ring fills once over (timed_batches), so a compaction, where the ids call
+   for one, is in the figure as in a long run; how many there were is printed.
    Beside them, the machine's memory bound: random reads a second from a table of the hash
    table's size, over the reads an id needs at the least (memory_bound), so a figure says both
    how far it is from the goal and how far from what this machine allows.
@@ -94,9 +94,10 @@ outputs and working lists for the first time)."""
 
 
 def timed_batches(slots: int, batch: int) -> int:
-    """Batches of one period of the lru log's compaction: with every slot full, a compaction keeps
-    one entry a slot, so the next comes (log_room_per_slot() - 1) x slots ids later, and a window
-    of that many ids holds one compaction wherever its phase falls."""
+    """Batches in which the lru log's ring fills once over: it holds log_room_per_slot() entries a
+    slot, and a compaction keeps one entry a slot, so one that the ids call for (the least recent
+    resident id's access falling that far behind) comes at most (log_room_per_slot() - 1) x slots
+    ids after the last, and a window of that many ids holds it wherever its phase falls."""
     return -(-(log_room_per_slot() - 1) * slots // batch)
 
 
@@ -123,6 +124,8 @@ def throughput(slots: int, batch: int, batches: int, seed: int) -> list[dict]:
                 fast.transform(ids)
                 dict_lru(table, ids.tolist())
                 continue
+            if b == 0:
+                compactions_before = fast.log_compactions()
             start = time.perf_counter()
             got = fast.transform(ids)
             seconds += time.perf_counter() - start
@@ -132,9 +135,10 @@ def throughput(slots: int, batch: int, batches: int, seed: int) -> list[dict]:
             uniq_seconds += time.perf_counter() - start
             py_seconds += timed_dict_lru(table, ids.tolist())
         n = batch * batches
+        compactions = fast.log_compactions() - compactions_before
         row = {"hit_rate": rate, "measured_hit_rate": 1 - misses / n, "transformer": n / seconds / 1e6,
                "python_dict": n / py_seconds / 1e6, "torch_unique": n / uniq_seconds / 1e6,
-               "memory_bound": memory_bound(ceiling, rate) / 1e6}
+               "memory_bound": memory_bound(ceiling, rate) / 1e6, "log_compactions": compactions}
         row["vs_dict"] = row["transformer"] / row["python_dict"]
         row["bound_vs_dict"] = row["memory_bound"] / row["python_dict"]
         print(f"hit rate {rate:.0%} (measured {row['measured_hit_rate']:.1%}): transformer {row['transformer']:.2f} "
@@ -142,7 +146,7 @@ def throughput(slots: int, batch: int, batches: int, seed: int) -> list[dict]:
               f"{'met' if row['vs_dict'] >= GOAL_VS_DICT else 'MISSED'}), torch.unique {row['torch_unique']:.2f} "
               f"M ids/s; memory bound {row['memory_bound']:.1f} M ids/s = "
               f"{row['transformer'] / row['memory_bound']:.0%} reached, at most x{row['bound_vs_dict']:.0f} the dict "
-              "with this table on this machine", flush=True)
+              f"with this table on this machine; lru log compactions in the timed batches: {compactions}", flush=True)
         rows.append(row)
     return rows
 
@@ -245,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slots", type=int, default=1 << 20, help="slots of the throughput table (default %(default)s)")
     p.add_argument("--batch", type=int, default=1 << 16, help="ids a batch (default %(default)s)")
     p.add_argument("--batches", type=int, default=None,
-                   help="batches timed a hit rate (default: one period of the lru log's compaction)")
+                   help="batches timed a hit rate (default: the lru log's ring filled once over)")
     p.add_argument("--alpha", type=float, default=1.05, help="power-law exponent of the hit-rate ids")
     p.add_argument("--universe", type=int, default=4_000_000, help="distinct ids the power law draws from")
     p.add_argument("--out", type=Path, default=Path("reports/perf-dynamic"), help="where the plot goes")

@@ -73,11 +73,15 @@ class IdTransformer:
     def resident(self) -> int:
         return self._impl.resident()
 
+    def log_compactions(self) -> int:
+        """lru: how many times its access log was compacted (0 for the other policies)."""
+        return self._impl.log_compactions()
+
 
 def log_room_per_slot() -> int:
-    """lru's access log holds this many entries a slot; it is compacted (its dead entries dropped)
-    when a batch would overflow that room, so a run's figures include a compaction once
-    log_room_per_slot() x slots ids have gone through."""
+    """lru's access log is a ring of room for at least this many entries a slot: evictions free
+    its front, and it is compacted (its dead entries dropped) only when a batch would reach the
+    front, which takes the least recent resident id's access being that far behind."""
     return int(_extension().log_room_per_slot)
 
 

@@ -135,6 +135,43 @@ def test_adversarial_streams_match_the_dict_model(policy):
         check_stream(batches, cap, policy, half_life=5)
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_batch_refused_after_many_touches_in_a_wrapped_log_leaves_no_trace(policy):
+    """lru's log is a ring of log_room_per_slot() x 100 entries rounded up to a power of two (1024
+    here), compacted in place when its live span would outgrow it; a touched id's old entry is
+    marked dead a few dozen touches later, during the scan (csrc/id_transformer.cpp kKillLag).
+    Against the model: batches of new ids carry the log round the ring; hits on half the ids
+    then leave the other half's entries at the front until a compaction moves them; a batch
+    refused after more touches than the lag, repeating ids, must clear the marks it made and
+    leave each id's recency as it was; then every id is evicted, in order."""
+    cap = 100
+    assert log_room_per_slot() * cap <= 1024
+    wrap = [list(range(1000 + 100 * b, 1100 + 100 * b)) for b in range(11)]  # each evicts all
+    held = wrap[-1]
+    half_hits = [held[:50][:: 1 - 2 * (b % 2)] for b in range(24)]  # a compaction among them
+    touched_then_refused = [*held[:60], *held[:60], *range(9000, 9041)]  # 101 distinct: refused
+    batches = [list(range(cap)), *wrap, *half_hits, touched_then_refused, [held[5], held[50], held[95]],
+               *([20000 + i] for i in range(2 * cap))]
+    assert check_stream(batches, cap, policy, half_life=50) == 11 * cap + 2 * cap
+
+
+def test_the_lru_ring_compacts_only_when_a_batch_would_reach_its_front():
+    """16 slots: a ring of 128 entries. One id 50 times a batch: nothing is ever evicted, so the
+    front stays put; batch 3 would end at entry 150 (compacted to the one live entry, then 51
+    entries), batch 4 at 101, batch 5 at 151 (compacted again). A stream evicting as it goes
+    (a new id a batch, the oldest leaving) frees the front as fast as it appends: never."""
+    t = IdTransformer(16, "lru")
+    counts = []
+    for _ in range(5):
+        t.transform(torch.tensor([7] * 50))
+        counts.append(t.log_compactions())
+    assert counts == [0, 0, 1, 1, 2]
+    flowing = IdTransformer(16, "lru")
+    for b in range(1000):
+        flowing.transform(torch.tensor([b, b + 1]))
+    assert flowing.log_compactions() == 0 and IdTransformer(16, "hybrid").log_compactions() == 0
+
+
 @pytest.mark.parametrize("policy", ["lfu", "hybrid"])
 def test_tables_wide_enough_to_be_sampled_match_the_dict_model(policy):
     """lfu and hybrid find their victims through a threshold from a sample of every
