@@ -30,12 +30,13 @@
 // selection and sort run on the few slots no warmer than it.
 //
 // Speed: a resident id costs one hash bucket (key, slot and lru's recency in 16 bytes, in one
-// cache line) and a bit of the dead set (1 MiB for a million slots, its word prefetched well before it is set); a new
-// id costs its bucket, then its victim's bucket (erased), then its own again (its slot). lru
-// keeps no array indexed by slot: a second random place an id would wait on. Every loop over
-// random places prefetches them a few dozen entries ahead, so the misses of many ids overlap, and
-// the arrays live on 2 MiB pages so a random read is not a TLB miss too. random_read_rate()
-// measures what such reads cost on the machine at hand: the ceiling `make perf-dynamic` prints.
+// cache line) and a bit of the dead set (1 MiB for a million slots, its word prefetched well
+// before the bit is set); a new id costs its bucket, then its victim's bucket (erased), then its
+// own again (its slot). lru keeps no array indexed by slot: a second random place an id would
+// wait on. Every loop over random places prefetches them a few dozen entries ahead, so the
+// misses of many ids overlap, and the arrays live on 2 MiB pages so a random read is not a TLB
+// miss too. random_read_rate() measures what such reads cost on the machine at hand: the ceiling
+// `make perf-dynamic` prints.
 // A smaller table measured slower (branch experiment/compact-table). It had 8-byte buckets, each
 // keeping only a quotient of its id, so 16 MiB held a million slots, not 64 MiB; lru's recency
 // sat in an array indexed by slot. Side by side it was 27-35% slower. The caller's own work
@@ -491,39 +492,46 @@ class IdTransformer {
   // When the batch would reach the front, the log is compacted in place to its live entries (at
   // most one a slot; a kept entry moves only towards the front, so it never overwrites one not yet
   // read), and grown where even that leaves too little room (a batch of more than a few times the
-  // slots). The compaction's read of the log and its dead bits is sequential; only a live entry
-  // visits its bucket (to say where the entry went).
+  // slots; rare, so the kept entries then tell their buckets twice). The compaction's read of the
+  // log and its dead bits is sequential; only a live entry visits its bucket (to say where the
+  // entry went). A batch the log cannot take is refused with the log whole and compacted.
   void make_log_room(int64_t n) {
-    if (log_end_ - log_head_ + size_t(n) > log_.size()) {
-      ++log_compactions_;
-      size_t kept = 0;
-      for (size_t e = log_head_; e < log_end_; ++e) {  // no branch: a live entry is kept, a dead one overwritten
-        log_[(log_head_ + kept) & log_mask_] = log_[e & log_mask_];
-        kept += !is_dead(e & log_mask_);
+    if (log_end_ - log_head_ + size_t(n) <= log_.size()) {
+      clear_dead_range(log_end_, size_t(n));
+      return;
+    }
+    ++log_compactions_;
+    size_t kept = 0;
+    for (size_t e = log_head_; e < log_end_; ++e) {  // no branch: a live entry is kept, a dead one overwritten
+      log_[(log_head_ + kept) & log_mask_] = log_[e & log_mask_];
+      kept += !is_dead(e & log_mask_);
+    }
+    clear_dead_range(log_head_, kept);
+    log_end_ = log_head_ + kept;
+    tell_buckets();
+    if (kept + size_t(n) > log_.size()) {
+      const uint64_t room = ring_room(2 * (kept + uint64_t(n)));
+      if (room > kMaxLogRoom) {
+        throw std::invalid_argument("id transformer: a batch of " + std::to_string(n) +
+                                    " ids outgrows lru's log (32-bit positions)");
       }
-      size_t base = log_head_;
-      if (kept + size_t(n) > log_.size()) {
-        const uint64_t room = ring_room(2 * (kept + uint64_t(n)));
-        if (room > kMaxLogRoom) {
-          throw std::invalid_argument("id transformer: a batch of " + std::to_string(n) +
-                                      " ids outgrows lru's log (32-bit positions)");
-        }
-        HugeArray<LogEntry> kept_log = std::move(log_);
-        const size_t old_mask = log_mask_;
-        make_log(room);
-        for (size_t e = 0; e < kept; ++e) log_[e] = kept_log[(base + e) & old_mask];
-        base = 0;
-      } else {
-        clear_dead_range(base, kept);
-      }
-      for (size_t e = 0; e < kept; ++e) {  // apart, so the lookahead counts live entries only
-        if (e + kAhead < kept) __builtin_prefetch(&table_[home(log_[(base + e + kAhead) & log_mask_])], 1);
-        table_[bucket_of(log_[(base + e) & log_mask_])].pos = uint32_t((base + e) & log_mask_);
-      }
-      log_head_ = base;
-      log_end_ = base + kept;
+      HugeArray<LogEntry> kept_log = std::move(log_);
+      const size_t old_mask = log_mask_;
+      make_log(room);
+      for (size_t e = 0; e < kept; ++e) log_[e] = kept_log[(log_head_ + e) & old_mask];
+      log_head_ = 0;
+      log_end_ = kept;
+      tell_buckets();
     }
     clear_dead_range(log_end_, size_t(n));
+  }
+
+  // lru: each entry of the log (all of them live, after a compaction) to its id's bucket.
+  void tell_buckets() {
+    for (size_t e = log_head_; e < log_end_; ++e) {  // apart, so the lookahead counts live entries only
+      if (e + kAhead < log_end_) __builtin_prefetch(&table_[home(log_[(e + kAhead) & log_mask_])], 1);
+      table_[bucket_of(log_[e & log_mask_])].pos = uint32_t(e & log_mask_);
+    }
   }
 
   // A ring's room for at least `entries`: a power of two (a position's place is a mask away) and a

@@ -123,6 +123,11 @@ def test_adversarial_streams_match_the_dict_model(policy):
     # after ordinary ones: the log grows, keeping its live entries in order.
     wide = log_room_per_slot() * cap
     wide_repeats = [[b % 5] * wide + [100 + b] if b % 10 == 9 else [100 + b, 200 + b, 300 + b] for b in range(40)]
+    # A log grown under resident ids that are touched in that batch and after: their entries
+    # moved, and their buckets must say where to.
+    # Evictions first, so the log's front is not at the ring's start when it grows.
+    grown = [list(range(cap)), *([100 + i] for i in range(40)), [124] * (wide + 1) + [999], [130, 135],
+             *([200 + i] for i in range(2 * cap))]
     big = [[(1 << 62) + b, (1 << 63) - 1 - b, b << 40] for b in range(40)]  # ids at the top of int64
     stride = [[(b * 7 + j) * 4096 for j in range(5)] for b in range(60)]  # ids sharing low bits
     # Batches one id too wide between ordinary ones: refused, and the table goes on as before.
@@ -131,7 +136,7 @@ def test_adversarial_streams_match_the_dict_model(policy):
     # everything in order: the refused batch must leave no trace on recency.
     refused_repeats = [list(range(cap)), [0, 0, 1, 1, 100, 100, *range(101, 100 + cap)], [200], [3, 201],
                        *([300 + i] for i in range(2 * cap))]
-    for batches in (scan, hot_and_scan, full, same, wide_repeats, big, stride, too_wide, refused_repeats):
+    for batches in (scan, hot_and_scan, full, same, wide_repeats, grown, big, stride, too_wide, refused_repeats):
         check_stream(batches, cap, policy, half_life=5)
 
 
