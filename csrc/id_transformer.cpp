@@ -331,8 +331,7 @@ class IdTransformer {
       prefetch_l2(&dead[e / 64]);
       kills[n_killed % kRing] = e;
       if (n_killed >= kKillLag) {
-        const uint32_t due = kills[(n_killed - kKillLag) % kRing];
-        dead[due / 64] |= uint64_t(1) << (due % 64);
+        set_bit(dead, kills[(n_killed - kKillLag) % kRing]);
       }
       ++n_killed;
     };
@@ -393,7 +392,7 @@ class IdTransformer {
     }
     clock_ = batch_start + n;
     if constexpr (lru) {  // the last kills, not yet due
-      for (size_t j = n_killed - std::min(n_killed, kKillLag); j < n_killed; ++j) set_dead(kills[j % kRing]);
+      for (size_t j = n_killed - std::min(n_killed, kKillLag); j < n_killed; ++j) set_bit(dead, kills[j % kRing]);
     }
   }
 
@@ -553,7 +552,9 @@ class IdTransformer {
   }
   // Dead bits by place in the ring; clear_dead_range takes log positions, wrapping as they do.
   bool is_dead(size_t e) const { return (dead_[e / 64] >> (e % 64)) & 1; }
-  void set_dead(size_t e) { dead_[e / 64] |= uint64_t(1) << (e % 64); }
+  // Static, for the scan's local copy of dead_'s address (through the member, every store in the
+  // loop would reload it).
+  static void set_bit(uint64_t* words, size_t e) { words[e / 64] |= uint64_t(1) << (e % 64); }
   void clear_dead(size_t e) { dead_[e / 64] &= ~(uint64_t(1) << (e % 64)); }
   void clear_dead_range(size_t from, size_t count) {
     for (size_t e = from; e < from + count;) {
