@@ -1,5 +1,6 @@
 // What the extensions' hash tables share (id_transformer.cpp, row_index.cpp): the mix that spreads
-// ids over a table, the check that ids are non-negative, and arrays on 2 MiB pages.
+// ids over a table (row_index's homes; the ID transformer hashes with one multiply, see its home_in),
+// the check that ids are non-negative, prefetches, and arrays on 2 MiB pages.
 #pragma once
 
 #include <sys/mman.h>
@@ -27,6 +28,9 @@ inline uint64_t mix(uint64_t x) {  // splitmix64's finaliser: consecutive ids sp
 // on it); L2 keeps many more misses in flight, and the read a few dozen items later finds the
 // line there. On this machine (AMD EPYC, a VM) that halved random reads' cost in a test loop.
 inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 1); }
+// The second step for such a line, a few items before its use: from L2 (where prefetch_l2 put
+// it, so the L1 miss buffer is held briefly) into L1.
+inline void prefetch_l1(const void* p) { __builtin_prefetch(p, 0, 3); }
 
 // Whether any of n ids is negative (the tables' empty mark is -1): one plain pass, an OR of them
 // all, which vectorises (a torch reduction costs more at a batch's sizes).

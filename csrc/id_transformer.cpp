@@ -31,9 +31,10 @@
 //
 // Speed: a resident id costs one hash bucket (key, slot and lru's recency in 16 bytes, in one
 // cache line) and a bit of the dead set (1 MiB for a million slots, its word prefetched well
-// before the bit is set); a new id costs its bucket, then its victim's bucket (erased), then its
-// own again (its slot). lru keeps no array indexed by slot: a second random place an id would
-// wait on. Every loop over random places prefetches them a few dozen entries ahead, so the
+// before the bit is set); a new id costs its bucket, then its victim's bucket (erased) and its
+// own again (its slot), both in one step of one loop (admit). Every loop waits on hashes, so the
+// hash is one multiply (home_in). lru keeps no array indexed by slot: a second random place an
+// id would wait on. Every loop over random places prefetches them a few dozen entries ahead, so the
 // misses of many ids overlap, and the arrays live on 2 MiB pages so a random read is not a TLB
 // miss too. random_read_rate() measures what such reads cost on the machine at hand: the ceiling
 // `make perf-dynamic` prints.
@@ -75,6 +76,7 @@ namespace {
 using dlrm_csrc::HugeArray;
 using dlrm_csrc::mix;
 using dlrm_csrc::prefetch_l2;
+using dlrm_csrc::prefetch_l1;
 
 constexpr int64_t kEmpty = -1;  // ids are non-negative; -1 marks an empty bucket
 constexpr int64_t kMaxCount = int64_t(1) << 40;  // counters saturate here
@@ -103,6 +105,12 @@ using LogEntry = int64_t;  // lru: the id accessed (a position in the log is its
 // L1 instead (48 ahead measured best then), lru's transform took 1.15-1.26x as long at 50-99%
 // hits, lfu's and hybrid's 1.04-1.18x (a million slots, side by side in one process).
 constexpr int64_t kAhead = 96;
+// On top of that, the scan and the erase loop pull the line of the id kNear on into L1: a line in
+// L2 still costs a dozen-odd cycles the loop would wait on, and 8 on is near enough that the L2
+// line is there. Measured at a million slots, side by side in one process (median of per-batch
+// ratios, splitmix homes then): lru's transform x1.06-1.10 as fast at 50-99% hits, lfu's and
+// hybrid's unchanged (x0.99-1.04).
+constexpr int64_t kNear = 8;
 // The scan's ring of the ids ahead (their buckets) and of lru's kills not yet marked; a kill's
 // dead bit is set kKillLag kills after its word is prefetched.
 constexpr int64_t kRing = 128;
@@ -151,6 +159,7 @@ class IdTransformer {
     uint64_t size = 1;
     while (size < uint64_t(4) * uint64_t(capacity)) size <<= 1;
     mask_ = size - 1;
+    shift_ = unsigned(__builtin_clzll(mask_));  // the product's top log2(size) bits pick a bucket
     table_ = HugeArray<Bucket>(size, Bucket{});
     const bool lru = policy_ == Policy::kLru;
     // lru finds a victim's id in the log and its recency in its bucket: it keeps no slot state.
@@ -230,6 +239,16 @@ class IdTransformer {
     return out.view(ids_in.sizes());
   }
 
+  // Each id's home bucket, where its probe starts (tests build ids that share one from it).
+  at::Tensor homes(const at::Tensor& ids_in) {
+    auto ids = check_ids(ids_in);
+    auto out = at::empty({ids.numel()}, at::kLong);
+    const int64_t* id = ids.data_ptr<int64_t>();
+    int64_t* o = out.data_ptr<int64_t>();
+    for (int64_t p = 0; p < ids.numel(); ++p) o[p] = int64_t(home(id[p]));
+    return out.view(ids_in.sizes());
+  }
+
   // The id in each slot, -1 for a slot never used (lru keeps no slot -> id array: read off the table).
   at::Tensor slot_ids() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -273,8 +292,21 @@ class IdTransformer {
   // from its last bucket that finds it taken reads on in the next line: a miss nothing prefetched.
   // Static forms take the table and mask as locals: through a member, every store to an int64
   // array in a loop (which may alias the member) would reload them.
-  static uint64_t home_in(uint64_t mask, int64_t key) { return mix(uint64_t(key)) & mask & ~(kBucketsPerLine - 1); }
-  uint64_t home(int64_t key) const { return home_in(mask_, key); }
+  // The hash is Fibonacci (multiplicative) hashing: the top bits of the id times 2^64 / phi, one
+  // multiply whose result the probe waits on, where splitmix64's finaliser (dlrm_csrc::mix) chains
+  // two multiplies and three shifts. Every loop waits on a hash: the scan, each victim's erase,
+  // each neighbour a backward shift considers. Side by side at a million slots (median of
+  // per-batch ratios), lru's transform ran x1.12-1.16 as fast with it at 50-99% hits on ids in
+  // random order, x1.29-1.38 on the benchmark's ids (consecutive new ids, which it spreads evenly
+  // over the lines, so fewer share one). Bit i of an id moves bits i and up of the product, so
+  // ids that differ only high (near 2^63) or share their low bits (multiples of 4096, of 2^40)
+  // still differ in its top bits; tests/test_id_transformer.py runs such streams, and streams of
+  // ids built to share one home line (homes()).
+  static constexpr uint64_t kFibonacci = 0x9e3779b97f4a7c15ULL;
+  static uint64_t home_in(unsigned shift, int64_t key) {
+    return ((uint64_t(key) * kFibonacci) >> shift) & ~(kBucketsPerLine - 1);
+  }
+  uint64_t home(int64_t key) const { return home_in(shift_, key); }
 
   // The bucket holding `key`, or the empty bucket where it would go, probing from bucket `b` (its
   // home, or a bucket its probe from there has reached).
@@ -321,6 +353,7 @@ class IdTransformer {
     constexpr bool lru = P == Policy::kLru;
     Bucket* const table = &table_[0];
     const uint64_t mask = mask_;
+    const unsigned shift = shift_;
     LogEntry* const log = lru ? &log_[0] : nullptr;
     const size_t ring = log_mask_;  // a position in the log to its place in the ring
     uint64_t* const dead = lru ? &dead_[0] : nullptr;
@@ -336,7 +369,7 @@ class IdTransformer {
       ++n_killed;
     };
     auto hash_ahead = [&](int64_t q) {
-      where[q % kRing] = home_in(mask, id[q]);
+      where[q % kRing] = home_in(shift, id[q]);
       prefetch_l2(&table[where[q % kRing]]);
     };
     for (int64_t q = 0; q < std::min(n, kAhead); ++q) hash_ahead(q);
@@ -352,6 +385,7 @@ class IdTransformer {
           }
         }
       }
+      if (p + kNear < n) prefetch_l1(&table[where[(p + kNear) % kRing]]);
       const int64_t key = id[p];
       const int64_t t = batch_start + p;
       const uint64_t bi = probe_in(table, mask, where[p % kRing], key);
@@ -396,42 +430,33 @@ class IdTransformer {
     }
   }
 
-  // The victims leave the table, then the pending ids take the fresh slots and the victims' slots
-  // (evicted_slots[j - fresh] for the j-th). A victim is found by its id (lru: from the log; lfu,
-  // hybrid: the id its chosen slot holds) and its slot read off its bucket as it is erased. A
-  // pending id's bucket is where the scan put it, or where an erase shifted it back to (erase_at
-  // keeps that note). Each loop prefetches the places of the entry kAhead on.
+  // The pending ids take the fresh slots, then the victims' slots: the j-th victim leaves the
+  // table and pending id fresh + j takes its slot in one step of one loop (two loops, all erases
+  // then all admissions, ran x1.04-1.06 slower at 50-90% hits, even at 99%; same measurement as
+  // kNear). A victim
+  // is found by its id (lru: from the log; lfu, hybrid: the id its chosen slot holds) and its slot
+  // read off its bucket as it is erased. A pending id's bucket is where the scan put it, or where
+  // an erase shifted it back to (erase_at keeps that note), so it is read only when its turn
+  // comes. Each loop prefetches the places of the entry kAhead on.
   // lru: log_from_tick turns a tick of this batch into its entry's position in the log.
   void admit(int64_t fresh, int64_t* admitted_ids, int64_t* admitted_slots, int64_t* evicted_ids,
              int64_t* evicted_slots, int64_t log_from_tick) {
     const int64_t k = int64_t(pending_.size());
     const int64_t m = int64_t(victims_.size());
+    if (fresh + m != k) {
+      throw std::logic_error("id transformer: victims and fresh slots do not match the new ids");
+    }
     const bool lru = policy_ == Policy::kLru;
     auto victim_id = [&](int64_t j) { return lru ? victims_[j] : slot_id_[victims_[j]]; };
-    if (!lru) {
-      for (int64_t j = 0; j < std::min(m, 2 * kAhead); ++j) prefetch_l2(&slot_id_[victims_[j]]);
-    }
-    for (int64_t j = 0; j < m; ++j) {
-      if (!lru && j + 2 * kAhead < m) prefetch_l2(&slot_id_[victims_[j + 2 * kAhead]]);
-      if (j + kAhead < m) prefetch_probe(victim_id(j + kAhead));
-      const int64_t key = victim_id(j);
-      const uint64_t b = bucket_of(key);
-      evicted_ids[j] = key;
-      evicted_slots[j] = table_[b].val;
-      erase_at(b);
-    }
-    auto slot_for = [&](int64_t j) { return j < fresh ? used_ + j : evicted_slots[j - fresh]; };
-    for (int64_t j = 0; j < k; ++j) {
-      if (j + kAhead < k) {
-        prefetch_l2(&table_[pending_[j + kAhead].bucket]);
-        if (!lru) {
-          const int64_t s = slot_for(j + kAhead);
-          prefetch_l2(&slot_id_[s]);
-          prefetch_l2(&slot_use_[s]);
-        }
+    auto admit_ahead = [&](int64_t j, int64_t s) {  // pending id j will take slot s
+      prefetch_l2(&table_[pending_[j].bucket]);
+      if (!lru) {
+        prefetch_l2(&slot_id_[s]);
+        prefetch_l2(&slot_use_[s]);
       }
+    };
+    auto admit_one = [&](int64_t j, int64_t s) {
       const Pending& q = pending_[j];
-      const int64_t s = slot_for(j);
       Bucket& b = table_[q.bucket];
       b.val = int32_t(s);
       if (lru) {
@@ -442,6 +467,37 @@ class IdTransformer {
       }
       admitted_ids[j] = q.id;
       admitted_slots[j] = s;
+    };
+    for (int64_t j = 0; j < std::min(fresh, kAhead); ++j) admit_ahead(j, used_ + j);
+    for (int64_t j = 0; j < fresh; ++j) {
+      if (j + kAhead < fresh) admit_ahead(j + kAhead, used_ + j + kAhead);
+      admit_one(j, used_ + j);
+    }
+    if (!lru) {
+      for (int64_t j = 0; j < std::min(m, 2 * kAhead); ++j) prefetch_l2(&slot_id_[victims_[j]]);
+    }
+    // A victim's home is hashed once, when its lines are prefetched, and kept in a ring until its
+    // erase (hashing it again there was x1.03-1.04 slower at 50-90% hits, same measurement as kNear).
+    uint64_t homes[kRing];
+    auto victim_ahead = [&](int64_t q) { homes[q % kRing] = prefetch_probe(victim_id(q)); };
+    for (int64_t q = 0; q < std::min(m, kAhead); ++q) {
+      victim_ahead(q);
+      admit_ahead(fresh + q, lru ? 0 : victims_[q]);
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      if (!lru && j + 2 * kAhead < m) prefetch_l2(&slot_id_[victims_[j + 2 * kAhead]]);
+      if (j + kAhead < m) {
+        victim_ahead(j + kAhead);
+        admit_ahead(fresh + j + kAhead, lru ? 0 : victims_[j + kAhead]);  // lru keeps no slot state
+      }
+      if (j + kNear < m) prefetch_l1(&table_[homes[(j + kNear) % kRing]]);
+      const int64_t key = victim_id(j);
+      const uint64_t b = probe(homes[j % kRing], key);
+      const int64_t s = table_[b].val;
+      evicted_ids[j] = key;
+      evicted_slots[j] = s;
+      erase_at(b);
+      admit_one(fresh + j, s);
     }
   }
 
@@ -569,10 +625,12 @@ class IdTransformer {
   // reads on into the next line about one erase in five (counted at a million slots, 50% hits), so
   // prefetching both measured faster than the home line alone. Inlined by force: left as a call,
   // GCC 12 dropped it (the build had two prefetch instructions fewer in its objdump).
-  __attribute__((always_inline)) void prefetch_probe(int64_t key) const {
+  // Returns the home, so the erase need not hash the key again.
+  __attribute__((always_inline)) uint64_t prefetch_probe(int64_t key) const {
     const uint64_t h = home(key);
     prefetch_l2(&table_[h]);
     prefetch_l2(&table_[(h + kBucketsPerLine) & mask_]);
+    return h;
   }
 
   // Backward-shift deletion: entries after the hole that may move into it do, so every key
@@ -674,6 +732,7 @@ class IdTransformer {
   // halvings_in's; 0 for a half_life the constructor is about to refuse (no division by 0 first)
   const uint64_t half_life_reciprocal_ = half_life_ >= 1 ? ~uint64_t(0) / uint64_t(half_life_) : 0;
   uint64_t mask_ = 0;
+  unsigned shift_ = 64;  // 64 - log2(table size): home_in's shift
   HugeArray<Bucket> table_;  // the id -> slot hash table
   // A slot's state, allocated only for the policies that read it (lfu, hybrid; lru keeps none).
   HugeArray<int64_t> slot_id_;    // the id it holds, kEmpty if never used (read when it is evicted)
@@ -729,6 +788,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("half_life"))
       .def("transform", &IdTransformer::transform, py::arg("ids"), py::call_guard<py::gil_scoped_release>())
       .def("lookup", &IdTransformer::lookup, py::arg("ids"), py::call_guard<py::gil_scoped_release>())
+      .def("homes", &IdTransformer::homes, py::arg("ids"))
       .def("slot_ids", &IdTransformer::slot_ids, py::call_guard<py::gil_scoped_release>())
       .def("resident", &IdTransformer::resident)
       .def("log_compactions", &IdTransformer::log_compactions)

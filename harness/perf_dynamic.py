@@ -1,7 +1,8 @@
 """`make perf-dynamic`: the ID transformer (csrc/id_transformer.cpp) on its own, one thread.
 
 1. Throughput: a table of --slots slots filled, then batches of --batch ids in which a set share
-   hits resident ids and the rest are ids never seen (each admitted, evicting the coldest);
+   hits resident ids and the rest are ids never seen (each admitted, evicting the coldest), new
+   ids consecutive and, a second time, in random order (ID_ORDERS);
    M ids/s of the transformer at hit rates of 50, 90 and 99%, against a Python dict transformer
    (an OrderedDict LRU, the same job in plain Python, timed on every batch the transformer is)
    and against raw torch.unique of the same ids (deduplication alone, no table). Only the calls
@@ -53,11 +54,17 @@ def dict_lru(table: OrderedDict, ids: list[int]) -> list[int]:
     return out
 
 
-def mixed_batch(resident: torch.Tensor, n: int, hit_rate: float, next_new: int, gen) -> tuple[torch.Tensor, int]:
-    """n ids: round(n * hit_rate) drawn from the resident ids, the rest new, shuffled."""
+def mixed_batch(resident: torch.Tensor, n: int, hit_rate: float, next_new: int, gen,
+                id_of: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+    """n ids: round(n * hit_rate) drawn from the resident ids, the rest new, shuffled. The new ids
+    are the next in line (next_new, next_new + 1, ...), or, given id_of, id_of at those places."""
     hits = round(n * hit_rate)
     drawn = resident[torch.randint(0, resident.numel(), (hits,), generator=gen)]
     new = torch.arange(next_new, next_new + n - hits)
+    if id_of is not None:
+        if next_new + n - hits > id_of.numel():
+            raise ValueError(f"mixed_batch: id_of maps {id_of.numel():,} ids, the batch needs {next_new + n - hits:,}")
+        new = id_of[new]
     return torch.cat([drawn, new])[torch.randperm(n, generator=gen)], next_new + n - hits
 
 
@@ -101,22 +108,33 @@ def timed_batches(slots: int, batch: int) -> int:
     return -(-(log_room_per_slot() - 1) * slots // batch)
 
 
+ID_ORDERS = ("consecutive", "random")
+"""How the benchmark's ids run: new ids consecutive (the next in line, as a dense id space hands them
+out), or the same ids through a fixed random permutation of the id space (the transformer's
+multiplicative hash spreads consecutive ids evenly over the table, so this is its harder case; the
+dict sees the same ids either way)."""
+
+
 def throughput(slots: int, batch: int, batches: int, seed: int) -> list[dict]:
     rows = []
+    ids_needed = slots + (WARMUP_BATCHES + batches) * batch
+    permutation = torch.randperm(ids_needed, generator=torch.Generator().manual_seed(seed + 1))
     gen = torch.Generator().manual_seed(seed)
     table_bytes = IdTransformer(slots, "lru").table_bytes
     ceiling = statistics.median(random_read_rate(table_bytes) for _ in range(5))
     print(f"memory ceiling: {ceiling / 1e6:.1f} M random reads/s from a table of {table_bytes / 2**20:,.0f} MiB "
           f"(the hash table's size; median of 5); an id needs {READS_PER_HIT} (resident) or {READS_PER_MISS} "
           "(new, slots full)", flush=True)
-    for rate in HIT_RATES:
+    for rate, order in ((r, o) for r in HIT_RATES for o in ID_ORDERS):
+        id_of = permutation if order == "random" else None
+        first = torch.arange(slots) if id_of is None else id_of[:slots]
         fast = IdTransformer(slots, "lru")
-        fast.transform(torch.arange(slots))
-        table = OrderedDict((i, i) for i in range(slots))
+        fast.transform(first)
+        table = OrderedDict((i, s) for s, i in enumerate(first.tolist()))
         next_new, seconds, py_seconds, uniq_seconds, misses = slots, 0.0, 0.0, 0.0, 0
         for b in range(-WARMUP_BATCHES, batches):
             held = fast.slot_ids()
-            ids, next_new = mixed_batch(held[held >= 0], batch, rate, next_new, gen)
+            ids, next_new = mixed_batch(held[held >= 0], batch, rate, next_new, gen, id_of)
             # The dict takes every batch, warm-up ones too, so both hold the same ids, and it is
             # timed on the same batches as the transformer, side by side: timed on the first few
             # alone, its rate (and so the ratio) moved by 2x between runs as the machine did.
@@ -136,13 +154,14 @@ def throughput(slots: int, batch: int, batches: int, seed: int) -> list[dict]:
             py_seconds += timed_dict_lru(table, ids.tolist())
         n = batch * batches
         compactions = fast.log_compactions() - compactions_before
-        row = {"hit_rate": rate, "measured_hit_rate": 1 - misses / n, "transformer": n / seconds / 1e6,
-               "python_dict": n / py_seconds / 1e6, "torch_unique": n / uniq_seconds / 1e6,
+        row = {"hit_rate": rate, "id_order": order, "measured_hit_rate": 1 - misses / n,
+               "transformer": n / seconds / 1e6, "python_dict": n / py_seconds / 1e6, "torch_unique": n / uniq_seconds / 1e6,
                "memory_bound": memory_bound(ceiling, rate) / 1e6, "log_compactions": compactions}
         row["vs_dict"] = row["transformer"] / row["python_dict"]
         row["bound_vs_dict"] = row["memory_bound"] / row["python_dict"]
-        print(f"hit rate {rate:.0%} (measured {row['measured_hit_rate']:.1%}): transformer {row['transformer']:.2f} "
-              f"M ids/s, Python dict {row['python_dict']:.3f} M ids/s (x{row['vs_dict']:.1f}; goal x{GOAL_VS_DICT:g}: "
+        print(f"hit rate {rate:.0%}, ids {order} (measured {row['measured_hit_rate']:.1%}): "
+              f"transformer {row['transformer']:.2f} M ids/s, Python dict {row['python_dict']:.3f} M ids/s "
+              f"(x{row['vs_dict']:.1f}; goal x{GOAL_VS_DICT:g}: "
               f"{'met' if row['vs_dict'] >= GOAL_VS_DICT else 'MISSED'}), torch.unique {row['torch_unique']:.2f} "
               f"M ids/s; memory bound {row['memory_bound']:.1f} M ids/s = "
               f"{row['transformer'] / row['memory_bound']:.0%} reached, at most x{row['bound_vs_dict']:.0f} the dict "

@@ -66,6 +66,11 @@ class IdTransformer:
         """Each id's slot, -1 where it is not resident; recency and counts are left alone."""
         return self._impl.lookup(ids)
 
+    def homes(self, ids: torch.Tensor) -> torch.Tensor:
+        """Each id's home bucket in the hash table, where its probe starts (of table_bytes / 16
+        buckets, a multiple of 4: homes are cache-line starts); for building ids that collide."""
+        return self._impl.homes(ids)
+
     def slot_ids(self) -> torch.Tensor:
         """The id each slot holds, -1 for slots never used."""
         return self._impl.slot_ids()

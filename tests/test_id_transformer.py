@@ -141,6 +141,24 @@ def test_adversarial_streams_match_the_dict_model(policy):
 
 
 @pytest.mark.parametrize("policy", POLICIES)
+def test_ids_sharing_home_lines_match_the_dict_model(policy):
+    """Ids picked (through homes()) to share two home lines, the table's last and its first, so
+    their probes run long and wrap round its end, and erases shift entries, resident and pending,
+    back across it: whatever the hash, the table must behave as the model."""
+    cap = 16
+    t = IdTransformer(cap, policy)
+    buckets = t.table_bytes // 16
+    candidates = torch.randint(0, 1 << 62, (200_000,), generator=torch.Generator().manual_seed(5))
+    homes = t.homes(candidates)
+    assert homes.max().item() < buckets and (homes % 4 == 0).all()  # line starts in the table
+    last, first = candidates[homes == buckets - 4][:24], candidates[homes == 0][:12]
+    assert last.numel() == 24 and first.numel() == 12
+    pool = torch.cat([last, first])
+    picks = torch.randint(0, pool.numel(), (150, 9), generator=torch.Generator().manual_seed(6))
+    assert check_stream(pool[picks].tolist(), cap, policy, half_life=5) > 300
+
+
+@pytest.mark.parametrize("policy", POLICIES)
 def test_a_batch_refused_after_many_touches_in_a_wrapped_log_leaves_no_trace(policy):
     """lru's log is a ring of log_room_per_slot() x 100 entries rounded up to a power of two (1024
     here), compacted in place when its live span would outgrow it; a touched id's old entry is
@@ -268,6 +286,12 @@ def test_perf_dynamic_batches_hit_their_share_and_the_dict_baseline_is_an_lru():
     t.transform(torch.arange(100))
     ids, next_new = mixed_batch(t.slot_ids(), 1000, 0.9, 100, torch.Generator().manual_seed(0))
     assert next_new == 200 and int((ids >= 100).sum()) == 100 and len(set(ids[ids >= 100].tolist())) == 100
+    # In random order: the new ids are id_of at the next places (here the id space reversed).
+    id_of = torch.arange(1000).flip(0)
+    ids, next_new = mixed_batch(t.slot_ids(), 1000, 0.9, 100, torch.Generator().manual_seed(0), id_of)
+    assert next_new == 200 and sorted(ids[ids >= 100].tolist()) == list(range(800, 900))
+    with pytest.raises(ValueError, match="id_of maps 150 ids, the batch needs 200"):
+        mixed_batch(t.slot_ids(), 1000, 0.9, 100, torch.Generator().manual_seed(0), id_of[:150])
     table = OrderedDict((i, i) for i in range(100))
     stream = power_law(300, 1, 500, seed=5)
     assert dict_lru(table, [b[0] for b in stream]) == [t.transform(torch.tensor(b)).slots.item() for b in stream]
