@@ -195,6 +195,16 @@ def test_the_lru_ring_compacts_only_when_a_batch_would_reach_its_front():
     assert flowing.log_compactions() == 0 and IdTransformer(16, "hybrid").log_compactions() == 0
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_batches_evicting_many_chunks_of_victims_match_the_dict_model(policy):
+    """The admit works through a batch's victims a chunk at a time (csrc/id_transformer.cpp
+    kChunk, 256): batches of about 1,300 new ids over 3,000 full slots cross several chunk ends,
+    some part-way through a chunk."""
+    gen = torch.Generator().manual_seed(8)
+    stream = [list(range(3000))] + torch.randint(0, 9000, (5, 2000), generator=gen).tolist()
+    assert check_stream(stream, 3000, policy, half_life=2000) > 4000
+
+
 @pytest.mark.parametrize("policy", ["lfu", "hybrid"])
 def test_tables_wide_enough_to_be_sampled_match_the_dict_model(policy):
     """lfu and hybrid find their victims through a threshold from a sample of every
