@@ -9,12 +9,14 @@ runs/<run_id>/rankNNNNN/subspans-PPPPP.parquet   named pieces of a stage (a dyna
 runs/<run_id>/rankNNNNN/dynamic.json  what each dynamic table moved between its slots and the store
 runs/<run_id>/rankNNNNN/rank.json  host, device, threads, peak RSS, measured GEMM rate
 runs/<run_id>/rankNNNNN/error.txt  the exception, when that rank failed
+runs/<run_id>/rankNNNNN/sigterm.txt  every thread's stack when a SIGTERM ended the rank (empty if none did)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import faulthandler
 import os
 import platform
 import re
@@ -204,13 +206,25 @@ def _rank_infos(run_dir: Path) -> dict[int, RankInfo]:
     return infos
 
 
+def _spoke(rank_dir: Path) -> bool:
+    """The rank wrote an error or a fault, or a SIGTERM ended it (its stacks in sigterm.txt)."""
+    return (any((rank_dir / f).exists() for f in ("error.txt", "fault.txt"))
+            or _size(rank_dir / "sigterm.txt") > 0)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def unsettled_ranks(run_dir: Path) -> list[int]:
     """Ranks that started (rank.json) but have neither finished (peak memory noted) nor written an
-    error or a fault: still running, or gone without a word."""
+    error or a fault nor been ended by a SIGTERM: still running, or gone without a word."""
     run_dir = Path(run_dir)
     return [r for r, info in sorted(_rank_infos(run_dir).items())
-            if info.peak_rss_gib is None and not any((run_dir / f"rank{r:05d}" / f).exists()
-                                                     for f in ("error.txt", "fault.txt"))]
+            if info.peak_rss_gib is None and not _spoke(run_dir / f"rank{r:05d}")]
 
 
 SETTLE_S = 20.0
@@ -237,6 +251,8 @@ def rank_errors(run_dir: Path, exit_codes: Mapping[int, int] | None = None) -> l
     something outside, before the others, whose errors are what losing it did to them. A launcher
     of one host of several sees no other host's exit codes: a rank there that started and never
     finished nor wrote an error is named as lost, by host. Then the written errors, earliest first.
+    Last, ranks a SIGTERM ended (sigterm.txt): what a launcher sends its survivors when it tears
+    the job down, so they are never the cause unless every rank got it (a cancelled job).
     On a run over several hosts each rank is named with its host and node.
     """
     run_dir = Path(run_dir)
@@ -256,7 +272,10 @@ def rank_errors(run_dir: Path, exit_codes: Mapping[int, int] | None = None) -> l
 
     faults = sorted(run_dir.glob("rank*/fault.txt"))
     errors = sorted(run_dir.glob("rank*/error.txt"), key=lambda p: (p.stat().st_mtime_ns, rank_of(p)))
-    spoke = {rank_of(p) for p in (*faults, *errors)}
+    written = {rank_of(p) for p in (*faults, *errors)}
+    terminated = [rank_of(p) for p in sorted(run_dir.glob("rank*/sigterm.txt"))
+                  if _size(p) > 0 and rank_of(p) not in written]
+    spoke = written | set(terminated)
     exit_codes = exit_codes or {}
     # SIGTERM last: it is what a launcher sends the survivors when it tears the job down.
     silent = [f"{name(r)}: died without an error of its own ({exit_description(code)})"
@@ -269,8 +288,10 @@ def rank_errors(run_dir: Path, exit_codes: Mapping[int, int] | None = None) -> l
     lost = [f"{name(ranks[0]) if len(ranks) == 1 else 'ranks ' + ', '.join(map(str, ranks)) + f' ({host})'}: "
             "started, then neither finished nor wrote an error (killed, or its host lost)"
             for host, ranks in sorted(lost_by_host.items(), key=lambda hr: hr[1][0])]
+    ended = [f"{name(r)}: ended by SIGTERM (its launcher tearing the job down, or the job cancelled; "
+             f"its threads' stacks are in rank{r:05d}/sigterm.txt)" for r in terminated]
     return ([f"{name(rank_of(p))}: {last_line(p)}" for p in faults] + silent + lost
-            + [f"{name(rank_of(p))}: {last_line(p)}" for p in errors])
+            + [f"{name(rank_of(p))}: {last_line(p)}" for p in errors] + ended)
 
 
 def _bytes_by_stage(phases: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
@@ -375,3 +396,12 @@ class RankRecorder:
 
     def write_error(self, exc: BaseException) -> None:
         (self.dir / "error.txt").write_text("".join(traceback.format_exception(exc)))
+
+    def note_sigterm(self) -> None:
+        """A SIGTERM from now on writes every thread's stack to sigterm.txt, then ends the rank as
+        it would have (the handler chains to the default). A launcher sends it to the survivors
+        when one rank fails; without a word from them, a survivor it caught in a collective would
+        read as lost. faulthandler writes from the signal handler itself, so a rank blocked in a
+        collective library's C++ (where a Python handler would not run) still leaves it."""
+        self._sigterm_file = open(self.dir / "sigterm.txt", "w")  # kept open: the handler writes to its fd
+        faulthandler.register(signal.SIGTERM, file=self._sigterm_file, all_threads=True, chain=True)

@@ -51,6 +51,7 @@ def run_rank(run_dir: str) -> dict:
         Path(run_dir), run_id=manifest.run_id, rank=rank, node=node,
         warmup_iters=cfg.run.warmup_iters, local_batch=cfg.local_batch_size,
     )
+    recorder.note_sigterm()
     try:
         torch.set_num_threads(threads_per_rank(local_world))
         device, backend = resolve_device(cfg.run.device, local_rank)

@@ -191,3 +191,32 @@ def test_the_launcher_waits_for_the_other_hosts_ranks_to_settle(tmp_path):
     wait_for_ranks_to_settle(tmp_path, timeout_s=1)
     assert time.monotonic() - start < 5
     assert rank_errors(tmp_path)[0] == "rank 2 (host1, node 1): started, then neither finished nor wrote an error (killed, or its host lost)"
+
+
+def test_a_rank_ended_by_sigterm_leaves_its_stacks_and_is_named_after_the_errors(tmp_path):
+    """A launcher tears its surviving ranks down with SIGTERM when one fails. A survivor caught
+    sleeping in C (as one blocked in a collective is) still leaves its threads' stacks, dies by
+    the signal as before, and is named after the error that caused the teardown, not as lost."""
+    from harness.records import unsettled_ranks
+
+    _rank_json(tmp_path, 0, "host0", 0, finished=False)
+    _rank_json(tmp_path, 1, "host0", 0, finished=False)
+    (tmp_path / "rank00000" / "error.txt").write_text("Traceback ...\nRuntimeError: Connection closed by peer\n")
+    script = ("import sys, time; from harness.records import RankRecorder; "
+              "r = RankRecorder(sys.argv[1], run_id='x', rank=1, node=0, warmup_iters=0, local_batch=1); "
+              "r.note_sigterm(); print('ready', flush=True); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    assert unsettled_ranks(tmp_path) == [1]  # the empty file does not count as a word
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+    stacks = (tmp_path / "rank00001" / "sigterm.txt").read_text()
+    assert "most recent call first" in stacks and "<string>" in stacks
+    assert unsettled_ranks(tmp_path) == []
+    assert rank_errors(tmp_path) == [
+        "rank 0: RuntimeError: Connection closed by peer",
+        "rank 1: ended by SIGTERM (its launcher tearing the job down, or the job cancelled; "
+        "its threads' stacks are in rank00001/sigterm.txt)",
+    ]
+    # The launcher's exit code for it (-SIGTERM) does not make it a silent death either.
+    assert rank_errors(tmp_path, {0: 1, 1: -signal.SIGTERM})[1].startswith("rank 1: ended by SIGTERM")
