@@ -9,7 +9,7 @@ runs/<run_id>/rankNNNNN/subspans-PPPPP.parquet   named pieces of a stage (a dyna
 runs/<run_id>/rankNNNNN/dynamic.json  what each dynamic table moved between its slots and the store
 runs/<run_id>/rankNNNNN/rank.json  host, device, threads, peak RSS, measured GEMM rate
 runs/<run_id>/rankNNNNN/error.txt  the exception, when that rank failed
-runs/<run_id>/rankNNNNN/sigterm.txt  every thread's stack when a SIGTERM ended the rank (empty if none did)
+runs/<run_id>/rankNNNNN/sigterm.txt  every thread's stack, when a SIGTERM ended the rank
 """
 
 from __future__ import annotations
@@ -405,3 +405,10 @@ class RankRecorder:
         collective library's C++ (where a Python handler would not run) still leaves it."""
         self._sigterm_file = open(self.dir / "sigterm.txt", "w")  # kept open: the handler writes to its fd
         faulthandler.register(signal.SIGTERM, file=self._sigterm_file, all_threads=True, chain=True)
+
+    def end_sigterm_note(self) -> None:
+        """SIGTERM back to its default as the rank ends; sigterm.txt goes unless one came."""
+        faulthandler.unregister(signal.SIGTERM)
+        self._sigterm_file.close()
+        if _size(self.dir / "sigterm.txt") == 0:
+            (self.dir / "sigterm.txt").unlink(missing_ok=True)

@@ -77,3 +77,4 @@ def run_rank(run_dir: str) -> dict:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        recorder.end_sigterm_note()
