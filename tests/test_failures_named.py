@@ -220,9 +220,11 @@ def test_a_rank_ended_by_sigterm_leaves_its_stacks_and_is_named_after_the_errors
     ]
     # The launcher's exit code for it (-SIGTERM) does not make it a silent death either.
     assert rank_errors(tmp_path, {0: 1, 1: -signal.SIGTERM})[1].startswith("rank 1: ended by SIGTERM")
-    # A rank that ends as it should leaves no sigterm.txt, and a SIGTERM after that is the default one.
-    ended = ("import os, signal, sys; from harness.records import RankRecorder; "
+    # A rank that ends as it should leaves no sigterm.txt, and its SIGTERM handler is gone
+    # (faulthandler.unregister says whether one was still registered).
+    ended = ("import faulthandler, signal, sys; from harness.records import RankRecorder; "
              "r = RankRecorder(sys.argv[1], run_id='x', rank=2, node=0, warmup_iters=0, local_batch=1); "
-             "r.note_sigterm(); r.end_sigterm_note(); os.kill(os.getpid(), signal.SIGTERM)")
-    assert subprocess.run([sys.executable, "-c", ended, str(tmp_path)], cwd=ROOT).returncode == -signal.SIGTERM
+             "r.note_sigterm(); r.end_sigterm_note(); print(faulthandler.unregister(signal.SIGTERM))")
+    out = subprocess.run([sys.executable, "-c", ended, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out
     assert (tmp_path / "rank00002").is_dir() and not (tmp_path / "rank00002" / "sigterm.txt").exists()
