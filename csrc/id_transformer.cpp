@@ -473,15 +473,12 @@ class IdTransformer {
         return slot_id_[victims_[j]];
       }
     };
-    auto prefetch_slot_use = [&](int64_t s) {  // lru keeps no slot state
+    auto admit_ahead = [&](int64_t j, int64_t s) {  // pending id j will take slot s
+      prefetch_l2(&table_[pending_[j].bucket]);
       if constexpr (!lru) {
         prefetch_l2(&slot_id_[s]);
         prefetch_l2(&slot_use_[s]);
       }
-    };
-    auto admit_ahead = [&](int64_t j, int64_t s) {  // pending id j will take slot s
-      prefetch_l2(&table_[pending_[j].bucket]);
-      prefetch_slot_use(s);
     };
     auto admit_one = [&](int64_t j, int64_t s) {
       const Pending& q = pending_[j];
@@ -528,7 +525,7 @@ class IdTransformer {
       for (int64_t q = c; q < end; ++q) {
         homes[q - c] = home(victim_id(q));
         prefetch_l2(&table_[homes[q - c]]);  // only the home line: take_out reads on past it only from a full one
-        if constexpr (!lru) prefetch_slot_use(victims_[q]);
+        if constexpr (!lru) prefetch_l2(&slot_use_[victims_[q]]);  // its slot_id_, just read, came a chunk earlier
       }
       if constexpr (!lru) prefetch_slot_state(c + kChunk, c + 2 * kChunk);
       for (int64_t j = c; j < end; ++j) {
