@@ -669,9 +669,9 @@ class IdTransformer {
   // is among the first three, and every bucket after it, up to the empty last one, may move back
   // one (each key's home is this line's start or an earlier line's): one fixed sequence of loads,
   // masks and stores, with no branch on where the victim sits. A full line takes erase_at.
-  // Measured at a million slots against probe and erase_at for every victim, with the hashing
-  // pass then prefetching the home line only (it prefetched the next line too, which erase_at read
-  // about one erase in five) (median of per-batch ratios, 60 batches, side by side in one process):
+  // Measured at a million slots against probe and erase_at for every victim, the hashing pass now
+  // prefetching the home line only (it prefetched the next line too, which erase_at read about
+  // one erase in five); median of per-batch ratios, 60 batches, side by side in one process:
   // lru's transform x1.06 as fast at 50% hits, x1.03 and x1.00 at 90% and 99%, lfu's and hybrid's
   // x1.00-1.03. The same blend on 64-bit words in a stack array (with no SSE2 intrinsics) was
   // x0.82: the array's variable index kept it in memory. Branch-free probes in the scan, by the
@@ -692,12 +692,10 @@ class IdTransformer {
       _mm_storeu_si128(q, _mm_or_si128(_mm_and_si128(move0, b1), _mm_andnot_si128(move0, b0)));
       _mm_storeu_si128(q + 1, _mm_or_si128(_mm_and_si128(move1, b2), _mm_andnot_si128(move1, b1)));
       _mm_storeu_si128(q + 2, b3);
-      // A pending id that moved back says where it went (as erase_at does). An empty bucket's
-      // val is stale and may be negative too: the rare loop checks the key.
+      // A pending id that moved back says where it went. An empty bucket's val is stale and may
+      // be negative too: note_moved checks the key.
       if (__builtin_expect((line[0].val | line[1].val) < 0, 0)) {
-        for (unsigned p = at; p < 2; ++p) {
-          if (line[p].key != kEmpty && line[p].val < 0) pending_[-line[p].val - 2].bucket = h + p;
-        }
+        for (unsigned p = at; p < 2; ++p) note_moved(h + p);
       }
       return slot;
     }
@@ -706,6 +704,13 @@ class IdTransformer {
     const int64_t slot = table_[b].val;
     erase_at(b);
     return slot;
+  }
+
+  // A key just moved into bucket b: a pending id's note of its bucket follows it (admit reads the
+  // bucket from there).
+  void note_moved(uint64_t b) {
+    const Bucket& moved = table_[b];
+    if (moved.key != kEmpty && moved.val < 0) pending_[-moved.val - 2].bucket = b;
   }
 
   // Backward-shift deletion: entries after the hole that may move into it do, so every key
@@ -723,7 +728,7 @@ class IdTransformer {
       const bool stays = hole <= j ? (hole < h && h <= j) : (hole < h || h <= j);
       if (stays) continue;
       table_[hole] = table_[j];
-      if (table_[hole].val < 0) pending_[-table_[hole].val - 2].bucket = hole;  // a pending id moved
+      note_moved(hole);
       hole = j;
     }
     table_[hole].key = kEmpty;
