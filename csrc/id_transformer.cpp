@@ -59,7 +59,12 @@
 //   an exact set of them), so a new id's bucket gets its slot at once: x0.59-0.62; the set alone
 //   cost 0.43 ms a batch;
 // - prefetches for writing (prefetchw) in the scan and the victims' hashing pass: x0.82-0.86;
-// - kAhead 64 or 120: x0.98-1.02.
+// - kAhead 64 or 120: x0.98-1.02;
+// - in the scan, the next line prefetched where an id's home line is full, read kAhead/2 ids
+//   ahead (x0.98/0.93/0.90; consecutive, where no line is full, x0.98/0.95/0.95) or in place of
+//   the L1 prefetch kNear ahead (x0.98/0.94/0.95): the extra read of each line costs more than
+//   the one id in fifty whose probe reads on saves;
+// - lru's kills marked at once, not prefetched kKillLag kills ahead: x0.93/0.89/0.84.
 //
 // The id -> slot map is an open-addressing hash table with linear probing and backward-shift
 // deletion (no tombstones), sized to a power of two at least 4x the slots: at most `capacity`
