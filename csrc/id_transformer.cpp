@@ -54,7 +54,8 @@
 //   scan took 0.93 ms against 1.19 ms shuffled (one run): the hit-or-new branch costs up to ~4 ns
 //   an id at 50%, but splitting the work costs more than it saves;
 // - a bit a line saying whether a key was ever put past it (so a victim in a full line leaves by
-//   the blend unless one was): a quarter of the full-line erases left, x0.97-0.98/0.93/0.96;
+//   the blend unless one was; before take_out_of_full deferred those erases): a quarter of the
+//   full-line erases left, x0.97-0.98/0.93/0.96, its bit's load waited on instead;
 // - victims chosen and erased inside the scan (from the log's front, skipping ids of the batch by
 //   an exact set of them), so a new id's bucket gets its slot at once: x0.59-0.62; the set alone
 //   cost 0.43 ms a batch;
@@ -723,13 +724,16 @@ class IdTransformer {
       }
       return slot;
 #else
-      const uint64_t b = probe(h, key);
-      const int64_t slot = table_[b].val;
-      erase_at(b);
-      return slot;
+      return take_out_at_once(h, key);
 #endif
     }
     return take_out_of_full(h, key);
+  }
+  int64_t take_out_at_once(uint64_t h, int64_t key) {  // the general way: probe, then erase_at
+    const uint64_t b = probe(h, key);
+    const int64_t slot = table_[b].val;
+    erase_at(b);
+    return slot;
   }
 
   // A victim whose home line is full (about one in twenty at a million slots, 50% hits, ids in
@@ -741,10 +745,11 @@ class IdTransformer {
   // at once) move keys only back towards their homes, a later victim of the same line is read
   // off the line as it is then, and a deferred erase probes for its victim afresh. A pending id
   // an erase moves still says where it went (erase_at); one already given its slot moves with it.
-  // A victim not in its home line (it overflowed) is erased at once. Measured against erasing at once (lru, a million slots,
-  // side by side in one process, median of per-batch ratios): lru's transform x1.06-1.07 as fast
-  // at 50% hits and x1.00-1.05 at 90% with ids in random order, x0.98-1.02 with consecutive ids
-  // (where no line is full), lfu's x1.03-1.04 and hybrid's x1.01-1.02 at 50%.
+  // A victim not in its home line (it overflowed) is erased at once. Measured against erasing at
+  // once (a million slots, side by side in one process, median of per-batch ratios): lru's
+  // transform x1.06-1.07 as fast at 50% hits and x1.00-1.05 at 90% with ids in random order,
+  // x0.98-1.03 with consecutive ids (where no line is full), lfu's x1.03-1.04 and hybrid's
+  // x1.01-1.02 at 50%.
   __attribute__((noinline)) int64_t take_out_of_full(uint64_t h, int64_t key) {
     const Bucket* const line = &table_[h];
     for (unsigned i = 0; i < kBucketsPerLine; ++i) {
@@ -754,10 +759,7 @@ class IdTransformer {
         return line[i].val;
       }
     }
-    const uint64_t b = probe(h, key);
-    const int64_t slot = table_[b].val;
-    erase_at(b);
-    return slot;
+    return take_out_at_once(h, key);
   }
   void erase_deferred() {
     for (const Deferred& d : deferred_) erase_at(probe(d.home, d.key));
