@@ -47,7 +47,9 @@
 // process, median of per-batch ratios; at 50/90/99% hits, new ids in random order unless said):
 // - a line probe in the scan by AVX2 compares of the line's four keys (no loop): x1.00/1.08-1.10/
 //   1.07-1.13, but consecutive ids x0.89-0.92/0.93-0.95/0.94-0.97 (there the loop's exit is
-//   always predicted right); one AVX-512 compare of the line, the same;
+//   always predicted right); one AVX-512 compare of the line, the same; a choice between the
+//   line's first two buckets by selects, a loop only past them: x0.99/1.00-1.04/1.11-1.13,
+//   consecutive x0.97-1.01/0.94-1.01/0.97;
 // - the scan with no branch on hit or new (selects and a list advanced by a flag): x0.93 at 50%;
 // - hits and new ids of each 64 ids in two loops of their own (bit masks, no branch between
 //   them): x0.97/0.95/0.97, consecutive x0.90/0.96/0.96. The same ids ordered hits first, the
