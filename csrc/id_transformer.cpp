@@ -756,7 +756,7 @@ class IdTransformer {
     const Bucket* const line = &table_[h];
     for (unsigned i = 0; i < kBucketsPerLine; ++i) {
       if (line[i].key == key) {
-        deferred_.push_back({h, key});
+        deferred_.push_back(key);
         prefetch_l2(&table_[(h + kBucketsPerLine) & mask_]);
         return line[i].val;
       }
@@ -764,7 +764,7 @@ class IdTransformer {
     return take_out_at_once(h, key);
   }
   void erase_deferred() {
-    for (const Deferred& d : deferred_) erase_at(probe(d.home, d.key));
+    for (const int64_t key : deferred_) erase(key);
     deferred_.clear();
   }
 
@@ -889,11 +889,7 @@ class IdTransformer {
   int64_t log_compactions_ = 0;  // lru: how many times make_log_room compacted (perf-dynamic prints it)
   // A batch's working lists, kept between calls so a batch allocates (and faults in) nothing.
   std::vector<Pending> pending_;
-  struct Deferred {  // a victim of a full line, its erase deferred to the end of its chunk (take_out_of_full)
-    uint64_t home;
-    int64_t key;
-  };
-  std::vector<Deferred> deferred_;
+  std::vector<int64_t> deferred_;  // victims of full lines, their erases deferred to their chunk's end (take_out_of_full)
   std::vector<Touched> touched_;
   std::vector<int64_t> victims_;  // lru: ids; lfu, hybrid: slots
   std::vector<int64_t> pending_at_;  // scan: where in the batch a pending id occurs (its slot comes at the end)
