@@ -68,6 +68,13 @@
 //   the L1 prefetch kNear ahead (x0.98/0.94/0.95): the extra read of each line costs more than
 //   the one id in fifty whose probe reads on saves;
 // - lru's kills marked at once, not prefetched kKillLag kills ahead: x0.93/0.89/0.84.
+// On a second kind of host (a Zen 3 VM whose random reads from 64 MiB top out at 115-145 M/s,
+// reached from 32-48 prefetched ahead; sorting such reads by page first did not speed them up,
+// so no TLB bound), none of these paid either (same measurement, all six cases): Pending in 16
+// bytes (its id read off its bucket) and 32-bit places in pending_at_, x0.95-1.06 over three runs
+// (consecutive ids at 50% hits x0.95-0.99); lru's log written by non-temporal stores, x0.99-1.02;
+// a ring of 4 entries a slot (half the dead set), x0.99-1.02; kAhead 64, x0.99-1.02; kChunk 64
+// or 128, x0.98-1.01 (1,024: x0.85-0.95).
 //
 // The id -> slot map is an open-addressing hash table with linear probing and backward-shift
 // deletion (no tombstones), sized to a power of two at least 4x the slots: at most `capacity`
