@@ -73,8 +73,9 @@
 // so no TLB bound), none of these paid either (same measurement, all six cases): Pending in 16
 // bytes (its id read off its bucket) and 32-bit places in pending_at_, x0.95-1.06 over three runs
 // (consecutive ids at 50% hits x0.95-0.99); lru's log written by non-temporal stores, x0.99-1.02;
-// a ring of 4 entries a slot (half the dead set), x0.99-1.02; kAhead 64, x0.99-1.02; kChunk 64
-// or 128, x0.98-1.01 (1,024: x0.85-0.95).
+// a ring of 4 entries a slot (half the dead set), x0.99-1.02; kAhead 64, x0.99-1.02; admit's
+// victims in chunks of 64 or 128, x0.98-1.01 (1,024: x0.85-0.95), before its loop was made to
+// prefetch kAhead on instead (admit_as).
 //
 // The id -> slot map is an open-addressing hash table with linear probing and backward-shift
 // deletion (no tombstones), sized to a power of two at least 4x the slots: at most `capacity`
@@ -147,7 +148,7 @@ constexpr int64_t kAhead = 96;
 // ratios, splitmix homes then): lru's transform x1.06-1.10 as fast at 50-99% hits, lfu's and
 // hybrid's unchanged (x0.99-1.04).
 constexpr int64_t kNear = 8;
-constexpr int64_t kChunk = 256;  // admit: victims hashed and prefetched in one pass, then worked on
+constexpr int64_t kChunk = 256;  // admit: the deferred erases (take_out_of_full) run every kChunk victims
 constexpr int64_t kPendingAhead = 32;  // admit: how far ahead of its victim a pending id's bucket is prefetched
 // The scan's ring of the ids ahead (their buckets) and of lru's kills not yet marked; a kill's
 // dead bit is set kKillLag kills after its word is prefetched.
@@ -360,8 +361,8 @@ class IdTransformer {
   // for the fix-up once their slots are known). The bucket of the id kAhead places on is hashed
   // and prefetched as the loop goes, so the misses of many ids overlap; its home waits in a ring
   // of the last few (a first pass hashing the whole batch into an array cost a read and a write
-  // of that array an id, about 1 ns). Unlike admit's victims, the scan is not done in chunks
-  // (hash and prefetch 128 or 256 ids, then work on them): lru's ran x0.94 as fast that way. It is
+  // of that array an id, about 1 ns). The scan is not done in chunks (hash and prefetch 128 or
+  // 256 ids, then work on them): lru's ran x0.94 as fast that way. It is
   // bound by its own instructions, not memory: an id cost it about the same with an 8 MiB table
   // as with a 64 MiB one (131,072 against 1M slots, 50% hits). lfu and hybrid also find, at half the prefetch distance,
   // each id's bucket (arrived by then) and prefetch its slot's state; the id's own probe resumes
@@ -477,11 +478,11 @@ class IdTransformer {
   // as kNear). A victim is found by its id (lru: from the log; lfu, hybrid: the id its chosen slot holds) and its slot
   // read off its bucket as it is erased. A pending id's bucket is where the scan put it, or where
   // an erase shifted it back to (erase_at and take_out keep that note), so it is read only when its turn
-  // comes. The fresh slots' loop prefetches the places of the entry kAhead on; the victims go in
-  // chunks (below).
+  // comes. Both loops, the fresh slots' and the victims', prefetch the places of the entry kAhead
+  // on (the victims' loop: below).
   // lru: log_from_tick turns a tick of this batch into its entry's position in the log.
   // Compiled once for lru and once for the others (a run-time policy test in its loops made lru's
-  // chunked admit x1.2 slower: same measurement as below).
+  // admit x1.2 slower: same measurement as below).
   void admit(int64_t fresh, int64_t* admitted_ids, int64_t* admitted_slots, int64_t* evicted_ids,
              int64_t* evicted_slots, int64_t log_from_tick) {
     if (fresh + int64_t(victims_.size()) != int64_t(pending_.size())) {
@@ -530,48 +531,55 @@ class IdTransformer {
       if (j + kAhead < fresh) admit_ahead(j + kAhead, used_ + j + kAhead);
       admit_one(j, used_ + j);
     }
-    // The victims in chunks of kChunk: a pass that only hashes the chunk's victims and prefetches
-    // their lines and the pending ids' buckets, then the pass that erases and admits, on lines by
-    // then in L2. Prefetching kAhead on from inside the working loop (as the scan does), the loop
-    // stalled on its prefetches once the misses in flight filled the core's buffers (perf put a
-    // quarter of the admit's samples on them). The chunks made the transform, at 50/90/99% hits,
-    // lru's x1.29/1.07/1.03 as fast (ids in random order x1.21/1.04 at 50/90%), lfu's
-    // x1.15/1.05/1.00 and hybrid's x1.09/1.03/1.00 (a million slots, side by side in one process,
-    // median of per-batch ratios; chunks of 128-1,024 alike). Hashing the next chunk before
-    // working on this one, so no chunk starts on lines still in flight, was x0.94-0.95 slower at
-    // 50-90% hits. lfu, hybrid: a victim's id is in its slot's state, prefetched a chunk earlier,
-    // so the hashing pass does not wait on it.
-    // The pending ids' buckets are prefetched kPendingAhead victims ahead in the working loop, not
-    // in the hashing pass: the scan wrote them, so they come from L3, and in the hashing pass they
-    // took miss buffers from the victims' lines, which come from DRAM (perf put a sixth of the
-    // admit's samples on that pass's prefetches). lru's transform x1.06 as fast at 50% hits, ids
-    // consecutive or in random order, x1.00-1.04 at 90-99% (same measurement; 64 ahead: as 32).
-    // The erases of victims in full lines wait for the chunk's end (take_out_of_full).
-    uint64_t homes[kChunk];
-    auto prefetch_slot_state = [&](int64_t from, int64_t to) {
-      for (int64_t q = from; q < std::min(m, to); ++q) prefetch_l2(&slot_id_[victims_[q]]);
+    // The victims: victim j + kAhead is hashed and its home line prefetched as victim j is erased
+    // and its slot given to pending id fresh + j, so the misses of many victims overlap, as in the
+    // scan. Only the home line: take_out reads on past it only from a full one. Its history:
+    // - Chunks came first (a pass hashing kChunk victims and prefetching their lines, then the pass
+    //   that erased and admitted, on lines by then in L2). They beat the loop as it then was, which
+    //   prefetched each victim's next line too and the pending ids' buckets in the same stream: at
+    //   50/90/99% hits lru's transform x1.29/1.07/1.03 as fast (a million slots, side by side in one
+    //   process, median of per-batch ratios, on a Zen 4 host).
+    // - Once the loop prefetched the home line alone and the pending buckets on their own (below),
+    //   the chunks lost (likely because no victim's line is in flight while a chunk is worked on).
+    //   This loop against them (same measurement, on a Zen 3 VM, 9 runs): lru's transform at 50%
+    //   hits x0.99-1.13 as fast (medians x1.04, ids consecutive or in random order), at 90%
+    //   x0.96-1.11 (medians x1.02-1.03), at 99% (few victims) medians x0.99-1.00. lfu and hybrid
+    //   x0.96-1.03 (medians x0.99, 4 runs): their slot state is prefetched further on, so hashing
+    //   victim j + kAhead (its id is in slot_id_) does not wait on it; with slot_id_ 2x kAhead on
+    //   and slot_use_ kAhead on, x0.95-0.99. 48, 64 and 127 victims ahead measured as 96.
+    // The pending ids' buckets are prefetched kPendingAhead victims ahead, in the loop, not with the
+    // victims' lines: the scan wrote them, so they come from L3, and prefetched beside the victims'
+    // lines they took miss buffers from those, which come from DRAM (perf put a sixth of the admit's
+    // samples on those prefetches). lru's transform x1.06 as fast at 50% hits, ids consecutive or
+    // in random order, x1.00-1.04 at 90-99% (same measurement, chunks then; 64 ahead: as 32).
+    // The erases of victims in full lines wait for the next kChunk-th victim (take_out_of_full).
+    uint64_t homes[kRing];  // homes[q % kRing]: victim q's home
+    auto hash_victim = [&](int64_t q) {
+      homes[q % kRing] = home(victim_id(q));
+      prefetch_l2(&table_[homes[q % kRing]]);
     };
-    if constexpr (!lru) prefetch_slot_state(0, kChunk);
-    for (int64_t q = 0; q < std::min(m, kPendingAhead); ++q) prefetch_l2(&table_[pending_[fresh + q].bucket]);
-    for (int64_t c = 0; c < m; c += kChunk) {
-      const int64_t end = std::min(m, c + kChunk);
-      for (int64_t q = c; q < end; ++q) {
-        homes[q - c] = home(victim_id(q));
-        prefetch_l2(&table_[homes[q - c]]);  // only the home line: take_out reads on past it only from a full one
-        if constexpr (!lru) prefetch_l2(&slot_use_[victims_[q]]);  // its slot_id_, just read, came a chunk earlier
-      }
-      if constexpr (!lru) prefetch_slot_state(c + kChunk, c + 2 * kChunk);
-      for (int64_t j = c; j < end; ++j) {
-        if (j + kNear < end) prefetch_l1(&table_[homes[j + kNear - c]]);
-        if (j + kPendingAhead < m) prefetch_l2(&table_[pending_[fresh + j + kPendingAhead].bucket]);
-        const int64_t key = victim_id(j);
-        const int64_t s = take_out(homes[j - c], key);
-        evicted_ids[j] = key;
-        evicted_slots[j] = s;
-        admit_one(fresh + j, s);
-      }
-      erase_deferred();
+    if constexpr (!lru) {  // lfu, hybrid: a victim's slot_id_ (its id) and slot_use_ (rewritten as its slot is given)
+      for (int64_t q = 0; q < std::min(m, 3 * kAhead); ++q) prefetch_l2(&slot_id_[victims_[q]]);
+      for (int64_t q = 0; q < std::min(m, 2 * kAhead); ++q) prefetch_l2(&slot_use_[victims_[q]]);
     }
+    for (int64_t q = 0; q < std::min(m, kAhead); ++q) hash_victim(q);
+    for (int64_t q = 0; q < std::min(m, kPendingAhead); ++q) prefetch_l2(&table_[pending_[fresh + q].bucket]);
+    for (int64_t j = 0; j < m; ++j) {
+      if constexpr (!lru) {
+        if (j + 3 * kAhead < m) prefetch_l2(&slot_id_[victims_[j + 3 * kAhead]]);
+        if (j + 2 * kAhead < m) prefetch_l2(&slot_use_[victims_[j + 2 * kAhead]]);
+      }
+      if (j + kAhead < m) hash_victim(j + kAhead);
+      if (j + kNear < m) prefetch_l1(&table_[homes[(j + kNear) % kRing]]);
+      if (j + kPendingAhead < m) prefetch_l2(&table_[pending_[fresh + j + kPendingAhead].bucket]);
+      const int64_t key = victim_id(j);
+      const int64_t s = take_out(homes[j % kRing], key);
+      evicted_ids[j] = key;
+      evicted_slots[j] = s;
+      admit_one(fresh + j, s);
+      if ((j + 1) % kChunk == 0) erase_deferred();
+    }
+    erase_deferred();
   }
 
   // A batch that cannot be admitted leaves the table as it found it: the ids it touched as they
@@ -749,7 +757,7 @@ class IdTransformer {
   // random order, where lines hold a Poisson number of keys): its erase reads on into the next
   // line, which nothing prefetched, so erase_at waited on DRAM there (perf put a third of the
   // admit's samples on that one load). The victim's slot is read off its line now, and its erase
-  // waits in deferred_ for the end of the chunk (erase_deferred), its next line prefetched now.
+  // waits in deferred_ until the next kChunk-th victim (erase_deferred), its next line prefetched now.
   // Meanwhile every key stays reachable: the erases that run first (blends of other lines, erases
   // at once) move keys only back towards their homes, a later victim of the same line is read
   // off the line as it is then, and a deferred erase probes for its victim afresh. A pending id
@@ -896,7 +904,7 @@ class IdTransformer {
   int64_t log_compactions_ = 0;  // lru: how many times make_log_room compacted (perf-dynamic prints it)
   // A batch's working lists, kept between calls so a batch allocates (and faults in) nothing.
   std::vector<Pending> pending_;
-  std::vector<int64_t> deferred_;  // victims of full lines, their erases deferred to their chunk's end (take_out_of_full)
+  std::vector<int64_t> deferred_;  // victims of full lines, their erases deferred (take_out_of_full)
   std::vector<Touched> touched_;
   std::vector<int64_t> victims_;  // lru: ids; lfu, hybrid: slots
   std::vector<int64_t> pending_at_;  // scan: where in the batch a pending id occurs (its slot comes at the end)
