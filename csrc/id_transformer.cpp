@@ -71,7 +71,8 @@
 // On a second kind of host (a Zen 3 VM whose random reads from 64 MiB top out at 115-145 M/s,
 // reached from 32-48 prefetched ahead; sorting such reads by page first did not speed them up,
 // so no TLB bound), none of these paid either (same measurement, all six cases): Pending in 16
-// bytes (its id read off its bucket) and 32-bit places in pending_at_, x0.95-1.06 over three runs
+// bytes (its id read off its bucket) and 32-bit places in the list of where pending ids occurred
+// (since replaced by chains through the output: scan), x0.95-1.06 over three runs
 // (consecutive ids at 50% hits x0.95-0.99); lru's log written by non-temporal stores, x0.99-1.02;
 // a ring of 4 entries a slot (half the dead set), x0.99-1.02; kAhead 64, x0.99-1.02; admit's
 // victims in chunks of 64 or 128, x0.98-1.01 (1,024: x0.85-0.95), before its loop was made to
@@ -179,7 +180,7 @@ struct ColdKey {  // lfu, hybrid: a slot as coldest() ranks it, coldest first
 
 struct Pending {  // an id of this batch that is not resident yet
   int64_t id;
-  int64_t time;     // its last occurrence in the batch
+  int64_t time;     // its last occurrence in the batch (each earlier one is chained: scan)
   int64_t count;    // its occurrences in the batch
   uint64_t bucket;  // its bucket (inserts move nothing; an erase that shifts it back says where to)
 };
@@ -230,7 +231,6 @@ class IdTransformer {
     const size_t log_start = log_end_;
     if (lru) log_end_ += n;  // every entry is written by the scan before anything reads it
     pending_.clear();
-    pending_at_.clear();
     touched_.clear();
     scan(id, n, slot_of, batch_start, log_start);
     const int64_t k = int64_t(pending_.size());
@@ -257,10 +257,9 @@ class IdTransformer {
     auto evicted_ids = at::empty({m}, at::kLong);
     auto evicted_slots = at::empty({m}, at::kLong);
     admit(fresh, admitted_ids.data_ptr<int64_t>(), admitted_slots.data_ptr<int64_t>(),
-          evicted_ids.data_ptr<int64_t>(), evicted_slots.data_ptr<int64_t>(), int64_t(log_start) - batch_start);
+          evicted_ids.data_ptr<int64_t>(), evicted_slots.data_ptr<int64_t>(), slot_of, batch_start,
+          int64_t(log_start) - batch_start);
     used_ += fresh;
-    const int64_t* slot_of_pending = admitted_slots.data_ptr<int64_t>();
-    for (const int64_t p : pending_at_) slot_of[p] = slot_of_pending[-slot_of[p] - 2];
     return {out.view(ids_in.sizes()), admitted_ids, admitted_slots, evicted_ids, evicted_slots};
   }
 
@@ -356,15 +355,23 @@ class IdTransformer {
   uint64_t probe(uint64_t b, int64_t key) const { return probe_in(&table_[0], mask_, b, key); }
   uint64_t bucket_of(int64_t key) const { return probe(home(key), key); }
 
-  // Each id to its slot, or to a pending place (-(k + 2)) when it is not resident: the resident
-  // are touched, the new go to pending_ and into the table (pending_at_ notes where they occur,
-  // for the fix-up once their slots are known). The bucket of the id kAhead places on is hashed
-  // and prefetched as the loop goes, so the misses of many ids overlap; its home waits in a ring
+  // Each id to its slot: the resident are touched, the new go to pending_ and into the table
+  // (their buckets say -(k + 2) for the k-th), and get their slots in admit. Until then a new id's
+  // occurrences are a chain in slot_of: the first says -1, each later one -(the one before + 2),
+  // and pending_ keeps the last and their count, so admit_one writes the slot along the chain.
+  // Against a list of where pending ids occurred, read back in a pass of its own after admit
+  // (each occurrence's pending place in slot_of, then its slot in admitted_slots), the chains made
+  // lru's transform x1.02-1.09 as fast at 50% hits (medians x1.03; 3 runs on a Zen 3 VM, same
+  // measurement as admit's), x0.94-1.03 at 90%, x1.01-1.05 at 99%; lfu's and hybrid's x0.95-1.03
+  // (4 runs, medians x1.00). Prefetching the chain's last place with the pending id's bucket did
+  // not pay (x0.98-1.05). The bucket of the id kAhead places on is hashed and prefetched as the
+  // loop goes, so the misses of many ids overlap; its home waits in a ring
   // of the last few (a first pass hashing the whole batch into an array cost a read and a write
   // of that array an id, about 1 ns). The scan is not done in chunks (hash and prefetch 128 or
-  // 256 ids, then work on them): lru's ran x0.94 as fast that way. It is
-  // bound by its own instructions, not memory: an id cost it about the same with an 8 MiB table
-  // as with a 64 MiB one (131,072 against 1M slots, 50% hits). lfu and hybrid also find, at half the prefetch distance,
+  // 256 ids, then work on them): lru's ran x0.94 as fast that way. On a Zen 4 host it was bound
+  // by its own instructions, not memory: an id cost it about the same with an 8 MiB table as with
+  // a 64 MiB one (131,072 against 1M slots, 50% hits). On a Zen 3 VM it waits on memory: perf put
+  // 72% of its samples (50% hits, caches cold) on the instruction after its L2 prefetch. lfu and hybrid also find, at half the prefetch distance,
   // each id's bucket (arrived by then) and prefetch its slot's state; the id's own probe resumes
   // there: the scan only inserts, which moves no key, so the key is still there, or, if it was
   // absent, every bucket before that one still holds another key.
@@ -448,9 +455,10 @@ class IdTransformer {
         } else {
           Pending& q = pending_[-v - 2];
           if constexpr (lru) kill(uint32_t((size_t(q.time - batch_start) + log_start) & ring));
+          slot_of[p] = -(q.time - batch_start) - 2;  // its previous occurrence, chained (admit_one)
           q.time = t;
           q.count += 1;
-          pending_at_.push_back(p);
+          continue;
         }
         slot_of[p] = v;
       } else {
@@ -461,9 +469,8 @@ class IdTransformer {
         }
         b.key = key;
         b.val = int32_t(-int64_t(pending_.size()) - 2);
-        slot_of[p] = b.val;
+        slot_of[p] = -1;  // its first occurrence: the chain's end
         pending_.push_back({key, t, 1, bi});
-        pending_at_.push_back(p);
       }
     }
     clock_ = batch_start + n;
@@ -484,20 +491,20 @@ class IdTransformer {
   // Compiled once for lru and once for the others (a run-time policy test in its loops made lru's
   // admit x1.2 slower: same measurement as below).
   void admit(int64_t fresh, int64_t* admitted_ids, int64_t* admitted_slots, int64_t* evicted_ids,
-             int64_t* evicted_slots, int64_t log_from_tick) {
+             int64_t* evicted_slots, int64_t* slot_of, int64_t batch_start, int64_t log_from_tick) {
     if (fresh + int64_t(victims_.size()) != int64_t(pending_.size())) {
       throw std::logic_error("id transformer: victims and fresh slots do not match the new ids");
     }
     if (policy_ == Policy::kLru) {
-      admit_as<true>(fresh, admitted_ids, admitted_slots, evicted_ids, evicted_slots, log_from_tick);
+      admit_as<true>(fresh, admitted_ids, admitted_slots, evicted_ids, evicted_slots, slot_of, batch_start, log_from_tick);
     } else {
-      admit_as<false>(fresh, admitted_ids, admitted_slots, evicted_ids, evicted_slots, log_from_tick);
+      admit_as<false>(fresh, admitted_ids, admitted_slots, evicted_ids, evicted_slots, slot_of, batch_start, log_from_tick);
     }
   }
 
   template <bool lru>
   void admit_as(int64_t fresh, int64_t* admitted_ids, int64_t* admitted_slots, int64_t* evicted_ids,
-                int64_t* evicted_slots, int64_t log_from_tick) {
+                int64_t* evicted_slots, int64_t* slot_of, int64_t batch_start, int64_t log_from_tick) {
     const int64_t m = int64_t(victims_.size());
     auto victim_id = [&](int64_t j) {
       if constexpr (lru) {
@@ -525,6 +532,13 @@ class IdTransformer {
       }
       admitted_ids[j] = q.id;
       admitted_slots[j] = s;
+      int64_t p = q.time - batch_start;  // its last occurrence; each earlier one is chained from the next (scan)
+      for (int64_t c = q.count; c > 1; --c) {
+        const int64_t before = -slot_of[p] - 2;
+        slot_of[p] = s;
+        p = before;
+      }
+      slot_of[p] = s;
     };
     for (int64_t j = 0; j < std::min(fresh, kAhead); ++j) admit_ahead(j, used_ + j);
     for (int64_t j = 0; j < fresh; ++j) {
@@ -907,7 +921,6 @@ class IdTransformer {
   std::vector<int64_t> deferred_;  // victims of full lines, their erases deferred (take_out_of_full)
   std::vector<Touched> touched_;
   std::vector<int64_t> victims_;  // lru: ids; lfu, hybrid: slots
-  std::vector<int64_t> pending_at_;  // scan: where in the batch a pending id occurs (its slot comes at the end)
   std::vector<ColdKey> cold_sample_;  // coldest(): a sample of the evictable slots, for its threshold
   HugeArray<ColdKey> cold_keys_;  // coldest(): the slots no warmer than the threshold (room for all, made at the first eviction)
   int64_t used_ = 0;   // slots 0 .. used_-1 have held an id; the rest were never used
