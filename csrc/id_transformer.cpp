@@ -77,6 +77,19 @@
 // a ring of 4 entries a slot (half the dead set), x0.99-1.02; kAhead 64, x0.99-1.02; admit's
 // victims in chunks of 64 or 128, x0.98-1.01 (1,024: x0.85-0.95), before its loop was made to
 // prefetch kAhead on instead (admit_as).
+// On a third (a Zen 5 VM: random reads from 64 MiB at 340-390 M/s, read-modify-writes as fast),
+// lru's transform reaches a quarter of that bound: the scan is bound by its own branches, not
+// memory. Ordered hits first, the same batches (50% hits) scanned in 7.9 ns an id against 11.0
+// shuffled; left out (a wrong table, so only a bound), lru's kills made the transform at most
+// x1.00-1.06 as fast at 50% hits (x1.13-1.22 at 90-99%), its log writes x1.03-1.08. Measured there
+// and not taken (same measurement): each 64 ids probed first, then their hits and their new ids in
+// loops of their own, x0.80-0.92; hit and new in one path with selects (a new id's kill to a spare
+// dead bit), x0.88-0.94; pending ids counted in a local, x1.00-1.02; kAhead 64 or 160, x0.97-1.02;
+// the kill's dead word prefetched into L1 or for writing, or into L1 again a few kills before its
+// bit is set, x0.95-1.02; the dead set read through at a batch's start, x0.92-0.98; the log by
+// non-temporal stores, x1.00-1.02 (whole lines staged, x0.94-0.99); least_recent prefetching its
+// victims' lines, x0.94-0.95 at 50% hits; kPendingAhead 64, or the pending buckets prefetched into
+// L1 too, x0.99-1.01; -march=x86-64-v3, x1.00-1.01.
 //
 // The id -> slot map is an open-addressing hash table with linear probing and backward-shift
 // deletion (no tombstones), sized to a power of two at least 4x the slots: at most `capacity`
