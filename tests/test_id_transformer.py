@@ -257,6 +257,25 @@ def test_a_batch_wider_than_the_table_is_refused_and_admits_nothing():
         IdTransformer(4, "mru")
 
 
+@pytest.mark.parametrize("negative", [-1, -3, -(2**63)])
+def test_a_negative_id_anywhere_in_a_batch_is_refused_and_touches_nothing(negative):
+    # The check is one pass compiled for AVX2 where the CPU has it (hash_memory.h): a negative id
+    # in its vector body, not only in its scalar tail (a one-id batch), must be seen, wherever it sits.
+    t = IdTransformer(64, "lru")
+    t.transform(torch.arange(40))
+    before = t.slot_ids().tolist()
+    for where in range(37):
+        ids = torch.arange(100, 137)
+        ids[where] = negative
+        with pytest.raises(ValueError, match="non-negative"):
+            t.transform(ids)
+    big = torch.arange(1000, 1000 + 5000)
+    big[4321] = negative
+    with pytest.raises(ValueError, match="non-negative"):
+        IdTransformer(8192, "lru").transform(big)
+    assert t.slot_ids().tolist() == before and t.resident() == 40
+
+
 def test_two_threads_transforming_at_once_keep_the_table_whole():
     """The input-dist thread and another caller: every batch's ids end resident with one slot
     each, and no slot holds two ids."""
