@@ -268,13 +268,13 @@ class IdTransformer {
     const int64_t* id = ids.data_ptr<int64_t>();
     auto out = at::empty({n}, at::kLong);
     int64_t* slot_of = out.data_ptr<int64_t>();
+    pending_.clear();
+    pending_.reserve(size_t(std::min(n, capacity_)));  // before anything changes: it may throw bad_alloc
     const bool lru = policy_ == Policy::kLru;
     if (lru) make_log_room(n);
     const int64_t batch_start = clock_;
     const size_t log_start = log_end_;
     if (lru) log_end_ += n;  // every entry is written by the scan before anything reads it
-    pending_.clear();
-    pending_.reserve(size_t(std::min(n, capacity_)));
     touched_.clear();
     scan(id, n, slot_of, batch_start, log_start);
     const int64_t k = int64_t(pending_.size());
