@@ -175,6 +175,7 @@ constexpr int64_t kPendingAhead = 32;  // admit: how far ahead of its victim a p
 constexpr int64_t kRing = 128;
 constexpr size_t kKillLag = 40;
 static_assert(kAhead < kRing && kKillLag < size_t(kRing), "the ring holds what is ahead");
+static_assert(kNear < kAhead, "the scan's body (all but the last kAhead ids) reads the ids up to kAhead on without testing that they exist");
 constexpr uint64_t kBucketsPerLine = 64 / sizeof(Bucket);
 // Homes are line starts (home_in): a line must hold whole buckets (the table is page-aligned).
 static_assert(64 % sizeof(Bucket) == 0, "a cache line holds whole buckets");
