@@ -436,7 +436,12 @@ class IdTransformer {
   // one is due left out (the first kKillLag due a spare bit's), x0.98-1.03; lru's probe made
   // ahead (a line's four keys compared with no branch, kAhead/2 or kNear ids ahead, the id's own
   // probe resuming there), x0.85-0.96 at 50% hits and x0.69-0.93 at 90-99%; a table 8x the
-  // slots (load 1/8, 128 MiB), x0.94-0.96 at 50% and x0.85-0.98 at 90-99%.
+  // slots (load 1/8, 128 MiB), x0.94-0.96 at 50% and x0.85-0.98 at 90-99%, or 2x (load up to
+  // 1/2, more lines full), x0.60-0.96; kNear 4 or 14, x0.98-1.00; the hit-or-new branch hinted
+  // either way, x0.96-1.01. There a random read's address translation costs too: 16,384 lines
+  // (1 MiB, a stand-alone loop, prefetched 64 ahead) read at random 737 M/s packed, 444 M/s one
+  // to a 4 KiB page of 64 MiB on 2 MiB pages, 382 M/s on 4 KiB pages (the host seems to back
+  // the guest with small pages, so the guest's 2 MiB pages save only part of a walk).
   void scan(const int64_t* id, int64_t n, int64_t* slot_of, int64_t batch_start, size_t log_start) {
     const bool may_fail = n > capacity_;
     switch (policy_) {
