@@ -435,7 +435,7 @@ class IdTransformer {
   // and not taken: the same split of admit's victim loop, x0.99-1.01; the kills' test of whether
   // one is due left out (the first kKillLag due a spare bit's), x0.98-1.03; lru's probe made
   // ahead (a line's four keys compared with no branch, kAhead/2 or kNear ids ahead, the id's own
-  // probe resuming there), x0.85-0.96 at 50% hits and x0.69-0.93 at 90-99%; a table 8x the
+  // probe resuming there), x0.89-0.96 at 50% hits and x0.69-0.93 at 90-99%; a table 8x the
   // slots (load 1/8, 128 MiB), x0.94-0.96 at 50% and x0.85-0.98 at 90-99%, or 2x (load up to
   // 1/2, more lines full), x0.60-0.96; kNear 4 or 14, x0.98-1.00; the hit-or-new branch hinted
   // either way, x0.96-1.01. There a random read's address translation costs too: 16,384 lines
