@@ -205,25 +205,24 @@ struct Pending {  // an id of this batch that is not resident yet
   uint64_t bucket;  // its bucket (inserts move nothing; an erase that shifts it back says where to)
 };
 
-// A batch's pending ids. Their room is taken before the scan (reserve: at most one a slot and
-// one an id of the batch), so the scan appends through a local pointer and count: no test of
+// A batch's pending ids. Their room is taken before the scan (start: the batch's ids or the
+// slots, whichever are fewer, the most it can add), so the scan appends through a local pointer and count: no test of
 // room, and no reload of a vector's ends (a store through an int64 pointer may alias them) an id.
 class PendingList {
  public:
-  void clear() { n_ = 0; }
+  // Empty, with room for n: a batch starts from none, so what the last one left is not kept.
+  void start(size_t n) {
+    n_ = 0;
+    if (n <= room_) return;
+    data_.reset(new Pending[n]);  // not filled: each is written before it is read
+    room_ = n;
+  }
   size_t size() const { return n_; }
   void set_size(size_t n) { n_ = n; }  // the scan's count, once it is done (or before undo)
   Pending* data() { return data_.get(); }
   Pending& operator[](size_t i) { return data_[i]; }
   const Pending* begin() const { return data_.get(); }
   const Pending* end() const { return data_.get() + n_; }
-  void reserve(size_t n) {
-    if (n <= room_) return;
-    std::unique_ptr<Pending[]> bigger(new Pending[n]);  // not filled: each is written before it is read
-    std::copy(data_.get(), data_.get() + n_, bigger.get());
-    data_ = std::move(bigger);
-    room_ = n;
-  }
  private:
   std::unique_ptr<Pending[]> data_;
   size_t n_ = 0, room_ = 0;
@@ -269,8 +268,7 @@ class IdTransformer {
     const int64_t* id = ids.data_ptr<int64_t>();
     auto out = at::empty({n}, at::kLong);
     int64_t* slot_of = out.data_ptr<int64_t>();
-    pending_.clear();
-    pending_.reserve(size_t(std::min(n, capacity_)));  // before anything changes: it may throw bad_alloc
+    pending_.start(size_t(std::min(n, capacity_)));  // before anything changes: it may throw bad_alloc
     const bool lru = policy_ == Policy::kLru;
     if (lru) make_log_room(n);
     const int64_t batch_start = clock_;
