@@ -63,7 +63,7 @@ help:
 	@echo "make dataset OUT=dir [ROWS=100000 a day] [DAYS=3] [PRESET=tiny] [SEED=0]  (synthetic days in the MLPerf file layout)"
 	@echo "make data-perf [DATA=dir] [PRESET=small] [RUN=id|latest]  (the file loader's samples/s on one rank, beside the synthetic stream's and RUN's training)"
 	@echo "make ext  (the C++ extensions in csrc/; every target that trains builds them)"
-	@echo "make perf-dynamic [REPEATS=2]  (ID transformer: M ids/s vs a Python dict and torch.unique; hit rate vs slots, a plot; mlperf-ids vs small)"
+	@echo "make perf-dynamic [REPEATS=2]  (ID transformer: M ids/s vs a Python dict (median of 3 runs a case) and torch.unique; hit rate vs slots, a plot; mlperf-ids vs small)"
 	@echo "make gpu-check  (on a GPU host: the CUDA battery, a line a check and a verdict; elsewhere one line)"
 	@echo "OPTS passes extra flags to 'python -m harness bench' (see: $(PY) -m harness bench --help)"
 

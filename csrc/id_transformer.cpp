@@ -169,6 +169,9 @@ constexpr int64_t kAhead = 96;
 // hybrid's unchanged (x0.99-1.04).
 constexpr int64_t kNear = 8;
 constexpr int64_t kChunk = 256;  // admit: the deferred erases (take_out_of_full) run every kChunk victims
+// coldest(): about this many slots sampled for its threshold; every stride-th of used_ slots, with
+// stride floor(used_ / kColdSample) (at least 1), is fewer than 2 x kColdSample.
+constexpr int64_t kColdSample = 4096;
 constexpr int64_t kPendingAhead = 32;  // admit: how far ahead of its victim a pending id's bucket is prefetched
 // The scan's ring of the ids ahead (their buckets) and of lru's kills not yet marked; a kill's
 // dead bit is set kKillLag kills after its word is prefetched.
@@ -248,6 +251,10 @@ class IdTransformer {
     // lru finds a victim's id in the log and its recency in its bucket: it keeps no slot state.
     slot_id_ = HugeArray<int64_t>(lru ? 0 : capacity, kEmpty);
     slot_use_ = HugeArray<SlotUse>(lru ? 0 : capacity, SlotUse{});
+    // Lists that grow inside a batch, made their largest here (make_room does the ones whose
+    // largest depends on the batch).
+    deferred_.reserve(kChunk);  // erase_deferred empties it every kChunk victims
+    if (!lru) cold_sample_.reserve(size_t(std::min<int64_t>(capacity, 2 * kColdSample)));
     if (lru) {
       if (kLogRoomPerSlot * uint64_t(capacity) > kMaxLogRoom) {
         throw std::invalid_argument("id transformer: lru keeps at most " + std::to_string(kMaxLogRoom / kLogRoomPerSlot) +
@@ -268,8 +275,9 @@ class IdTransformer {
     const int64_t* id = ids.data_ptr<int64_t>();
     auto out = at::empty({n}, at::kLong);
     int64_t* slot_of = out.data_ptr<int64_t>();
-    pending_.start(size_t(std::min(n, capacity_)));  // before anything changes: it may throw bad_alloc
     const bool lru = policy_ == Policy::kLru;
+    const int64_t most = std::min(n, capacity_);  // the batch's distinct ids can be no more
+    make_room(most, n > capacity_, lru);
     if (lru) make_log_room(n);
     const int64_t batch_start = clock_;
     const size_t log_start = log_end_;
@@ -357,6 +365,22 @@ class IdTransformer {
   }
 
  private:
+  // Every list a batch of n ids (at most `most` distinct) may grow gets its room before anything
+  // changes, so an allocation that fails (bad_alloc) leaves the table as it was: no list grows
+  // from the scan's start to admit's end (a list that grew there, the batch half done, would leave
+  // pending ids in the table). `may_fail`: undo's record of touched ids is kept (scan). The four
+  // outputs of admitted and evicted ids are still made after the scan, at their counts: made
+  // before it at their bound (`most`) and cut, lru's transform ran x0.97-0.98 as fast at 90-99%
+  // hits (side by side in one process, a million slots, batches of 65,536).
+  void make_room(int64_t most, bool may_fail, bool lru) {
+    pending_.start(size_t(most));
+    victims_.reserve(size_t(most));  // least_recent, coldest: one for each new id at most
+    if (may_fail) touched_.reserve(size_t(most));  // a resident id's first touch in the batch
+    if (!lru && used_ + most > capacity_ && cold_keys_.size() < size_t(capacity_)) {
+      cold_keys_ = HugeArray<ColdKey>(size_t(capacity_), ColdKey{});  // coldest(): room for every slot
+    }
+  }
+
   static at::Tensor check_ids(const at::Tensor& ids) {
     if (ids.scalar_type() != at::kLong || !ids.device().is_cpu()) {
       throw std::invalid_argument("id transformer: ids must be an int64 tensor on the CPU");
@@ -436,10 +460,18 @@ class IdTransformer {
   // probe resuming there), x0.89-0.96 at 50% hits and x0.69-0.93 at 90-99%; a table 8x the
   // slots (load 1/8, 128 MiB), x0.94-0.96 at 50% and x0.85-0.98 at 90-99%, or 2x (load up to
   // 1/2, more lines full), x0.60-0.96; kNear 4 or 14, x0.98-1.00; the hit-or-new branch hinted
-  // either way, x0.96-1.01. There a random read's address translation costs too: 16,384 lines
+  // either way, x0.96-1.01; lru's probe by one AVX-512 compare of the home line's four keys (the
+  // id's bucket or the first empty one read off one mask, a loop only past a full line), built
+  // for AVX-512: x1.05/1.14/1.12 with new ids in random order, but x0.98/1.02/0.97 with
+  // consecutive ones (their lines hold about a key each, so the loop's exits are predicted), the
+  // case nearest the goal, and it would need a second build of the scan chosen at run time. There a random read's address translation costs too: 16,384 lines
   // (1 MiB, a stand-alone loop, prefetched 64 ahead) read at random 737 M/s packed, 444 M/s one
   // to a 4 KiB page of 64 MiB on 2 MiB pages, 382 M/s on 4 KiB pages (the host seems to back
   // the guest with small pages, so the guest's 2 MiB pages save only part of a walk).
+  // Yet the scan is not bound by it: the same batches grouped by their homes' top 4-10 bits (each
+  // stretch of the batch reading one part of the table) scanned in 0.92-1.06x the time, sorted
+  // by home in 0.86-0.96x, less than a sort of the batch would cost (and the admissions' order
+  // would change).
   void scan(const int64_t* id, int64_t n, int64_t* slot_of, int64_t batch_start, size_t log_start) {
     const bool may_fail = n > capacity_;
     switch (policy_) {
@@ -928,8 +960,7 @@ class IdTransformer {
   // as unpredictable as its heat, and a mispredicted branch a slot cost more than the rest of it.
   void coldest(int64_t need, int64_t since) {
     if (need <= 0) return;
-    constexpr int64_t kSample = 4096;
-    const int64_t stride = std::max<int64_t>(1, used_ / kSample);
+    const int64_t stride = std::max<int64_t>(1, used_ / kColdSample);
     cold_sample_.clear();
     for (int64_t s = 0; s < used_; s += stride) {
       if (slot_use_[s].time < since) cold_sample_.push_back(cold_key(s, since));
@@ -942,7 +973,7 @@ class IdTransformer {
       std::nth_element(cold_sample_.begin(), cold_sample_.begin() + rank, cold_sample_.end());
       threshold = cold_sample_[rank];
     }
-    if (cold_keys_.size() < size_t(used_)) cold_keys_ = HugeArray<ColdKey>(size_t(capacity_), ColdKey{});
+    if (cold_keys_.size() < size_t(used_)) throw std::logic_error("id transformer: coldest() without its room (make_room)");
     ColdKey* const keys = &cold_keys_[0];
     int64_t n = 0;
     while (true) {
@@ -991,7 +1022,7 @@ class IdTransformer {
   std::vector<Touched> touched_;
   std::vector<int64_t> victims_;  // lru: ids; lfu, hybrid: slots
   std::vector<ColdKey> cold_sample_;  // coldest(): a sample of the evictable slots, for its threshold
-  HugeArray<ColdKey> cold_keys_;  // coldest(): the slots no warmer than the threshold (room for all, made at the first eviction)
+  HugeArray<ColdKey> cold_keys_;  // coldest(): the slots no warmer than the threshold (room for all, made before the first batch that may evict)
   int64_t used_ = 0;   // slots 0 .. used_-1 have held an id; the rest were never used
   int64_t clock_ = 0;  // ticks once an id occurrence
   std::mutex mu_;

@@ -326,6 +326,38 @@ def test_perf_dynamic_batches_hit_their_share_and_the_dict_baseline_is_an_lru():
     assert dict_lru(table, [b[0] for b in stream]) == [t.transform(torch.tensor(b)).slots.item() for b in stream]
 
 
+def test_perf_dynamic_goal_verdict_by_hand():
+    """The verdict is the median's, and says how many repeats fell short."""
+    from harness.perf_dynamic import goal_verdict
+
+    assert goal_verdict([51.0, 55.0, 60.0], 50) == "met in every repeat"
+    assert goal_verdict([49.0, 52.0, 53.0], 50) == "met at the median, missed in 1 of 3 repeats"
+    assert goal_verdict([45.0, 49.9, 60.0], 50) == "MISSED at the median (2 of 3 below x50)"
+    assert goal_verdict([50.0], 50) == "met in every repeat"  # the goal is ">= 50x"
+    assert goal_verdict([40.0, 60.0], 50) == "met at the median, missed in 1 of 2 repeats"  # median 50
+
+
+def test_perf_dynamic_throughput_repeats_every_case(capsys):
+    """Each case runs once a repeat with its own ids, and the summary's median and range are the
+    repeats' own ratios."""
+    import statistics
+
+    from harness.perf_dynamic import HIT_RATES, ID_ORDERS, throughput
+
+    rows = throughput(256, 64, 3, seed=0, repeats=2)
+    assert len(rows) == 2 * len(HIT_RATES) * len(ID_ORDERS)
+    assert sorted({(r["repeat"], r["hit_rate"], r["id_order"]) for r in rows}) == sorted(
+        (k, h, o) for k in range(2) for h in HIT_RATES for o in ID_ORDERS)
+    for r in rows:
+        assert r["measured_hit_rate"] == pytest.approx(r["hit_rate"], abs=0.02)
+    out = capsys.readouterr().out
+    for h in HIT_RATES:
+        for o in ID_ORDERS:
+            ratios = [r["vs_dict"] for r in rows if r["hit_rate"] == h and r["id_order"] == o]
+            assert f"hit rate {h:.0%}, ids {o:11s}: x{statistics.median(ratios):.1f} at the median " \
+                   f"(x{min(ratios):.1f}-{max(ratios):.1f})" in out
+
+
 def test_perf_dynamic_memory_bound_by_hand():
     """The bound perf-dynamic prints: the read rate over the reads an id needs (1 a hit, 2 a miss),
     and the table size it is measured at is the transformer's own (a power of two >= 4x slots, 16
