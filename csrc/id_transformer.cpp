@@ -221,6 +221,7 @@ class PendingList {
     room_ = n;
   }
   size_t size() const { return n_; }
+  size_t room() const { return room_; }
   void set_size(size_t n) { n_ = n; }  // the scan's count, once it is done (or before undo)
   Pending* data() { return data_.get(); }
   Pending& operator[](size_t i) { return data_[i]; }
@@ -355,6 +356,19 @@ class IdTransformer {
 
   int64_t capacity() const { return capacity_; }
   int64_t table_bytes() const { return int64_t(table_.size() * sizeof(Bucket)); }
+  // Host memory held now: the arrays (hash table; lru's log and dead bits; lfu's and hybrid's slot
+  // state and, once a batch may evict, coldest()'s room) and the working lists kept between
+  // batches, which grow to the largest batch seen (make_room).
+  int64_t host_bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t bytes = table_.size() * sizeof(Bucket) + slot_id_.size() * sizeof(int64_t) +
+                   slot_use_.size() * sizeof(SlotUse) + log_.size() * sizeof(LogEntry) +
+                   dead_.size() * sizeof(uint64_t) + cold_keys_.size() * sizeof(ColdKey);
+    bytes += pending_.room() * sizeof(Pending) + deferred_.capacity() * sizeof(int64_t) +
+             touched_.capacity() * sizeof(Touched) + victims_.capacity() * sizeof(int64_t) +
+             cold_sample_.capacity() * sizeof(ColdKey);
+    return int64_t(bytes);
+  }
   int64_t resident() {
     std::lock_guard<std::mutex> lock(mu_);
     return used_;
@@ -370,7 +384,7 @@ class IdTransformer {
   // from the scan's start to admit's end (a list that grew there, the batch half done, would leave
   // pending ids in the table). `may_fail`: undo's record of touched ids is kept (scan). The four
   // outputs of admitted and evicted ids are still made after the scan, at their counts: made
-  // before it at their bound (`most`) and cut, lru's transform ran x0.97-0.98 as fast at 90-99%
+  // before it at their bound (`most`) and cut, lru's transform ran x0.96-0.99 as fast at 90-99%
   // hits (side by side in one process, a million slots, batches of 65,536).
   void make_room(int64_t most, bool may_fail, bool lru) {
     pending_.start(size_t(most));
@@ -464,10 +478,11 @@ class IdTransformer {
   // id's bucket or the first empty one read off one mask, a loop only past a full line), built
   // for AVX-512: x1.05/1.14/1.12 with new ids in random order, but x0.98/1.02/0.97 with
   // consecutive ones (their lines hold about a key each, so the loop's exits are predicted), the
-  // case nearest the goal, and it would need a second build of the scan chosen at run time. There a random read's address translation costs too: 16,384 lines
-  // (1 MiB, a stand-alone loop, prefetched 64 ahead) read at random 737 M/s packed, 444 M/s one
-  // to a 4 KiB page of 64 MiB on 2 MiB pages, 382 M/s on 4 KiB pages (the host seems to back
-  // the guest with small pages, so the guest's 2 MiB pages save only part of a walk).
+  // case nearest the goal, and it would need a second build of the scan chosen at run time.
+  // There a random read's address translation costs too: 16,384 lines (1 MiB, a stand-alone
+  // loop, prefetched 64 ahead) read at random 737 M/s packed, 444 M/s one to a 4 KiB page of
+  // 64 MiB on 2 MiB pages, 382 M/s on 4 KiB pages (the host seems to back the guest with small
+  // pages, so the guest's 2 MiB pages save only part of a walk).
   // Yet the scan is not bound by it: the same batches grouped by their homes' top 4-10 bits (each
   // stretch of the batch reading one part of the table) scanned in 0.92-1.06x the time, sorted
   // by home in 0.86-0.96x, less than a sort of the batch would cost (and the admissions' order
@@ -1022,7 +1037,9 @@ class IdTransformer {
   std::vector<Touched> touched_;
   std::vector<int64_t> victims_;  // lru: ids; lfu, hybrid: slots
   std::vector<ColdKey> cold_sample_;  // coldest(): a sample of the evictable slots, for its threshold
-  HugeArray<ColdKey> cold_keys_;  // coldest(): the slots no warmer than the threshold (room for all, made before the first batch that may evict)
+  // coldest(): the slots no warmer than the threshold (room for all, made before the first batch
+  // that may evict: make_room)
+  HugeArray<ColdKey> cold_keys_;
   int64_t used_ = 0;   // slots 0 .. used_-1 have held an id; the rest were never used
   int64_t clock_ = 0;  // ticks once an id occurrence
   std::mutex mu_;
@@ -1064,7 +1081,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("resident", &IdTransformer::resident)
       .def("log_compactions", &IdTransformer::log_compactions)
       .def_property_readonly("capacity", &IdTransformer::capacity)
-      .def_property_readonly("table_bytes", &IdTransformer::table_bytes);
+      .def_property_readonly("table_bytes", &IdTransformer::table_bytes)
+      .def_property_readonly("host_bytes", &IdTransformer::host_bytes);
   m.attr("log_room_per_slot") = kLogRoomPerSlot;
   m.def("random_read_rate", &random_read_rate, py::arg("bytes"), py::arg("reads"),
         py::call_guard<py::gil_scoped_release>());

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import statistics
 import sys
 import time
@@ -295,7 +296,15 @@ def training(repeats: int, iters: int, runs_root: Path) -> None:
     for info in last.manifest.ranks:
         verdict = "under" if info.peak_rss_gib is not None and info.peak_rss_gib < MLPERF_IDS_RSS_BUDGET_GIB else "OVER"
         print(f"  rank {info.rank}: peak RSS {info.peak_rss_gib:.2f} GiB, {verdict} the budget of "
-              f"{MLPERF_IDS_RSS_BUDGET_GIB:g} GiB ({last.run_id})")
+              f"{MLPERF_IDS_RSS_BUDGET_GIB:g} GiB, of which its ID transformers hold "
+              f"{transformer_host_gib(runs_root / last.run_id, info.rank):.2f} GiB ({last.run_id})")
+
+
+def transformer_host_gib(run_dir: Path, rank: int) -> float:
+    """The host memory a rank's ID transformers held at the end of a run (its dynamic.json)."""
+    path = run_dir / f"rank{rank:05d}" / "dynamic.json"
+    tables = json.loads(path.read_text()) if path.exists() else {}
+    return sum(t["transformer_host_bytes"] for t in tables.values()) / 2**30
 
 
 def main(argv: list[str] | None = None) -> int:

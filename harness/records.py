@@ -6,7 +6,7 @@ runs/<run_id>/rankNNNNN/stages-PPPPP.parquet, iterations-PPPPP.parquet   parts w
 runs/<run_id>/rankNNNNN/evals-PPPPP.parquet   one part an evaluation (--eval-every), compacted likewise
 runs/<run_id>/rankNNNNN/subspans-PPPPP.parquet   named pieces of a stage (a dynamic table's transform,
                         write-back, fetch), with the flush that has any, compacted likewise
-runs/<run_id>/rankNNNNN/dynamic.json  what each dynamic table moved between its slots and the store
+runs/<run_id>/rankNNNNN/dynamic.json  what each dynamic table moved between its slots and the store, and its ID transformer's host memory
 runs/<run_id>/rankNNNNN/rank.json  host, device, threads, peak RSS, measured GEMM rate
 runs/<run_id>/rankNNNNN/error.txt  the exception, when that rank failed
 runs/<run_id>/rankNNNNN/sigterm.txt  every thread's stack, when a SIGTERM ended the rank

@@ -61,6 +61,9 @@ class DynamicCounts:
     """Admitted ids whose row came back from the store."""
     evicted: int = 0
     """Ids whose row went to the store."""
+    transformer_host_bytes: int = 0
+    """Host memory of the table's ID transformer as of the last count (IdTransformer.host_bytes):
+    host memory the slots' budget does not count."""
 
 
 @dataclass

@@ -300,6 +300,9 @@ class DynamicSlots:
         return SparseFeatures(lengths=local.lengths, values=slots.to(local.values.device))
 
     def counts(self) -> dict[int, DynamicCounts]:
+        """Each table's counts, its transformer's host memory as of now."""
+        for d in self.tables:
+            d.counts.transformer_host_bytes = d.transformer.host_bytes
         return {d.table: d.counts for d in self.tables}
 
 

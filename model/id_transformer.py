@@ -57,6 +57,13 @@ class IdTransformer:
         """Bytes of the id -> slot hash table (the structure every id reads at a random place)."""
         return self._impl.table_bytes
 
+    @property
+    def host_bytes(self) -> int:
+        """Host memory it holds now: the hash table, lru's access log and its dead bits or lfu's and
+        hybrid's slot state, and the working lists kept between batches (they grow to the largest
+        batch seen). Not part of the slots' budget (--dynamic-memory-gib counts device rows)."""
+        return self._impl.host_bytes
+
     def transform(self, ids: torch.Tensor) -> Transformed:
         """Raises ValueError when the batch has more distinct ids than slots; the table is then
         left exactly as it was (nothing admitted, no recency or count changed)."""

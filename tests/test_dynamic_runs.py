@@ -35,6 +35,8 @@ def test_a_run_records_what_its_dynamic_tables_moved(tmp_path):
         counts.update({int(t): c for t, c in json.loads(path.read_text()).items()})
     assert set(counts) == {2, 6}
     assert all(c["evicted"] > 0 and c["transformed"] == 5 * 96 for c in counts.values())
+    # 100 slots (hybrid): at least its 512 buckets of 16 bytes and each slot's id, use and coldest() room.
+    assert all(c["transformer_host_bytes"] >= 512 * 16 + 100 * (8 + 16 + 24) for c in counts.values())
     assert "inside the stages:" in format_summary(r) and "dynamic_write_back" in format_summary(r)
 
 

@@ -326,6 +326,25 @@ def test_perf_dynamic_batches_hit_their_share_and_the_dict_baseline_is_an_lru():
     assert dict_lru(table, [b[0] for b in stream]) == [t.transform(torch.tensor(b)).slots.item() for b in stream]
 
 
+def test_host_bytes_by_hand():
+    """What a transformer says it holds, counted by hand from its layout: 16-byte buckets, 4x the
+    slots rounded up to a power of two; lru's log, 8 entries of 8 bytes a slot (a power of two),
+    and a bit an entry; lfu's slot ids (8 bytes) and uses (16), and 24 bytes a slot for coldest()
+    and its sample once a batch may evict; the deferred erases' room (256 ids). A batch adds its
+    lists' room: 32 bytes a pending id and 8 a victim, for as many ids as it has (at most the slots)."""
+    lru = IdTransformer(1000, "lru")
+    fresh = 4096 * 16 + 8192 * 8 + 8192 // 8 + 256 * 8
+    assert lru.host_bytes == fresh
+    lru.transform(torch.arange(500))
+    assert lru.host_bytes == fresh + 500 * (32 + 8)
+    lfu = IdTransformer(1000, "lfu")
+    fresh = 4096 * 16 + 1000 * (8 + 16) + 256 * 8 + 1000 * 24  # the sample's room: min(slots, 8192)
+    assert lfu.host_bytes == fresh
+    lfu.transform(torch.arange(1000))
+    lfu.transform(torch.arange(1000, 1200))  # may evict: coldest()'s room for every slot
+    assert lfu.host_bytes == fresh + 1000 * (32 + 8) + 1000 * 24
+
+
 def test_perf_dynamic_goal_verdict_by_hand():
     """The verdict is the median's, and says how many repeats fell short."""
     from harness.perf_dynamic import goal_verdict
@@ -356,6 +375,19 @@ def test_perf_dynamic_throughput_repeats_every_case(capsys):
             ratios = [r["vs_dict"] for r in rows if r["hit_rate"] == h and r["id_order"] == o]
             assert f"hit rate {h:.0%}, ids {o:11s}: x{statistics.median(ratios):.1f} at the median " \
                    f"(x{min(ratios):.1f}-{max(ratios):.1f})" in out
+
+
+def test_perf_dynamic_sums_a_ranks_transformer_memory(tmp_path):
+    """The training part's "of which its ID transformers hold": the rank's tables summed, in GiB."""
+    import json
+
+    from harness.perf_dynamic import transformer_host_gib
+
+    (tmp_path / "rank00001").mkdir()
+    (tmp_path / "rank00001" / "dynamic.json").write_text(json.dumps(
+        {"3": {"transformed": 9, "transformer_host_bytes": 3 << 29}, "7": {"transformer_host_bytes": 1 << 29}}))
+    assert transformer_host_gib(tmp_path, 1) == 2.0
+    assert transformer_host_gib(tmp_path, 0) == 0.0  # a rank with no dynamic table writes none
 
 
 def test_perf_dynamic_memory_bound_by_hand():
