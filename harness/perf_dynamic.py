@@ -145,11 +145,12 @@ def throughput(slots: int, batch: int, batches: int, seed: int, repeats: int = T
     print(f"memory ceiling: {ceiling / 1e6:.1f} M random reads/s from a table of {table_bytes / 2**20:,.0f} MiB "
           f"(the hash table's size; median of 5); an id needs {READS_PER_HIT} (resident) or {READS_PER_MISS} "
           "(new, slots full)", flush=True)
+    cases = [(h, o) for h in HIT_RATES for o in ID_ORDERS]
     rows = []
     for r in range(repeats):
         permutation = torch.randperm(slots + (WARMUP_BATCHES + batches) * batch,
                                      generator=torch.Generator().manual_seed(seed + 2 * r + 1))
-        for rate, order in ((h, o) for h in HIT_RATES for o in ID_ORDERS):
+        for rate, order in cases:
             row = throughput_case(slots, batch, batches, rate, order, seed + 2 * r, permutation, ceiling)
             row["repeat"] = r
             print(f"repeat {r + 1}/{repeats}, hit rate {rate:.0%}, ids {order} (measured {row['measured_hit_rate']:.1%}): "
@@ -160,7 +161,7 @@ def throughput(slots: int, batch: int, batches: int, seed: int, repeats: int = T
                   f"in the timed batches: {row['log_compactions']}", flush=True)
             rows.append(row)
     print(f"against the Python dict, {repeats} repeat(s) a case (goal x{GOAL_VS_DICT:g}):", flush=True)
-    for rate, order in ((h, o) for h in HIT_RATES for o in ID_ORDERS):
+    for rate, order in cases:
         ratios = [row["vs_dict"] for row in rows if row["hit_rate"] == rate and row["id_order"] == order]
         print(f"  hit rate {rate:.0%}, ids {order:11s}: x{statistics.median(ratios):.1f} at the median "
               f"(x{min(ratios):.1f}-{max(ratios):.1f}): {goal_verdict(ratios)}", flush=True)

@@ -329,9 +329,10 @@ def test_perf_dynamic_batches_hit_their_share_and_the_dict_baseline_is_an_lru():
 def test_host_bytes_by_hand():
     """What a transformer says it holds, counted by hand from its layout: 16-byte buckets, 4x the
     slots rounded up to a power of two; lru's log, 8 entries of 8 bytes a slot (a power of two),
-    and a bit an entry; lfu's slot ids (8 bytes) and uses (16), and 24 bytes a slot for coldest()
-    and its sample once a batch may evict; the deferred erases' room (256 ids). A batch adds its
-    lists' room: 32 bytes a pending id and 8 a victim, for as many ids as it has (at most the slots)."""
+    and a bit an entry; lfu's slot ids (8 bytes) and uses (16), its sample's room (24 bytes a slot,
+    at most 8,192 of them) and, once a batch may evict, coldest()'s (24 bytes a slot); the deferred
+    erases' room (256 ids). A batch adds its lists' room: 32 bytes a pending id and 8 a victim, for
+    as many ids as it has (at most the slots)."""
     lru = IdTransformer(1000, "lru")
     fresh = 4096 * 16 + 8192 * 8 + 8192 // 8 + 256 * 8
     assert lru.host_bytes == fresh
