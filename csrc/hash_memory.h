@@ -51,6 +51,7 @@ inline void prefetch_l1(const void* p) { __builtin_prefetch(p, 0, 3); }
   for (int64_t p = 0; p < n; ++p) bits |= uint64_t(id[p]);
   return int64_t(bits) < 0;
 }
+#undef DLRM_CSRC_SIMD_CLONES  // this header's own: not left for the files that include it
 
 // A fixed-size array on its own anonymous mapping, asking the kernel for 2 MiB pages: the hash
 // table and slot states are read at random, and with 4 KiB pages nearly every such read also
