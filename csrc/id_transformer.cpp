@@ -605,9 +605,9 @@ class IdTransformer {
   // on (the victims' loop: below).
   // lru: log_from_tick turns a tick of this batch into its entry's position in the log.
   // Compiled once for lru and once for the others (a run-time policy test in its loops made lru's
-  // admit x1.2 slower: same measurement as below). Unlike the scan it reads the members it uses
-  // (table_, pending_, victims_) through them: read through locals, so that no store through an
-  // int64 pointer makes them reload, lru's transform ran x0.97-1.01 as fast (Zen 5 VM).
+  // admit x1.2 slower: same measurement as below). Unlike the scan, it reads table_, pending_ and
+  // victims_ as members: with local copies of them (so that no store through an int64 pointer
+  // makes them reload), lru's transform ran x0.97-1.01 as fast (Zen 5 VM), so they stayed members.
   void admit(int64_t fresh, int64_t* admitted_ids, int64_t* admitted_slots, int64_t* evicted_ids,
              int64_t* evicted_slots, int64_t* slot_of, int64_t batch_start, int64_t log_from_tick) {
     if (fresh + int64_t(victims_.size()) != int64_t(pending_.size())) {
