@@ -487,6 +487,22 @@ class IdTransformer {
   // stretch of the batch reading one part of the table) scanned in 0.92-1.06x the time, sorted
   // by home in 0.86-0.96x, less than a sort of the batch would cost (and the admissions' order
   // would change).
+  // lru's log entry for id p goes to log_off + p, log_off one offset for the batch's entries
+  // before the ring's wrap and one for those after (each run of the loop is split there), not to
+  // (log_start + p) & ring: the loop's values outnumber the registers, and that form reloaded the
+  // log's base from the stack and masked twice an id. On the Zen 5 VM (same measurement, built
+  // with the flags make ext uses, 4 runs, two of them with the benchmark's Python dict pass
+  // between the transforms): lru's transform x1.02-1.07 as fast at 50% hits with consecutive new
+  // ids, x1.02-1.11 in random order, x1.03-1.07 at 90%, x1.00-1.05 at 99%; lfu's x1.01. Such
+  // figures move with the code's layout, not only with its instructions: the pending-count test
+  // left out where a batch cannot overflow (fewer instructions) ran x0.89-0.97 as fast. Also
+  // measured there and not taken: with the offsets, the kills listed in the loop and their bits
+  // set in a pass of their own after it (each word prefetched 32 kills ahead), x1.03 against the
+  // offsets' x1.06-1.09 at 50% and x0.96-0.99 against x1.04-1.06 at 90-99% (built with -O3
+  // alone); each new id's place in the batch kept in Pending, not its tick (one add and a stack
+  // store an id fewer), x0.97-1.00 at 50% and x0.89-0.98 at 90%; profile-guided optimisation
+  // (gcc, trained on the benchmark's six cases, any_negative's AVX2 clone left out so the
+  // instrumented build loads), x0.97-1.02.
   void scan(const int64_t* id, int64_t n, int64_t* slot_of, int64_t batch_start, size_t log_start) {
     const bool may_fail = n > capacity_;
     switch (policy_) {
@@ -531,7 +547,7 @@ class IdTransformer {
     for (int64_t q = 0; q < std::min(n, kAhead); ++q) hash_ahead(q);
     // tail: one of the last kAhead ids, which tests whether the ids ahead exist. Always inlined
     // (as a call, lru's transform ran x0.70-0.85 as fast).
-    auto step = [&](int64_t p, auto tail_tag) __attribute__((always_inline)) {
+    auto step = [&](int64_t p, auto tail_tag, int64_t log_off) __attribute__((always_inline)) {
       constexpr bool tail = decltype(tail_tag)::value;
       if (!tail || p + kAhead < n) hash_ahead(p + kAhead);
       if constexpr (!lru) {
@@ -549,7 +565,7 @@ class IdTransformer {
       const int64_t t = batch_start + p;
       const uint64_t bi = probe_in(table, mask, where[p % kRing], key);
       Bucket& b = table[bi];
-      if constexpr (lru) log[(log_start + p) & ring] = key;
+      if constexpr (lru) log[log_off + p] = key;
       if (b.key == key) {
         const int64_t v = b.val;
         if (v >= 0) {
@@ -557,7 +573,7 @@ class IdTransformer {
             const bool before_batch = ((b.pos - log_start) & ring) >= size_t(n);
             if (may_fail && before_batch) touched_.push_back({int64_t(bi), int64_t(b.pos), 0});
             kill(b.pos);
-            b.pos = uint32_t((log_start + p) & ring);
+            b.pos = uint32_t(log_off + p);
           } else {
             if (may_fail && slot_use_[v].time < batch_start) touched_.push_back({v, slot_use_[v].time, slot_use_[v].count});
             touch<P>(v, t);
@@ -585,9 +601,18 @@ class IdTransformer {
       }
     };
     const int64_t body_end = std::max<int64_t>(0, n - kAhead);
-    int64_t p = 0;
-    for (; p < body_end; ++p) step(p, std::false_type{});
-    for (; p < n; ++p) step(p, std::true_type{});
+    // lru: id p's entry is at log_off + p in the ring, log_off one offset for the entries before
+    // its wrap and one for those after (the batch fits the ring: make_log_room), so no id masks.
+    const int64_t first_off = lru ? int64_t(log_start & ring) : 0;
+    const int64_t wrap = lru ? int64_t(ring + 1) - first_off : n;  // entries before the wrap
+    auto run = [&](int64_t from, int64_t to, auto tail_tag) __attribute__((always_inline)) {
+      const int64_t mid = std::min(std::max(wrap, from), to);
+      int64_t p = from;
+      for (; p < mid; ++p) step(p, tail_tag, first_off);
+      for (; p < to; ++p) step(p, tail_tag, first_off - int64_t(ring + 1));
+    };
+    run(0, body_end, std::false_type{});
+    run(body_end, n, std::true_type{});
     pending_.set_size(size_t(n_pending));
     clock_ = batch_start + n;
     if constexpr (lru) {  // the last kills, not yet due
