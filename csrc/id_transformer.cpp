@@ -491,11 +491,12 @@ class IdTransformer {
   // before the ring's wrap and one for those after (each run of the loop is split there), not to
   // (log_start + p) & ring: the loop's values outnumber the registers, and that form reloaded the
   // log's base from the stack and masked twice an id. On the Zen 5 VM (same measurement, built
-  // with the flags make ext uses, 4 runs, two of them with the benchmark's Python dict pass
+  // with the flags make ext uses, 4 runs, three of them with the benchmark's Python dict pass
   // between the transforms): lru's transform x1.02-1.07 as fast at 50% hits with consecutive new
-  // ids, x1.02-1.11 in random order, x1.03-1.07 at 90%, x1.00-1.05 at 99%; lfu's x1.01. Such
+  // ids, x1.02-1.11 in random order, x1.03-1.07 at 90%, x1.00-1.05 at 99% (two cases of a run
+  // where the old build had a slow stretch, x1.29 and x1.42, left out); lfu's x1.01. Such
   // figures move with the code's layout, not only with its instructions: the pending-count test
-  // left out where a batch cannot overflow (fewer instructions) ran x0.89-0.97 as fast. Also
+  // left out where a batch cannot overflow (fewer instructions) ran x0.89-0.99 as fast. Also
   // measured there and not taken: with the offsets, the kills listed in the loop and their bits
   // set in a pass of their own after it (each word prefetched 32 kills ahead), x1.03 against the
   // offsets' x1.06-1.09 at 50% and x0.96-0.99 against x1.04-1.06 at 90-99% (built with -O3
