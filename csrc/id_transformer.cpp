@@ -501,7 +501,9 @@ class IdTransformer {
   // set in a pass of their own after it (each word prefetched 32 kills ahead), x1.03 against the
   // offsets' x1.06-1.09 at 50% and x0.96-0.99 against x1.04-1.06 at 90-99% (built with -O3
   // alone); each new id's place in the batch kept in Pending, not its tick (one add and a stack
-  // store an id fewer), x0.97-1.00 at 50% and x0.89-0.98 at 90%; profile-guided optimisation
+  // store an id fewer), x0.97-1.00 at 50% and x0.89-0.98 at 90%; a new id's recency (its bucket's
+  // pos) written by the scan, where it puts the id, not by admit (two values fewer in admit's
+  // loop), x0.99-1.03 at 50% and x0.97-1.05 at 90-99% (3 runs); profile-guided optimisation
   // (gcc, trained on the benchmark's six cases, any_negative's AVX2 clone left out so the
   // instrumented build loads), x0.97-1.02.
   void scan(const int64_t* id, int64_t n, int64_t* slot_of, int64_t batch_start, size_t log_start) {
