@@ -605,7 +605,8 @@ class IdTransformer {
     };
     const int64_t body_end = std::max<int64_t>(0, n - kAhead);
     // lru: id p's entry is at log_off + p in the ring, log_off one offset for the entries before
-    // its wrap and one for those after (the batch fits the ring: make_log_room), so no id masks.
+    // its wrap and one for those after (the batch fits the ring: make_log_room), so no entry's
+    // place is masked.
     const int64_t first_off = lru ? int64_t(log_start & ring) : 0;
     const int64_t wrap = lru ? int64_t(ring + 1) - first_off : n;  // entries before the wrap
     auto run = [&](int64_t from, int64_t to, auto tail_tag) __attribute__((always_inline)) {
