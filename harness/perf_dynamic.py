@@ -131,7 +131,12 @@ dict sees the same ids either way)."""
 THROUGHPUT_REPEATS = 3
 """How many times each throughput case runs, each time with fresh tables and ids (its own seed),
 the repeats of all cases interleaved. One run's ratio to the dict moves by several per cent with
-the machine (both rates move, not by the same share), so the verdict is the median's, and the
+the machine, mostly through the transformer's rate (likely because its loops keep many reads in
+flight, where the dict waits on one at a time). On the Zen 5 VM, the same batches of the 50% cases
+(same seeds), run twice a few minutes apart, took the transformer 0.97-1.12x as long the second
+time at the median batch, and in most cases a few batches took 1.5-4x the median (no page faults,
+no context switches). Over 12 whole repeats of those cases, the transformer's time an id ranged
+over 0.91-1.22x its median, the dict's over 0.96-1.06x. So the verdict is the median's, and the
 spread is printed beside it."""
 
 
