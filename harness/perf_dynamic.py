@@ -131,13 +131,14 @@ dict sees the same ids either way)."""
 THROUGHPUT_REPEATS = 3
 """How many times each throughput case runs, each time with fresh tables and ids (its own seed),
 the repeats of all cases interleaved. One run's ratio to the dict moves by several per cent with
-the machine, mostly through the transformer's rate (likely because its loops keep many reads in
-flight, where the dict waits on one at a time). On the Zen 5 VM, the same batches of the 50% cases
-(same seeds), run twice a few minutes apart, took the transformer 0.97-1.12x as long the second
-time at the median batch, and in most cases a few batches took 1.5-4x the median (no page faults,
-no context switches). Over 12 whole repeats of those cases, the transformer's time an id ranged
-over 0.91-1.22x its median, the dict's over 0.96-1.06x. So the verdict is the median's, and the
-spread is printed beside it."""
+the machine, mostly through the transformer's rate. On the Zen 5 VM, the same batches of the 50%
+cases (same seeds), run twice a few minutes apart, took the transformer 0.97-1.12x as long the
+second time at the median batch, and in most cases a few batches took 1.5-4x the median (no page
+faults, no context switches). Over 12 whole repeats of those cases, the transformer's time an id
+ranged over 0.91-1.22x its median, the dict's over 0.96-1.06x. What moves it is not known: a
+memory-bandwidth hog on the other vCPU slowed both alike (the 50% cases' ratios x50.5-58.7 with
+it, x48.5-56.5 without, 4 interleaved runs). So the verdict is the median's, and the spread is
+printed beside it."""
 
 
 def goal_verdict(ratios: list[float], goal: float = GOAL_VS_DICT) -> str:
