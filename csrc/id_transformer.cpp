@@ -515,16 +515,18 @@ class IdTransformer {
   // (gcc, trained on the benchmark's six cases, any_negative's AVX2 clone left out so the
   // instrumented build loads), x0.97-1.02.
   // What the scan waits on is its own instructions, not the table: at 50% hits a table of 8 MiB
-  // (131,072 slots) took as long an id as the 64 MiB one (14.0 against 15.0 ns consecutive, 17.9
-  // against 17.4 random, one run), and without the scan's L2 prefetch 2.4 ns an id longer at 8 MiB
-  // and 9 at 64 MiB. (perf's software-clock samples pile on the instruction after that prefetch,
-  // 64% of the scan's, in the branch-free scan below too; the sizes say it is not the wait.)
+  // (131,072 slots) took about as long an id as 64 MiB (14.0 against 15.0 ns consecutive, 17.9
+  // against 17.4 random, one run), and without the scan's L2 prefetch 2.1-2.4 ns an id longer at
+  // 8 MiB and 8.6-8.9 at 64 MiB. (perf's software-clock samples pile on the instruction after that
+  // prefetch, 63-65% of the scan's, in the branch-free scan below too; the sizes say it is not
+  // the wait.)
   // Measured there and not taken (same measurement, one run, at 50/90/99% hits, consecutive then
   // random new ids): new ids kept out of the table by the scan, so it has no branch on hit or new
   // (every id's slot, recency and kill written, the kill of a new id to a spare dead bit, the new
   // ids listed), and put in by admit, whose probe of their home lines also finds an id new twice:
   // x0.82/0.86/0.91 and x0.80/0.88/0.92; that scan took as long as this one at 50% (9.9 against
-  // 10.0 ns an id, 11.1 against 11.2) and longer at 90%, and admit's probes cost 3 ns an id more;
+  // 10.0 ns an id, 11.1 against 11.2) and longer at 90%, and admit with its probes (and the
+  // victims' list) took 1.9-2.4 ns an id more;
   // whether id p + 1 sits at its home bucket, read in step p before its branches so that p + 1's
   // resolves early: x0.94/0.89/0.88 and x0.99/0.93/0.91; the table's prefetches issued 32 at a
   // time in a loop with no branch: x0.90-0.93; kill always inlined: x0.95-1.01; built with clang
