@@ -529,8 +529,10 @@ class IdTransformer {
   // victims' list) took 1.9-2.4 ns an id more;
   // whether id p + 1 sits at its home bucket, read in step p before its branches so that p + 1's
   // resolves early: x0.94/0.89/0.88 and x0.99/0.93/0.91; the table's prefetches issued 32 at a
-  // time in a loop with no branch: x0.90-0.93; kill always inlined: x0.95-1.01; built with clang
-  // 14 in place of gcc 12: x0.94/0.88/0.83 and x0.95/0.90/0.87.
+  // time in a loop with no branch: x0.90-0.93; kill always inlined: x0.95-1.01; the ring of homes
+  // holding byte offsets into the table (a shift fewer at each of their three uses):
+  // x0.96/1.02/1.06 and x1.01/0.99/1.05; built with clang 14 in place of gcc 12: x0.94/0.88/0.83
+  // and x0.95/0.90/0.87.
   void scan(const int64_t* id, int64_t n, int64_t* slot_of, int64_t batch_start, size_t log_start) {
     const bool may_fail = n > capacity_;
     switch (policy_) {
