@@ -514,12 +514,12 @@ class IdTransformer {
   // loop), x0.99-1.03 at 50% and x0.97-1.05 at 90-99% (3 runs); profile-guided optimisation
   // (gcc, trained on the benchmark's six cases, any_negative's AVX2 clone left out so the
   // instrumented build loads), x0.97-1.02.
-  // What the scan waits on is its own instructions, not the table: at 50% hits a table of 8 MiB
-  // (131,072 slots) took about as long an id as 64 MiB (14.0 against 15.0 ns consecutive, 17.9
-  // against 17.4 random, one run), and without the scan's L2 prefetch 2.1-2.4 ns an id longer at
-  // 8 MiB and 8.6-8.9 at 64 MiB. (perf's software-clock samples pile on the instruction after that
-  // prefetch, 63-65% of the scan's, in the branch-free scan below too; the sizes say it is not
-  // the wait.)
+  // What lru waits on is its own instructions, not the table: at 50% hits, with a table of 8 MiB
+  // (131,072 slots) its transform took about as long an id as with 64 MiB (14.0 against 15.0 ns
+  // consecutive, 17.9 against 17.4 random, one run), and without the scan's L2 prefetch 2.1-2.4
+  // ns an id longer at 8 MiB and 8.6-8.9 at 64 MiB. (perf's software-clock samples pile on the
+  // instruction after that prefetch, 63-65% of the scan's, in the branch-free scan below too; the
+  // sizes say it is not the wait.)
   // Measured there and not taken (same measurement, one run, at 50/90/99% hits, consecutive then
   // random new ids): new ids kept out of the table by the scan, so it has no branch on hit or new
   // (every id's slot, recency and kill written, the kill of a new id to a spare dead bit, the new
