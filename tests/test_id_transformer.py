@@ -357,6 +357,16 @@ def test_perf_dynamic_goal_verdict_by_hand():
     assert goal_verdict([40.0, 60.0], 50) == "met at the median, missed in 1 of 2 repeats"  # median 50
 
 
+def test_perf_dynamic_batch_spread_by_hand():
+    """A run's batch times: the median batch, the 90th percentile (interpolated between the batches
+    around it) and the mean, each of the last two over the median."""
+    from harness.perf_dynamic import batch_spread
+
+    assert batch_spread([1.0] * 9 + [2.0]) == pytest.approx((1.0, 1.1, 1.1))  # p90 at 8.1 of 0..9
+    assert batch_spread([4.0, 1.0, 3.0, 2.0]) == pytest.approx((2.5, 3.7 / 2.5, 1.0))  # p90 at 2.7 of 0..3
+    assert batch_spread([3.0]) == (3.0, 1.0, 1.0)
+
+
 def test_perf_dynamic_throughput_repeats_every_case(capsys):
     """Each case runs once a repeat with its own ids, and the summary's median and range are the
     repeats' own ratios."""
@@ -373,9 +383,14 @@ def test_perf_dynamic_throughput_repeats_every_case(capsys):
     out = capsys.readouterr().out
     for h in HIT_RATES:
         for o in ID_ORDERS:
-            ratios = [r["vs_dict"] for r in rows if r["hit_rate"] == h and r["id_order"] == o]
+            case = [r for r in rows if r["hit_rate"] == h and r["id_order"] == o]
+            ratios = [r["vs_dict"] for r in case]
+            slow = [r["transformer_run_over_median"] for r in case]
             assert f"hit rate {h:.0%}, ids {o:11s}: x{statistics.median(ratios):.1f} at the median " \
                    f"(x{min(ratios):.1f}-{max(ratios):.1f})" in out
+            assert f"the transformer's whole runs {min(slow):.3f}-{max(slow):.3f}x its median batch" in out
+            for r in case:  # p90 at or above the median; of 3 batches, 2 at or above it, so the mean >= 2/3 of it
+                assert r["transformer_p90_batch"] >= 1.0 and r["transformer_run_over_median"] >= 2 / 3
 
 
 def test_perf_dynamic_sums_a_ranks_transformer_memory(tmp_path):
