@@ -151,9 +151,7 @@ them at different batches (per-batch times correlated at 0.02): the machine's st
 ids. They are not steal time or the log's compactions; they stayed with glibc's trim and mmap
 thresholds raised, and with PYTHONMALLOC=malloc; 70 ms of sleep, a busy loop, random writes over
 128 MiB, or Python ints made and dropped, in place of the dict's pass, brought few (90th
-percentile 1.03-1.09x, a run each). Why the dict's pass brings them is not known. Each run
-prints its transformer's 90th-percentile batch and whole run over its median batch
-(batch_spread), so a miss says whether the tail or the median fell short."""
+percentile 1.03-1.09x, a run each). Why the dict's pass brings them is not known."""
 
 
 def goal_verdict(ratios: list[float], goal: float = GOAL_VS_DICT) -> str:
