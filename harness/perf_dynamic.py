@@ -9,7 +9,8 @@
    table). Only the calls are timed; batches are made outside. A few warm-up batches go untimed
    first; over the timed batches the lru log's ring fills once over (timed_batches), so a
    compaction, where the ids call for one, is in the figure as in a long run; how many there were
-   is printed.
+   is printed, and the share of ids lru's scan took 8 at a time (AVX-512, where the CPU has it and
+   the batch before brought a quarter or more new ids; IdTransformer.set_vector_scan).
    Beside them, the machine's memory bound: random reads a second from a table of the hash
    table's size, over the reads an id needs at the least (memory_bound), so a figure says both
    how far it is from the goal and how far from what this machine allows.
@@ -40,7 +41,8 @@ from pathlib import Path
 import torch
 
 from harness.quiet_bench import run_bench
-from model.id_transformer import POLICIES, IdTransformer, log_room_per_slot, random_read_rate
+from model.id_transformer import (POLICIES, VECTOR_SCAN_STEP, IdTransformer, log_room_per_slot,
+                                  random_read_rate)
 
 HIT_RATES = (0.5, 0.9, 0.99)
 GOAL_VS_DICT = 50.0
@@ -195,7 +197,8 @@ def throughput(slots: int, batch: int, batches: int, seed: int, repeats: int = T
                   f"(x{row['vs_dict']:.1f}), torch.unique {row['torch_unique']:.2f} M ids/s; memory bound "
                   f"{row['memory_bound']:.1f} M ids/s = {row['transformer'] / row['memory_bound']:.0%} reached, at "
                   f"most x{row['bound_vs_dict']:.0f} the dict with this table on this machine; lru log compactions "
-                  f"in the timed batches: {row['log_compactions']}; the transformer's batches: 90th percentile "
+                  f"in the timed batches: {row['log_compactions']}; ids scanned 8 at a time (AVX-512): "
+                  f"{row['vector_scan_share']:.0%}; the transformer's batches: 90th percentile "
                   f"{row['transformer_p90_batch']:.2f}x its median, whole run {row['transformer_run_over_median']:.3f}x "
                   f"(at the median batch x{row['vs_dict_median_batch']:.1f} the dict)", flush=True)
             rows.append(row)
@@ -233,7 +236,7 @@ def throughput_case(slots: int, batch: int, batches: int, rate: float, order: st
             dict_lru(table, ids.tolist())
             continue
         if b == 0:
-            compactions_before = fast.log_compactions()
+            compactions_before, groups_before = fast.log_compactions(), fast.vector_groups()
         start = time.perf_counter()
         got = fast.transform(ids)
         seconds.append(time.perf_counter() - start)
@@ -250,7 +253,8 @@ def throughput_case(slots: int, batch: int, batches: int, rate: float, order: st
            "vs_dict_median_batch": statistics.median(py_seconds) / median,
            "transformer_p90_batch": p90, "transformer_run_over_median": whole,
            "memory_bound": memory_bound(ceiling, rate) / 1e6,
-           "log_compactions": fast.log_compactions() - compactions_before}
+           "log_compactions": fast.log_compactions() - compactions_before,
+           "vector_scan_share": VECTOR_SCAN_STEP * (fast.vector_groups() - groups_before) / n}
     row["vs_dict"] = row["transformer"] / row["python_dict"]
     row["bound_vs_dict"] = row["memory_bound"] / row["python_dict"]
     return row

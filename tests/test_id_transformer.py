@@ -13,6 +13,17 @@ import torch
 from model.id_transformer import POLICIES, IdTransformer, log_room_per_slot
 
 
+def cpu_has_avx512() -> bool:
+    try:
+        IdTransformer(1, "lru").set_vector_scan("always")
+    except ValueError:
+        return False
+    return True
+
+
+needs_avx512 = pytest.mark.skipif(not cpu_has_avx512(), reason="lru's vector scan needs a CPU with AVX-512")
+
+
 class DictModel:
     """Each policy as its definition reads, with dicts and a full sort: one clock tick an id
     occurrence; a batch's new ids take never-used slots in order, then the slots of the coldest
@@ -70,9 +81,11 @@ class DictModel:
         return [self.slot_of[i] for i in ids], admitted, evicted
 
 
-def check_stream(batches, capacity: int, policy: str, half_life: int = 7) -> int:
-    """Both on the same batches; returns how many evictions they agreed on."""
-    model, fast = DictModel(capacity, policy, half_life), IdTransformer(capacity, policy, half_life)
+def check_stream(batches, capacity: int, policy: str, half_life: int = 7, fast: IdTransformer | None = None) -> int:
+    """Both on the same batches (`fast` a fresh transformer of these settings, made here unless
+    given); returns how many evictions they agreed on."""
+    model = DictModel(capacity, policy, half_life)
+    fast = fast or IdTransformer(capacity, policy, half_life)
     evictions = 0
     for b, batch in enumerate(batches):
         try:
@@ -138,6 +151,77 @@ def test_adversarial_streams_match_the_dict_model(policy):
                        *([300 + i] for i in range(2 * cap))]
     for batches in (scan, hot_and_scan, full, same, wide_repeats, grown, big, stride, too_wide, refused_repeats):
         check_stream(batches, cap, policy, half_life=5)
+
+
+def wide_batches() -> list[tuple[str, int, list[list[int]]]]:
+    """(name, slots, batches) of batches wide enough for lru's vector scan (its steps run on all
+    but a batch's last 96 ids, 8 at a time), each no wider than the slots."""
+    gen = torch.Generator().manual_seed(11)
+    # hits, repeats of resident and of new ids (a new id twice in a step: a scalar step), evictions;
+    # the log's ring (8 entries a slot) wraps inside batches every few
+    uniform = torch.randint(0, 900, (40, 200), generator=gen).tolist()
+    # mostly new ids, consecutive, beside hits on ids of the batch before: steps the vector scan
+    # does whole (its slots hold two batches' new ids, so the second batch on evicts)
+    fresh = [[*range(1000 + 240 * b, 1240 + 240 * b), *range(940 + 240 * b, 1000 + 240 * b)] for b in range(30)]
+    for batch in fresh:
+        random_order = torch.randperm(len(batch), generator=gen).tolist()
+        batch[:] = [batch[i] for i in random_order]
+    return [("uniform", 256, uniform), ("fresh", 512, fresh),
+            ("power law", 1024, power_law(30, 600, 20_000, seed=12))]
+
+
+@pytest.mark.parametrize("vector", ["always", "never"])
+def test_lru_wide_batches_match_the_dict_model_with_and_without_the_vector_scan(vector):
+    if vector == "always" and not cpu_has_avx512():
+        pytest.skip("lru's vector scan needs a CPU with AVX-512")
+    for name, slots, batches in wide_batches():
+        fast = IdTransformer(slots, "lru")
+        fast.set_vector_scan(vector)
+        assert check_stream(batches, slots, "lru", fast=fast) > 1000, name
+        # the vector steps ran on most ids where asked, and on none where not
+        steps = sum(max(0, len(b) - 96) // 8 for b in batches)
+        assert (fast.vector_groups() > steps // 4) if vector == "always" else fast.vector_groups() == 0, name
+
+
+@needs_avx512
+def test_lru_vector_scan_on_ids_sharing_home_lines_matches_the_dict_model():
+    """Wide batches of ids picked to share a few home lines: lines fill and overflow, so steps
+    whose ids are not settled in their home lines, or share one, fall to the scalar steps, between
+    steps done by vector."""
+    cap = 1024
+    t = IdTransformer(cap, "lru")
+    buckets = t.table_bytes // 16
+    candidates = torch.randint(0, 1 << 62, (400_000,), generator=torch.Generator().manual_seed(13))
+    homes = t.homes(candidates)
+    crowded = torch.cat([candidates[homes == line * 4][:12] for line in (0, 7, buckets // 4 - 1)])
+    assert crowded.numel() == 36
+    spread = torch.arange(1 << 40, (1 << 40) + 4000)  # ids on lines of their own, mostly
+    gen = torch.Generator().manual_seed(14)
+    batches = []
+    for b in range(40):
+        batch = torch.cat([crowded[torch.randint(0, 36, (40,), generator=gen)], spread[b * 90:b * 90 + 260]])
+        batches.append(batch[torch.randperm(batch.numel(), generator=gen)].tolist())
+    t.set_vector_scan("always")
+    assert check_stream(batches, cap, "lru", fast=t) > 1000
+    assert t.vector_groups() > 100
+
+
+@needs_avx512
+def test_lru_vector_scan_auto_follows_the_share_of_new_ids_in_the_batch_before():
+    t = IdTransformer(4096, "lru")
+    t.transform(torch.arange(0, 1000))  # all new, but no batch before: scalar
+    assert t.vector_groups() == 0
+    t.transform(torch.arange(0, 1000))  # the batch before all new: vector
+    after_new = t.vector_groups()
+    assert after_new == (1000 - 96) // 8
+    t.transform(torch.arange(0, 1000))  # the batch before all hits: scalar
+    assert t.vector_groups() == after_new
+    t.set_vector_scan("never")
+    t.transform(torch.arange(5000, 6000))
+    t.transform(torch.arange(6000, 7000))
+    assert t.vector_groups() == after_new
+    with pytest.raises(ValueError, match="not one of auto, always, never"):
+        t.set_vector_scan("sometimes")
 
 
 @pytest.mark.parametrize("policy", POLICIES)
