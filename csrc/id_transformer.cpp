@@ -206,6 +206,8 @@ struct ColdKey {  // lfu, hybrid: a slot as coldest() ranks it, coldest first
   bool operator<(const ColdKey& o) const { return heat != o.heat ? heat < o.heat : time < o.time; }
 };
 
+// The hash's multiplier, 2^64 / phi (IdTransformer::home_in; lru_groups_avx512 hashes as it does).
+constexpr uint64_t kFibonacci = 0x9e3779b97f4a7c15ULL;
 constexpr double kVectorScanNewShare = 0.25;  // IdTransformer::vector_scan_for
 constexpr int64_t kGroup = 8;  // ids a step of lru's vector scan (lru_groups_avx512); spare room past lists it writes whole
 
@@ -230,6 +232,7 @@ class PendingList {
   }
   size_t size() const { return n_; }
   size_t room() const { return room_; }
+  size_t bytes() const { return room_ ? (room_ + kGroup) * sizeof(Pending) : 0; }  // its spare too
   void set_size(size_t n) { n_ = n; }  // the scan's count, once it is done (or before undo)
   Pending* data() { return data_.get(); }
   Pending& operator[](size_t i) { return data_[i]; }
@@ -243,8 +246,9 @@ class PendingList {
 // lru's scan, 8 ids at a time (AVX-512), where a batch has many new ids (IdTransformer::
 // vector_scan_for). At 50% hits the scalar scan's branch on hit or new is a coin toss an id; this
 // one has none: each step reads its 8 ids' home lines by gathers (their 4 keys, so an id is found
-// or its empty bucket is, in its line), writes the hits' recency and the new ids' buckets by
-// masked stores and scatters, and its pending ids by compressing them (their order kept). A step
+// or its empty bucket is, in its line), writes the hits' recency by a store a lane (the lanes of
+// new ids to a spare place) and the new ids' buckets by scatters, and its pending ids by
+// compressing them (their order kept). A step
 // that cannot be done so (an id not settled in its home line, a line full; a pending id's later
 // occurrence; two of its ids on one line, as one's write would change what the other read) writes
 // nothing and is left to the scalar steps, which the scan runs for it. Prefetching is the scalar
@@ -324,7 +328,7 @@ DLRM_AVX512 __attribute__((noinline)) int64_t lru_groups_avx512(LruGroups& s, in
   uint64_t* const dead = s.dead;
   size_t n_killed = s.n_killed;
   int64_t n_pending = s.n_pending;
-  const __m512i fib = _mm512_set1_epi64(int64_t(0x9e3779b97f4a7c15ULL));  // home_in's multiplier
+  const __m512i fib = _mm512_set1_epi64(int64_t(kFibonacci));
   const __m128i shift = _mm_cvtsi32_si128(int(s.shift));
   const __m512i line_start = _mm512_set1_epi64(~int64_t(kBucketsPerLine - 1));
   const __m512i empty = _mm512_set1_epi64(kEmpty);
@@ -565,7 +569,7 @@ class IdTransformer {
     size_t bytes = table_.size() * sizeof(Bucket) + slot_id_.size() * sizeof(int64_t) +
                    slot_use_.size() * sizeof(SlotUse) + log_.size() * sizeof(LogEntry) +
                    dead_.size() * sizeof(uint64_t) + cold_keys_.size() * sizeof(ColdKey);
-    bytes += pending_.room() * sizeof(Pending) + deferred_.capacity() * sizeof(int64_t) +
+    bytes += pending_.bytes() + deferred_.capacity() * sizeof(int64_t) +
              touched_.capacity() * sizeof(Touched) + victims_.capacity() * sizeof(int64_t) +
              cold_sample_.capacity() * sizeof(ColdKey);
     return int64_t(bytes);
@@ -593,9 +597,9 @@ class IdTransformer {
       throw std::invalid_argument("id transformer: vector scan mode '" + mode + "' is not one of auto, always, never");
     }
   }
-  int64_t vector_groups() {  // steps of kGroup ids that lru's vector scan did (the rest: scalar steps)
+  int64_t vector_scanned_ids() {  // ids lru's vector scan took (the rest: scalar steps)
     std::lock_guard<std::mutex> lock(mu_);
-    return vector_groups_;
+    return vector_scanned_ids_;
   }
 
  private:
@@ -657,7 +661,6 @@ class IdTransformer {
   // x0.63-0.65 at 90-99% consecutive, x0.84-0.87 random. Likely why: where an id sits in a shared
   // line moves with the order its ids came in, so the probe's exit is mispredicted, and the line
   // saved is a read the prefetches had already hidden.
-  static constexpr uint64_t kFibonacci = 0x9e3779b97f4a7c15ULL;
   static uint64_t home_in(unsigned shift, int64_t key) {
     return ((uint64_t(key) * kFibonacci) >> shift) & ~(kBucketsPerLine - 1);
   }
@@ -878,7 +881,7 @@ class IdTransformer {
           p = lru_groups_avx512(g, p, to, log_off);
           n_killed = g.n_killed;
           n_pending = g.n_pending;
-          vector_groups_ += g.groups;
+          vector_scanned_ids_ += g.groups * kGroup;
           if (p + kGroup > to) break;
           for (const int64_t end = p + kGroup; p < end; ++p) step(p, tail_tag, log_off);
         }
@@ -1348,7 +1351,7 @@ class IdTransformer {
   enum class VectorScan { kAuto, kAlways, kNever };
   VectorScan vector_scan_ = VectorScan::kAuto;
   double last_new_share_ = 0;  // the share of the last batch's ids that were new (vector_scan_for)
-  int64_t vector_groups_ = 0;
+  int64_t vector_scanned_ids_ = 0;
   // A batch's working lists, kept between calls so a batch allocates (and faults in) nothing.
   PendingList pending_;
   std::vector<int64_t> deferred_;  // victims of full lines, their erases deferred (take_out_of_full)
@@ -1399,7 +1402,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("resident", &IdTransformer::resident)
       .def("log_compactions", &IdTransformer::log_compactions)
       .def("set_vector_scan", &IdTransformer::set_vector_scan, py::arg("mode"))
-      .def("vector_groups", &IdTransformer::vector_groups)
+      .def("vector_scanned_ids", &IdTransformer::vector_scanned_ids)
       .def_property_readonly("capacity", &IdTransformer::capacity)
       .def_property_readonly("table_bytes", &IdTransformer::table_bytes)
       .def_property_readonly("host_bytes", &IdTransformer::host_bytes);

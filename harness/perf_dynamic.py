@@ -41,8 +41,7 @@ from pathlib import Path
 import torch
 
 from harness.quiet_bench import run_bench
-from model.id_transformer import (POLICIES, VECTOR_SCAN_STEP, IdTransformer, log_room_per_slot,
-                                  random_read_rate)
+from model.id_transformer import POLICIES, IdTransformer, log_room_per_slot, random_read_rate
 
 HIT_RATES = (0.5, 0.9, 0.99)
 GOAL_VS_DICT = 50.0
@@ -236,7 +235,7 @@ def throughput_case(slots: int, batch: int, batches: int, rate: float, order: st
             dict_lru(table, ids.tolist())
             continue
         if b == 0:
-            compactions_before, groups_before = fast.log_compactions(), fast.vector_groups()
+            compactions_before, vector_before = fast.log_compactions(), fast.vector_scanned_ids()
         start = time.perf_counter()
         got = fast.transform(ids)
         seconds.append(time.perf_counter() - start)
@@ -254,7 +253,7 @@ def throughput_case(slots: int, batch: int, batches: int, rate: float, order: st
            "transformer_p90_batch": p90, "transformer_run_over_median": whole,
            "memory_bound": memory_bound(ceiling, rate) / 1e6,
            "log_compactions": fast.log_compactions() - compactions_before,
-           "vector_scan_share": VECTOR_SCAN_STEP * (fast.vector_groups() - groups_before) / n}
+           "vector_scan_share": (fast.vector_scanned_ids() - vector_before) / n}
     row["vs_dict"] = row["transformer"] / row["python_dict"]
     row["bound_vs_dict"] = row["memory_bound"] / row["python_dict"]
     return row

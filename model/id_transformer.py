@@ -21,11 +21,6 @@ POLICIES = DYNAMIC_POLICIES
 """Eviction policies: least recent; fewest accesses (least recent among equals); accesses with
 their counter halved every `half_life` id occurrences since the last, least recent among equals."""
 
-VECTOR_SCAN_MODES = ("auto", "always", "never")
-"""When lru's scan takes 8 ids a step with AVX-512 (IdTransformer.set_vector_scan)."""
-
-VECTOR_SCAN_STEP = 8
-"""Ids a step of lru's vector scan (kGroup in csrc/id_transformer.cpp); vector_groups() counts steps."""
 
 DEFAULT_HALF_LIFE = 1 << 20
 """Id occurrences after which a hybrid counter halves (about 10 batches of small's 4096 x 26 ids)."""
@@ -98,15 +93,12 @@ class IdTransformer:
     def set_vector_scan(self, mode: str) -> None:
         """lru's scan of 8 ids at a time (AVX-512; the same results): "auto" (the default: where the
         CPU has AVX-512 and the batch before had a quarter or more new ids), "always" (ValueError
-        where the CPU lacks AVX-512) or "never"."""
-        if mode not in VECTOR_SCAN_MODES:
-            raise ValueError(f"vector scan mode {mode!r} is not one of {', '.join(VECTOR_SCAN_MODES)}")
+        where the CPU lacks AVX-512) or "never" (ValueError for anything else, from the extension)."""
         self._impl.set_vector_scan(mode)
 
-    def vector_groups(self) -> int:
-        """Steps of VECTOR_SCAN_STEP ids that lru's vector scan has done (ids it left to the scalar steps
-        not counted)."""
-        return self._impl.vector_groups()
+    def vector_scanned_ids(self) -> int:
+        """Ids lru's vector scan has taken, 8 a step (not those it left to the scalar steps)."""
+        return self._impl.vector_scanned_ids()
 
 
 def log_room_per_slot() -> int:
