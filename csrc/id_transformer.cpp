@@ -252,7 +252,9 @@ class PendingList {
 // that cannot be done so (an id not settled in its home line, a line full; a pending id's later
 // occurrence; two of its ids on one line, as one's write would change what the other read) writes
 // nothing and is left to the scalar steps, which the scan runs for it. Prefetching is the scalar
-// scan's (the same ids kAhead on into L2, kNear on into L1), so the two kinds of step mix freely.
+// scan's L2 prefetch (the same ids kAhead on), so the two kinds of step mix freely. It has no L1
+// prefetch kNear on: without it lru's transform ran x1.04-1.06 as fast at 50% hits with new ids
+// in random order and x0.995-1.045 with consecutive ones (same measurement as below, 4 runs).
 // Measured on the Zen 5 VM (a million slots, batches of 65,536, side by side in one process, median
 // of per-batch ratios, 30 batches). With the vector scan on every batch, lru's transform ran:
 // - at 50% hits, x1.13-1.16 as fast with new ids in random order, x1.02-1.03 with consecutive
@@ -261,9 +263,16 @@ class PendingList {
 // - at 90%, x1.07 random but x0.96 consecutive; at 99%, x1.03 and x0.90-0.92.
 // Hence vector_scan_for's rule. As built here, with that rule: x1.12-1.15 at 50% random and
 // x0.99 consecutive (3 runs); at 90% and 99% x0.99-1.04 (one run).
-// Also measured: the hits' recency written by a scatter, x0.99-1.00 against these stores; not
+// Also measured: the hits' recency written by a scatter, x0.99-1.00 against these stores. Not
 // taken: the kills' due bits set in 8 steps with no branch, spare ones to a spare word,
-// x0.94-0.96.
+// x0.94-0.96; the table's lines prefetched into L1, not L2, kAhead on, x1.00-1.01; the log's
+// aligned lines written by non-temporal stores, x0.99-1.01.
+// What it waits on: at 50% hits its scan took 6.1 ns an id with a table of 1 MiB (16,384 slots,
+// batches of 4,096, everything in L2) and 9.5-10 ns at a million slots, where the scalar scan took
+// 9.3 and 10.6. So at a million slots this scan waits on memory for about a third of its time,
+// though a plain loop with as much work an id hid random reads from the same 64 MiB entirely
+// (7.1 ns a line with or without them); what it waits on there is not known (no hardware
+// counters on this VM).
 struct LruGroups {  // the scan's state that the vector steps read and advance
   Bucket* table;
   unsigned shift;
@@ -319,7 +328,7 @@ DLRM_AVX512 __attribute__((noinline)) int64_t lru_groups_avx512(LruGroups& s, in
   static_assert(sizeof(Bucket) == 16 && offsetof(Bucket, val) == 8 && offsetof(Bucket, pos) == 12,
                 "the gathers read a bucket as its key's and its val-and-pos's 8-byte words");
   static_assert(sizeof(Pending) == 32, "new ids' Pendings are written four 8-byte fields at a time");
-  static_assert(kRing % kGroup == 0 && kAhead % kGroup == 0 && kNear % kGroup == 0, "a step's ring places are contiguous");
+  static_assert(kRing % kGroup == 0 && kAhead % kGroup == 0, "a step's ring places are contiguous");
   Bucket* const table = s.table;
   long long* const q64 = reinterpret_cast<long long*>(table);
   int* const q32 = reinterpret_cast<int*>(table);
@@ -339,7 +348,6 @@ DLRM_AVX512 __attribute__((noinline)) int64_t lru_groups_avx512(LruGroups& s, in
   uint32_t spare;  // where a lane that is no hit writes its recency
   const __m512i spare_at = _mm512_set1_epi64(int64_t(reinterpret_cast<uintptr_t>(&spare)));
   for (; p + kGroup <= to; p += kGroup) {
-    for (int i = 0; i < kGroup; ++i) prefetch_l1(&table[where[(p + kNear) % kRing + i]]);
     const __m512i keys = _mm512_loadu_si512(s.id + p);
     const __m512i home = _mm512_loadu_si512(where + p % kRing);
     const __m512i shared = _mm512_conflict_epi64(home);  // a lane's line also an earlier lane's
