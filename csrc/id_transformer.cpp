@@ -445,6 +445,7 @@ int64_t lru_groups_avx512(LruGroups&, int64_t p, int64_t, int64_t) { return p; }
 #endif
 
 using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using Clock = std::chrono::steady_clock;
 
 class IdTransformer {
  public:
@@ -496,7 +497,9 @@ class IdTransformer {
     const size_t log_start = log_end_;
     if (lru) log_end_ += n;  // every entry is written by the scan before anything reads it
     touched_.clear();
+    const auto scan_start = Clock::now();
     scan(id, n, slot_of, batch_start, log_start, vector_scan_for(lru));
+    const auto scan_end = Clock::now();
     const int64_t k = int64_t(pending_.size());
     const int64_t fresh = std::min(k, capacity_ - used_);
     victims_.clear();  // coldest first: lru their ids, lfu and hybrid their slots
@@ -515,14 +518,20 @@ class IdTransformer {
       }
     }
     log_head_ = log_head;
+    const auto victims_end = Clock::now();
     const int64_t m = int64_t(victims_.size());
     auto admitted_ids = at::empty({k}, at::kLong);
     auto admitted_slots = at::empty({k}, at::kLong);
     auto evicted_ids = at::empty({m}, at::kLong);
     auto evicted_slots = at::empty({m}, at::kLong);
+    const auto admit_start = Clock::now();
     admit(fresh, admitted_ids.data_ptr<int64_t>(), admitted_slots.data_ptr<int64_t>(),
           evicted_ids.data_ptr<int64_t>(), evicted_slots.data_ptr<int64_t>(), slot_of, batch_start,
           int64_t(log_start) - batch_start);
+    const auto admit_end = Clock::now();
+    part_seconds_[0] += std::chrono::duration<double>(scan_end - scan_start).count();
+    part_seconds_[1] += std::chrono::duration<double>(victims_end - scan_end).count();
+    part_seconds_[2] += std::chrono::duration<double>(admit_end - admit_start).count();
     used_ += fresh;
     last_new_share_ = n ? double(k) / double(n) : 0.0;
     return {out.view(ids_in.sizes()), admitted_ids, admitted_slots, evicted_ids, evicted_slots};
@@ -604,6 +613,13 @@ class IdTransformer {
     } else {
       throw std::invalid_argument("id transformer: vector scan mode '" + mode + "' is not one of auto, always, never");
     }
+  }
+  // Seconds spent so far in transform's parts: the scan (each id to its slot or to the pending
+  // list), the victims' choice (least_recent, coldest) and admit. Four clock reads a batch (tens of
+  // ns against a batch's hundreds of µs), so perf-dynamic can say where a slow batch's time went.
+  std::tuple<double, double, double> part_seconds() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {part_seconds_[0], part_seconds_[1], part_seconds_[2]};
   }
   int64_t vector_scanned_ids() {  // ids lru's vector scan took (the rest: scalar steps)
     std::lock_guard<std::mutex> lock(mu_);
@@ -1008,6 +1024,16 @@ class IdTransformer {
     // What each part of this loop costs at most, left out (wrong tables, so bounds; Zen 5 VM, same
     // measurement, 50% hits): the victims' erases, x1.03-1.04 as fast; their lines not read either,
     // x1.08-1.10; the chains of a new id's later occurrences, x1.03. No one part is a tenth.
+    // Measured there and not taken (same measurement, one run each): lru's victims 8 a step with
+    // AVX-512, as its scan takes ids (no branch on where a victim sits; a step with a full line,
+    // two victims on one line or a pending id that would move left to this loop). Read by
+    // gathers, each line shifted by a permute and stored whole, the pending buckets' val and pos
+    // and slot_of written by scatters: x0.93-0.94 at 50% hits, x0.99 at 90%, x1.03 at 99%. Each
+    // line read into a register and compared there (no gathers): x0.95-0.97 at 50%, x1.01 at
+    // 90-99%; with scalar stores for the scatters, the same; with the victims' lines also
+    // prefetched into L1 kNear on, x0.92-0.95. At 50% hits the gathers' version spent 6.2-6.6 ns
+    // an id of the batch here against this loop's 4.3 (the transform's parts timed): the
+    // instructions it saves are not what this loop waits on.
     uint64_t homes[kRing];  // homes[q % kRing]: victim q's home
     auto hash_victim = [&](int64_t q) {
       homes[q % kRing] = home(victim_id(q));
@@ -1360,6 +1386,7 @@ class IdTransformer {
   VectorScan vector_scan_ = VectorScan::kAuto;
   double last_new_share_ = 0;  // the share of the last batch's ids that were new (vector_scan_for)
   int64_t vector_scanned_ids_ = 0;
+  double part_seconds_[3] = {0, 0, 0};  // part_seconds()
   // A batch's working lists, kept between calls so a batch allocates (and faults in) nothing.
   PendingList pending_;
   std::vector<int64_t> deferred_;  // victims of full lines, their erases deferred (take_out_of_full)
@@ -1411,6 +1438,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("log_compactions", &IdTransformer::log_compactions)
       .def("set_vector_scan", &IdTransformer::set_vector_scan, py::arg("mode"))
       .def("vector_scanned_ids", &IdTransformer::vector_scanned_ids)
+      .def("part_seconds", &IdTransformer::part_seconds)
       .def_property_readonly("capacity", &IdTransformer::capacity)
       .def_property_readonly("table_bytes", &IdTransformer::table_bytes)
       .def_property_readonly("host_bytes", &IdTransformer::host_bytes);

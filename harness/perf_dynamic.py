@@ -18,7 +18,9 @@
    interleaved); the ratio to the dict is summed up as its median and range, and the goal's
    verdict is the median's (goal_verdict), saying in how many repeats it was missed. Each run also
    says how its transformer's batch times spread (batch_spread), so a ratio pulled down by a tail
-   of slow batches can be told from one whose median batch is slow (THROUGHPUT_REPEATS).
+   of slow batches can be told from one whose median batch is slow (THROUGHPUT_REPEATS), and how
+   its time divides among the transform's parts, in all batches and in the slowest ones
+   (part_spread: scan, victims, admit).
 2. Hit rate against slots for power-law ids (Zipf, --alpha) under each policy, after a warm-up
    half of the stream: printed, and plotted in reports/perf-dynamic/hit_rate.png.
 3. Training: `mlperf-ids` (MLPerf's full id spaces, every table over 65536 rows dynamic) against
@@ -41,7 +43,7 @@ from pathlib import Path
 import torch
 
 from harness.quiet_bench import run_bench
-from model.id_transformer import POLICIES, IdTransformer, log_room_per_slot, random_read_rate
+from model.id_transformer import POLICIES, TRANSFORM_PARTS, IdTransformer, log_room_per_slot, random_read_rate
 
 HIT_RATES = (0.5, 0.9, 0.99)
 GOAL_VS_DICT = 50.0
@@ -152,7 +154,16 @@ them at different batches (per-batch times correlated at 0.02): the machine's st
 ids. They are not steal time or the log's compactions; they stayed with glibc's trim and mmap
 thresholds raised, and with PYTHONMALLOC=malloc; 70 ms of sleep, a busy loop, random writes over
 128 MiB, or Python ints made and dropped, in place of the dict's pass, brought few (90th
-percentile 1.03-1.09x, a run each). Why the dict's pass brings them is not known."""
+percentile 1.03-1.09x, a run each). Why the dict's pass brings them is not known.
+Where they are (part_spread; same VM, 50% hits, consecutive new ids, the benchmark's loop, 14
+runs on a day when its whole runs were 1.06-1.28x their median batch): in the scan. The slowest
+tenth of batches spent 1.7-3.3x the typical ones' time there, and 1.06-1.22x in admit, which reads
+the same table (5 runs). So too with the scalar scan alone (set_vector_scan("never")), with the
+log's room for the batch written before the call, with the dead bits left out (a wrong table, to
+find the part), and with 3 ms of sleep or of busy loop between the dict's pass and the call. No
+interrupt but the timer's, no page fault and no move to another CPU came with them. A plain loop
+of random read-modify-writes over 64 MiB in the transformer's place ran 1.03-1.15x its median
+call over a run with the dict's pass between calls, 1.01-1.02x with a 65 ms sleep (4 runs each)."""
 
 
 def goal_verdict(ratios: list[float], goal: float = GOAL_VS_DICT) -> str:
@@ -173,6 +184,24 @@ def batch_spread(seconds: list[float]) -> tuple[float, float, float]:
     median = statistics.median(seconds)
     p90 = statistics.quantiles(seconds, n=10, method="inclusive")[-1] if len(seconds) > 1 else seconds[0]
     return median, p90 / median, statistics.fmean(seconds) / median
+
+
+def part_spread(seconds: list[float], parts: list[dict[str, float]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Where a run's transformer time went, by the transform's parts (TRANSFORM_PARTS), from each
+    batch's time and part seconds: each part's share of all the parts' time, and each part's mean
+    in the run's slowest tenth of batches (at least one) over its mean in the batches at or below
+    the median batch, so a tail of slow batches can be pinned on a part."""
+    total = sum(sum(p.values()) for p in parts)
+    shares = {name: sum(p[name] for p in parts) / total if total else 0.0 for name in TRANSFORM_PARTS}
+    order = sorted(range(len(seconds)), key=lambda i: seconds[i])
+    median = statistics.median(seconds)
+    typical = [parts[i] for i in order if seconds[i] <= median]
+    slow = [parts[i] for i in order[-max(1, len(seconds) // 10):]]
+    over = {}
+    for name in TRANSFORM_PARTS:
+        base = statistics.fmean(p[name] for p in typical)
+        over[name] = statistics.fmean(p[name] for p in slow) / base if base else float("nan")
+    return shares, over
 
 
 def throughput(slots: int, batch: int, batches: int, seed: int, repeats: int = THROUGHPUT_REPEATS) -> list[dict]:
@@ -199,7 +228,10 @@ def throughput(slots: int, batch: int, batches: int, seed: int, repeats: int = T
                   f"in the timed batches: {row['log_compactions']}; ids scanned 8 at a time (AVX-512): "
                   f"{row['vector_scan_share']:.0%}; the transformer's batches: 90th percentile "
                   f"{row['transformer_p90_batch']:.2f}x its median, whole run {row['transformer_run_over_median']:.3f}x "
-                  f"(at the median batch x{row['vs_dict_median_batch']:.1f} the dict)", flush=True)
+                  f"(at the median batch x{row['vs_dict_median_batch']:.1f} the dict); its time by part: "
+                  + ", ".join(f"{n} {row['part_shares'][n]:.0%}" for n in TRANSFORM_PARTS)
+                  + "; its slowest tenth of batches over its batches at or below the median: "
+                  + ", ".join(f"{n} {row['slow_part_over_typical'][n]:.2f}x" for n in TRANSFORM_PARTS), flush=True)
             rows.append(row)
     print(f"against the Python dict, {repeats} repeat(s) a case (goal x{GOAL_VS_DICT:g}):", flush=True)
     for rate, order in cases:
@@ -224,6 +256,7 @@ def throughput_case(slots: int, batch: int, batches: int, rate: float, order: st
     next_new, uniq_seconds, misses = slots, 0.0, 0
     seconds: list[float] = []  # a batch each, the transformer's and the dict's
     py_seconds: list[float] = []
+    parts: list[dict[str, float]] = []  # a batch each, the transformer's part seconds (read outside the timed call)
     for b in range(-WARMUP_BATCHES, batches):
         held = fast.slot_ids()
         ids, next_new = mixed_batch(held[held >= 0], batch, rate, next_new, gen, id_of)
@@ -236,9 +269,13 @@ def throughput_case(slots: int, batch: int, batches: int, rate: float, order: st
             continue
         if b == 0:
             compactions_before, vector_before = fast.log_compactions(), fast.vector_scanned_ids()
+            parts_before = fast.part_seconds()
         start = time.perf_counter()
         got = fast.transform(ids)
         seconds.append(time.perf_counter() - start)
+        parts_now = fast.part_seconds()
+        parts.append({name: parts_now[name] - parts_before[name] for name in TRANSFORM_PARTS})
+        parts_before = parts_now
         misses += got.admitted_ids.numel()
         start = time.perf_counter()
         torch.unique(ids, return_inverse=True)
@@ -254,6 +291,7 @@ def throughput_case(slots: int, batch: int, batches: int, rate: float, order: st
            "memory_bound": memory_bound(ceiling, rate) / 1e6,
            "log_compactions": fast.log_compactions() - compactions_before,
            "vector_scan_share": (fast.vector_scanned_ids() - vector_before) / n}
+    row["part_shares"], row["slow_part_over_typical"] = part_spread(seconds, parts)
     row["vs_dict"] = row["transformer"] / row["python_dict"]
     row["bound_vs_dict"] = row["memory_bound"] / row["python_dict"]
     return row

@@ -22,6 +22,12 @@ POLICIES = DYNAMIC_POLICIES
 their counter halved every `half_life` id occurrences since the last, least recent among equals."""
 
 
+TRANSFORM_PARTS = ("scan", "victims", "admit")
+"""What a transform's time goes to, in order: the scan (each id to its slot, or listed as new), the
+victims' choice (lru: off its log's front; lfu, hybrid: the coldest slots) and admit (each victim
+out of the table, a new id into its slot). The outputs' allocation between them is in none."""
+
+
 DEFAULT_HALF_LIFE = 1 << 20
 """Id occurrences after which a hybrid counter halves (about 10 batches of small's 4096 x 26 ids)."""
 
@@ -99,6 +105,10 @@ class IdTransformer:
     def vector_scanned_ids(self) -> int:
         """Ids lru's vector scan has taken, 8 a step (not those it left to the scalar steps)."""
         return self._impl.vector_scanned_ids()
+
+    def part_seconds(self) -> dict[str, float]:
+        """Seconds transform has spent so far in each of its parts (TRANSFORM_PARTS), by name."""
+        return dict(zip(TRANSFORM_PARTS, self._impl.part_seconds()))
 
 
 def log_room_per_slot() -> int:

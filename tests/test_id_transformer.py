@@ -226,6 +226,27 @@ def test_lru_vector_scan_auto_follows_the_share_of_new_ids_in_the_batch_before()
 
 
 @pytest.mark.parametrize("policy", POLICIES)
+def test_part_seconds_grow_with_each_transform_and_fit_inside_its_calls(policy):
+    """The parts' seconds (scan, victims, admit) add up within the wall time of the calls that
+    made them (timed around them here), and each part grows with a batch that does its work."""
+    import time
+
+    t = IdTransformer(1000, policy)
+    assert t.part_seconds() == {"scan": 0.0, "victims": 0.0, "admit": 0.0}
+    wall = 0.0
+    for start in (0, 700, 1400):  # fills the slots, then evicts 700 and 700
+        before = t.part_seconds()
+        s = time.perf_counter()
+        t.transform(torch.arange(start, start + 700))
+        wall += time.perf_counter() - s
+        after = t.part_seconds()
+        assert after["scan"] > before["scan"] and after["admit"] > before["admit"]
+        if start:  # a batch that evicts chooses its victims
+            assert after["victims"] > before["victims"]
+    assert 0 < sum(t.part_seconds().values()) <= wall
+
+
+@pytest.mark.parametrize("policy", POLICIES)
 def test_ids_sharing_home_lines_match_the_dict_model(policy):
     """Ids picked (through homes()) to share two home lines, the table's last and its first, so
     their probes run long and wrap round its end, and erases shift entries, resident and pending,
@@ -453,6 +474,25 @@ def test_perf_dynamic_batch_spread_by_hand():
     assert batch_spread([3.0]) == (3.0, 1.0, 1.0)
 
 
+def test_perf_dynamic_part_spread_by_hand():
+    """Each part's share of all parts' time, and its mean in the slowest tenth of batches (at
+    least one) over its mean in the batches at or below the median batch."""
+    from harness.perf_dynamic import part_spread
+
+    seconds = [1.0, 1.0, 1.0, 3.0]  # median 1.0: three typical batches, one slowest
+    parts = [{"scan": 0.6, "victims": 0.1, "admit": 0.3}] * 3 + [{"scan": 2.4, "victims": 0.1, "admit": 0.45}]
+    shares, over = part_spread(seconds, parts)
+    assert shares == pytest.approx({"scan": 4.2 / 5.95, "victims": 0.4 / 5.95, "admit": 1.35 / 5.95})
+    assert over == pytest.approx({"scan": 4.0, "victims": 1.0, "admit": 1.5})
+    twenty = [1.0] * 18 + [5.0, 4.0]  # the slowest tenth of 20: the two slowest
+    parts = [{"scan": 1.0, "victims": 0.0, "admit": 0.5}] * 18 + [{"scan": 4.0, "victims": 0.0, "admit": 1.0},
+                                                                 {"scan": 2.0, "victims": 0.0, "admit": 2.0}]
+    shares, over = part_spread(twenty, parts)
+    assert over["scan"] == pytest.approx(3.0) and over["admit"] == pytest.approx(3.0)
+    assert over["victims"] != over["victims"]  # no time in it: not a number, not a ratio
+    assert shares["victims"] == 0.0
+
+
 def test_perf_dynamic_throughput_repeats_every_case(capsys):
     """Each case runs once a repeat with its own ids, and the summary's median and range are the
     repeats' own ratios."""
@@ -477,6 +517,8 @@ def test_perf_dynamic_throughput_repeats_every_case(capsys):
             assert f"the transformer's whole runs {min(slow):.3f}-{max(slow):.3f}x its median batch" in out
             for r in case:  # p90 at or above the median; of 3 batches, 2 at or above it, so the mean >= 2/3 of it
                 assert r["transformer_p90_batch"] >= 1.0 and r["transformer_run_over_median"] >= 2 / 3
+                assert sum(r["part_shares"].values()) == pytest.approx(1.0)
+                assert "its time by part: scan " + f"{r['part_shares']['scan']:.0%}, victims " in out
 
 
 def test_perf_dynamic_sums_a_ranks_transformer_memory(tmp_path):
