@@ -155,15 +155,20 @@ ids. They are not steal time or the log's compactions; they stayed with glibc's 
 thresholds raised, and with PYTHONMALLOC=malloc; 70 ms of sleep, a busy loop, random writes over
 128 MiB, or Python ints made and dropped, in place of the dict's pass, brought few (90th
 percentile 1.03-1.09x, a run each). Why the dict's pass brings them is not known.
-Where they are (part_spread; same VM, 50% hits, consecutive new ids, the benchmark's loop, 14
-runs on a day when its whole runs were 1.06-1.28x their median batch): in the scan. The slowest
-tenth of batches spent 1.7-3.3x the typical ones' time there, and 1.06-1.22x in admit, which reads
-the same table (5 runs). So too with the scalar scan alone (set_vector_scan("never")), with the
-log's room for the batch written before the call, with the dead bits left out (a wrong table, to
-find the part), and with 3 ms of sleep or of busy loop between the dict's pass and the call. No
-interrupt but the timer's, no page fault and no move to another CPU came with them. A plain loop
-of random read-modify-writes over 64 MiB in the transformer's place ran 1.03-1.15x its median
-call over a run with the dict's pass between calls, 1.01-1.02x with a 65 ms sleep (4 runs each)."""
+Where they are (part_spread; same VM, 50% hits, consecutive new ids, the benchmark's loop, 14 runs
+on a day when its whole runs were 1.06-1.28x their median batch): in the scan. The slowest tenth of
+batches spent 1.7-3.3x the typical ones' time there, and 1.06-1.22x in admit, which reads the same
+table (5 runs). So too with the scalar scan alone (set_vector_scan("never")), with the log's room
+for the batch written before the call, with the dead bits left out (a wrong table, to find the
+part), and with 3 ms of sleep or of busy loop between the dict's pass and the call. No interrupt
+but the timer's, no page fault and no move to another CPU came with them. They are at the scan's
+start: with each batch split in two, the slowest tenth's first halves (32,768 ids) scanned in
+2.7-3.7x the typical first halves' time, their second halves in 1.0-1.8x (7 runs). Every batch
+starts slow: a typical first half took 0.35-0.37 ms, its second half 0.22; a read a 4 KiB page of
+the table before the call cut the first to 0.27-0.28 ms but took 0.17 ms itself, and left the slow
+batches as they were. A plain loop of random read-modify-writes over 64 MiB in the transformer's
+place ran 1.03-1.15x its median call over a run with the dict's pass between calls, 1.01-1.02x with
+a 65 ms sleep (4 runs each)."""
 
 
 def goal_verdict(ratios: list[float], goal: float = GOAL_VS_DICT) -> str:
