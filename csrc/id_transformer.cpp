@@ -268,11 +268,14 @@ class PendingList {
 // x0.94-0.96; the table's lines prefetched into L1, not L2, kAhead on, x1.00-1.01; the log's
 // aligned lines written by non-temporal stores, x0.99-1.01.
 // What it waits on: at 50% hits its scan took 6.1 ns an id with a table of 1 MiB (16,384 slots,
-// batches of 4,096, everything in L2) and 9.5-10 ns at a million slots, where the scalar scan took
-// 9.3 and 10.6. So at a million slots this scan waits on memory for about a third of its time,
-// though a plain loop with as much work an id hid random reads from the same 64 MiB entirely
-// (7.1 ns a line with or without them); what it waits on there is not known (no hardware
-// counters on this VM).
+// batches of 4,096, everything in L2) and 9.0-10.5 ns at a million slots, where the scalar scan took
+// 9.3 and 10.6. The wait is at each batch's start: in perf-dynamic's loop (the table swept by
+// slot_ids and other work between batches), a batch's second half (32,768 ids) scanned in 6.7 ns
+// an id, its first half in 10.7-11.3, and in the slowest tenth of batches in about three times
+// that (harness/perf_dynamic.py, THROUGHPUT_REPEATS). A read a 4 KiB page of the table before the
+// batch cut its first half by a quarter (the table's address translations, cold) but took longer
+// than it saved. A plain loop with as much work an id hid random reads from the same 64 MiB
+// entirely (7.1 ns a line with or without them).
 struct LruGroups {  // the scan's state that the vector steps read and advance
   Bucket* table;
   unsigned shift;
@@ -616,7 +619,8 @@ class IdTransformer {
   }
   // Seconds spent so far in transform's parts: the scan (each id to its slot or to the pending
   // list), the victims' choice (least_recent, coldest) and admit. Four clock reads a batch (tens of
-  // ns against a batch's hundreds of µs), so perf-dynamic can say where a slow batch's time went.
+  // ns; a batch of 65,536 ids takes about a millisecond), so perf-dynamic can say where a slow
+  // batch's time went.
   std::tuple<double, double, double> part_seconds() {
     std::lock_guard<std::mutex> lock(mu_);
     return {part_seconds_[0], part_seconds_[1], part_seconds_[2]};
