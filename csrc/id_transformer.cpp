@@ -1416,12 +1416,12 @@ double random_read_rate(int64_t bytes, int64_t reads) {
   uint64_t x = 12345;
   for (auto& w : where) w = mix(x++) % n;
   int64_t sum = 0;
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = Clock::now();
   for (int64_t p = 0; p < reads; ++p) {
     if (p + kAhead < reads) prefetch_l2(&table[where[p + kAhead]]);
     sum += table[where[p]].val;
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (sum != reads) throw std::logic_error("random_read_rate: a read went astray");
   return double(reads) / seconds;
 }
