@@ -164,11 +164,20 @@ part), and with 3 ms of sleep or of busy loop between the dict's pass and the ca
 but the timer's, no page fault and no move to another CPU came with them. They are at the scan's
 start: with each batch split in two, the slowest tenth's first halves (32,768 ids) scanned in
 2.7-3.7x the typical first halves' time, their second halves in 1.0-1.8x (7 runs). Every batch
-starts slow: a typical first half took 0.35-0.37 ms, its second half 0.22; a read a 4 KiB page of
-the table before the call cut the first to 0.27-0.28 ms but took 0.17 ms itself, and left the slow
-batches as they were. A plain loop of random read-modify-writes over 64 MiB in the transformer's
-place ran 1.03-1.15x its median call over a run with the dict's pass between calls, 1.01-1.02x with
-a 65 ms sleep (4 runs each)."""
+started slow too: a typical first half took 0.35-0.37 ms, its second half 0.22. That was not the
+dict's pass (so too with only slot_ids, the batch's making and torch.unique between batches), and
+slot_ids or a 256 MiB sweep between the halves made the second half as slow (an 8 MiB one did not):
+it was mostly the table's address translations going cold (HugeArray::prefetch_translations in
+csrc/hash_memory.h), which transform now warms first; a first half takes 0.30 ms, that included. The
+slow batches are something else. Timed every 256 ids, their scan ran at a steady quarter of its
+usual rate (8.4-9.0 us a 256 ids against 2.1) from the batch's start for 0.3-2 ms, then at once at
+its usual rate; with the scan prefetching twice as far ahead, at the same quarter (so it is not
+waiting on latency there). A Python loop timed just before the call ran at its usual speed in them,
+the translations' pass timed alone before the call took its usual 0.04 ms (correlation with the
+batch's time -0.02), and they stayed with the process pinned to one vCPU and a spin loop on the
+other: the memory, slowed from outside the process, as far as can be told. A plain loop of random
+read-modify-writes over 64 MiB in the transformer's place ran 1.03-1.15x its median call over a run
+with the dict's pass between calls, 1.01-1.02x with a 65 ms sleep (4 runs each)."""
 
 
 def goal_verdict(ratios: list[float], goal: float = GOAL_VS_DICT) -> str:
