@@ -170,7 +170,7 @@ slot_ids or a 256 MiB sweep between the halves made the second half as slow (an 
 it was mostly the table's address translations going cold (HugeArray::prefetch_translations in
 csrc/hash_memory.h), which transform now warms first; a first half takes 0.30 ms, that included. The
 slow batches are something else. Timed every 256 ids, their scan ran at a steady quarter of its
-usual rate (8.4-9.0 us a 256 ids against 2.1) from the batch's start for 0.3-2 ms, then at once at
+usual rate (8.2-9.0 us a 256 ids against 2.1) from the batch's start for 0.3-2 ms, then at once at
 its usual rate; with the scan prefetching twice as far ahead, at the same quarter (so it is not
 waiting on latency there). A Python loop timed just before the call ran at its usual speed in them,
 the translations' pass timed alone before the call took its usual 0.04 ms (correlation with the
