@@ -23,9 +23,10 @@ their counter halved every `half_life` id occurrences since the last, least rece
 
 
 TRANSFORM_PARTS = ("scan", "victims", "admit")
-"""What a transform's time goes to, in order: the scan (each id to its slot, or listed as new), the
-victims' choice (lru: off its log's front; lfu, hybrid: the coldest slots) and admit (each victim
-out of the table, a new id into its slot). The outputs' allocation between them is in none."""
+"""What a transform's time goes to, in order: the scan (each id to its slot, or listed as new; for a
+batch large enough, after a pass that warms the table's address translations), the victims'
+choice (lru: off its log's front; lfu, hybrid: the coldest slots) and admit (each victim out of
+the table, a new id into its slot). The outputs' allocation between them is in none."""
 
 
 DEFAULT_HALF_LIFE = 1 << 20
