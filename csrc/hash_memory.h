@@ -25,9 +25,8 @@ inline uint64_t mix(uint64_t x) {  // splitmix64's finaliser: consecutive ids sp
 
 // A prefetch of a line that a loop reads a few dozen items later, into L2, not L1. A prefetch into
 // L1 holds one of the core's few L1 miss buffers until its line comes from DRAM, so a loop keeping
-// dozens in flight stalls at the prefetch itself (perf put half the ID transformer's scan samples
-// on it); L2 keeps many more misses in flight, and the read a few dozen items later finds the
-// line there. On this machine (AMD EPYC, a VM) that halved random reads' cost in a test loop.
+// dozens in flight stalls at the prefetch itself; L2 keeps many more misses in flight, and the
+// read a few dozen items later finds the line there (measured: docs/id-transformer.md).
 inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 1); }
 // The second step for such a line, a few items before its use: from L2 (where prefetch_l2 put
 // it, so the L1 miss buffer is held briefly) into L1.
@@ -36,11 +35,7 @@ inline void prefetch_l1(const void* p) { __builtin_prefetch(p, 0, 3); }
 // Whether any of n ids is negative (the tables' empty mark is -1): one plain pass, an OR of them
 // all, which vectorises (a torch reduction costs more at a batch's sizes). On x86-64 it is also
 // compiled for AVX2, picked at load time where the CPU has it: the baseline (SSE2) loop ORs 16
-// bytes a cycle, and this pass over a batch (its ids in L2 or L3) held lru's transform back: on
-// a Zen 5 host the AVX2 one made it x1.02-1.04 as fast at 50-99% hits (a million slots, side by
-// side in one process, median of per-batch ratios; lfu and hybrid, bound by their pass over the
-// slots, x0.98-1.00). AVX-512 measured as AVX2, SSE2 with four accumulators x0.98 of it, and
-// the pass left out altogether no faster (it brings the ids into L2 for the scan).
+// bytes a cycle, which held lru's transform back (measured: docs/id-transformer.md).
 // Static (each extension its own copy, resolved in it); maybe unused: row_init.cpp needs none.
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
 #define DLRM_CSRC_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
@@ -92,19 +87,9 @@ class HugeArray {
   // 2 MiB page of the guest is 512 translations in the TLB all the same, and a miss walks the
   // host's page table too, whose entries (8 bytes a 4 KiB page, so a cache line a 32 KiB span) go
   // cold between batches: 2,048 lines for 64 MiB. One read a span brings each line back, and the
-  // reads of the other 4 KiB pages of its span find it. Measured on a Firecracker VM (Zen 5):
-  // - a pointer chase over 4,096 lines, one in each 4 KiB of 16 MiB, read in 7.4-7.7 ns a line on
-  //   2 MiB pages and 7.8 on 4 KiB ones (packed into 2 MiB, 4.7): the TLB held 4 KiB translations
-  //   either way. Over 8,192 lines in 32 MiB, 13.3-14.0 ns against 23.1: the walk is shorter from
-  //   a 2 MiB page, so the pages still pay;
-  // - in the ID transformer's benchmark loop (a million slots, 64 MiB of table), a batch's first
-  //   half (32,768 ids) scanned in 0.36-0.37 ms and its second in 0.22. With slot_ids between the
-  //   halves, the second took 0.35; this pass between them (untimed) brought that to 0.27, a read
-  //   every 4 KiB to 0.26 (but it costs 0.17 ms itself, this pass about 0.04);
-  // - the transform with a span of 16 KiB ran x0.89-0.94 as fast as with 32 KiB, with 64 KiB
-  //   x0.83-0.91 (batches of 16,384, 50% and 99% hits, side by side); with loads in place of the
-  //   prefetches, x0.99-1.01.
-  // Where translations are 2 MiB, it reads 2,048 lines for nothing.
+  // reads of the other 4 KiB pages of its span find it. Where translations are 2 MiB, it reads
+  // 2,048 lines for nothing. Measured (spans, loads): docs/id-transformer.md, "Warming the
+  // table's address translations".
   static constexpr size_t kTranslationSpan = 32768;
   size_t translation_spans() const { return (bytes_ + kTranslationSpan - 1) / kTranslationSpan; }
   void prefetch_translations() const {

@@ -1,4 +1,6 @@
-// The ID transformer of a dynamic embedding table: maps global ids to a fixed number of slots.
+// The ID transformer of a dynamic embedding table: maps global ids to a fixed number of slots
+// (its Python face: model/id_transformer.py). What was measured to get here, and the variants
+// measured and not taken, with their figures: docs/id-transformer.md.
 //
 // A table keeps `capacity` device-resident rows (slots). transform(ids) maps each id of a batch to
 // its slot; ids not resident are admitted, first into slots never used, then into the slots of the
@@ -21,82 +23,22 @@
 // appends behind its back, and it is compacted to its live entries only when a batch's entries
 // would reach its front (its live span, from the least recent resident id's access to now, longer
 // than the ring); only the live ones (at most the slots) then tell their buckets where they went.
-// At a steady rate of new ids the span stays a few entries a slot and the ring never fills; a log
-// read from its start and compacted whenever its end was reached spent a tenth of lru's time on
-// it at 90% hits (a million slots, batches of 65,536).
+// At a steady rate of new ids the span stays a few entries a slot and the ring never fills.
 // lfu and hybrid keep each slot's time and count, and a batch that evicts passes over every slot
 // (a decayed counter's order moves with time, so no order kept between batches would hold): a
 // threshold from a sample of the slots keeps that pass to a compare a slot (coldest), and the
 // selection and sort run on the few slots no warmer than it.
 //
-// Speed: where the CPU has AVX-512 and a batch brings many new ids, lru's scan takes 8 ids a
-// step (lru_groups_avx512). A resident id costs one hash bucket (key, slot and lru's recency in
-// 16 bytes, in one cache line) and a bit of the dead set (1 MiB for a million slots, its word prefetched well
-// before the bit is set); a new id costs its bucket, then its victim's bucket (erased) and its
-// own again (its slot), both in one step of one loop (admit). Every loop waits on hashes, so the
-// hash is one multiply (home_in). lru keeps no array indexed by slot: a second random place an
-// id would wait on. Every loop over random places prefetches them a few dozen entries ahead, so the
-// misses of many ids overlap, and the arrays live on 2 MiB pages so a random read is not a TLB
-// miss too. In a VM whose host maps memory by 4 KiB pages they are 4 KiB pages in the TLB all the
-// same, and the host's page-table entries for the table go cold between batches: a batch large
-// enough starts by warming them (HugeArray::prefetch_translations; transform). random_read_rate()
-// measures what random reads cost on the machine at hand: the ceiling `make perf-dynamic` prints.
-// A smaller table measured slower (branch experiment/compact-table). It had 8-byte buckets, each
-// keeping only a quotient of its id, so 16 MiB held a million slots, not 64 MiB; lru's recency
-// sat in an array indexed by slot. Side by side it was 27-35% slower. The caller's own work
-// between batches evicts the table, and cold random reads from 16 MiB ran only 1.2x as fast as
-// from 64 MiB (156 against 128 M reads/s). The recency array's pass cost about 7 ns an id.
-// Also measured and not taken (lru, a million slots, batches of 65,536, side by side in one
-// process, median of per-batch ratios; at 50/90/99% hits, new ids in random order unless said):
-// - a line probe in the scan by AVX2 compares of the line's four keys (no loop): x1.00/1.08-1.10/
-//   1.07-1.13, but consecutive ids x0.89-0.92/0.93-0.95/0.94-0.97 (there the loop's exit is
-//   always predicted right); one AVX-512 compare of the line, the same; a choice between the
-//   line's first two buckets by selects, a loop only past them: x0.99/1.00-1.04/1.11-1.13,
-//   consecutive x0.97-1.01/0.94-1.01/0.97;
-// - the scan with no branch on hit or new (selects and a list advanced by a flag): x0.93 at 50%;
-// - hits and new ids of each 64 ids in two loops of their own (bit masks, no branch between
-//   them): x0.97/0.95/0.97, consecutive x0.90/0.96/0.96. The same ids ordered hits first, the
-//   scan took 0.93 ms against 1.19 ms shuffled (one run): the hit-or-new branch costs up to ~4 ns
-//   an id at 50%, but splitting the work costs more than it saves;
-// - a bit a line saying whether a key was ever put past it (so a victim in a full line leaves by
-//   the blend unless one was; before take_out_of_full deferred those erases): a quarter of the
-//   full-line erases left, x0.97-0.98/0.93/0.96, its bit's load waited on instead;
-// - victims chosen and erased inside the scan (from the log's front, skipping ids of the batch by
-//   an exact set of them), so a new id's bucket gets its slot at once: x0.59-0.62; the set alone
-//   cost 0.43 ms a batch;
-// - prefetches for writing (prefetchw) in the scan and the victims' hashing pass: x0.82-0.86;
-// - kAhead 64 or 120: x0.98-1.02;
-// - in the scan, the next line prefetched where an id's home line is full, read kAhead/2 ids
-//   ahead (x0.98/0.93/0.90; consecutive, where no line is full, x0.98/0.95/0.95) or in place of
-//   the L1 prefetch kNear ahead (x0.98/0.94/0.95): the extra read of each line costs more than
-//   the one id in fifty whose probe reads on saves;
-// - lru's kills marked at once, not prefetched kKillLag kills ahead: x0.93/0.89/0.84.
-// On a second kind of host (a Zen 3 VM whose random reads from 64 MiB top out at 115-145 M/s,
-// reached from 32-48 prefetched ahead; sorting such reads by page first did not speed them up,
-// so no TLB bound), none of these paid either (same measurement, all six cases): Pending in 16
-// bytes (its id read off its bucket) and 32-bit places in the list of where pending ids occurred
-// (since replaced by chains through the output: scan), x0.95-1.06 over three runs
-// (consecutive ids at 50% hits x0.95-0.99); lru's log written by non-temporal stores, x0.99-1.02;
-// a ring of 4 entries a slot (half the dead set), x0.99-1.02; kAhead 64, x0.99-1.02; admit's
-// victims in chunks of 64 or 128, x0.98-1.01 (1,024: x0.85-0.95), before its loop was made to
-// prefetch kAhead on instead (admit_as).
-// On a third (a Zen 5 VM: random reads from 64 MiB at 340-390 M/s, read-modify-writes as fast),
-// lru's transform reaches a quarter of that bound: the scan is bound by its own branches, not
-// memory. Ordered hits first, the same batches (50% hits) scanned in 7.9 ns an id against 11.0
-// shuffled; left out (a wrong table, so only a bound), lru's kills made the transform at most
-// x1.00-1.06 as fast at 50% hits (x1.13-1.22 at 90-99%), its log writes x1.03-1.08. Measured there
-// and not taken (same measurement): each 64 ids probed first, then their hits and their new ids in
-// loops of their own, x0.80-0.92; hit and new in one path with selects (a new id's kill to a spare
-// dead bit), x0.88-0.94; pending ids counted in a local, x1.00-1.02; kAhead 64 or 160, x0.97-1.02;
-// the kill's dead word prefetched into L1 or for writing, or into L1 again a few kills before its
-// bit is set, x0.95-1.02; the dead set read through at a batch's start, x0.92-0.98; the log by
-// non-temporal stores, x1.00-1.02 (whole lines staged, x0.94-0.99); least_recent prefetching its
-// victims' lines, x0.94-0.95 at 50% hits; kPendingAhead 64, or the pending buckets prefetched into
-// L1 too, x0.99-1.01; -march=x86-64-v3, x1.00-1.01; the batch routed, ids hinted resident first, by
-// a bit set of resident ids (16 bits a slot, set as ids are admitted and cleared as they leave), so
-// each part's hit-or-new branch is predictable: x0.46 at 50% hits, and x0.65 at 90%, where no batch
-// was routed (the set's 2 MiB miss the cache between batches; every admission and eviction writes
-// it, and routing reads it once an id).
+// Speed: a resident id costs one hash bucket (key, slot and lru's recency in 16 bytes, in one
+// cache line) and a bit of the dead set (its word prefetched well before the bit is set); a new id
+// costs its bucket, then its victim's bucket (erased) and its own again (its slot), both in one
+// step of one loop (admit). Every loop waits on hashes, so the hash is one multiply (home_in). lru
+// keeps no array indexed by slot: a second random place an id would wait on. Every loop over
+// random places prefetches them a few dozen entries ahead, so the misses of many ids overlap; the
+// arrays live on 2 MiB pages, and a batch large enough starts by warming the table's address
+// translations (HugeArray::prefetch_translations). Where the CPU has AVX-512 and a batch brings
+// many new ids, lru's scan takes 8 ids a step (lru_groups_avx512). random_read_rate() measures
+// what random reads cost on the machine at hand: the ceiling `make perf-dynamic` prints.
 //
 // The id -> slot map is an open-addressing hash table with linear probing and backward-shift
 // deletion (no tombstones), sized to a power of two at least 4x the slots: at most `capacity`
@@ -165,15 +107,12 @@ using LogEntry = int64_t;  // lru: the id accessed (a position in the log is its
 
 // How far ahead the loops over random places prefetch (into L2: dlrm_csrc::prefetch_l2): far
 // enough that a line has arrived when its turn comes (a DRAM miss is a few hundred ns, an id's
-// work a few ns), few enough that the lines in flight fit the L2's miss buffers. Prefetched into
-// L1 instead (48 ahead measured best then), lru's transform took 1.15-1.26x as long at 50-99%
-// hits, lfu's and hybrid's 1.04-1.18x (a million slots, side by side in one process).
+// work a few ns), few enough that the lines in flight fit the L2's miss buffers.
+// Measured alternatives: docs/id-transformer.md, "Prefetching into L2, 96 ahead, not into L1".
 constexpr int64_t kAhead = 96;
 // On top of that, the scan and the erase loop pull the line of the id kNear on into L1: a line in
 // L2 still costs a dozen-odd cycles the loop would wait on, and 8 on is near enough that the L2
-// line is there. Measured at a million slots, side by side in one process (median of per-batch
-// ratios, splitmix homes then): lru's transform x1.06-1.10 as fast at 50-99% hits, lfu's and
-// hybrid's unchanged (x0.99-1.04).
+// line is there.
 constexpr int64_t kNear = 8;
 constexpr int64_t kChunk = 256;  // admit: the deferred erases (take_out_of_full) run every kChunk victims
 // coldest(): about this many slots sampled for its threshold; every stride-th of used_ slots, with
@@ -220,9 +159,9 @@ struct Pending {  // an id of this batch that is not resident yet
   uint64_t bucket;  // its bucket (inserts move nothing; an erase that shifts it back says where to)
 };
 
-// A batch's pending ids. Their room is taken before the scan (start: the batch's ids or the
-// slots, whichever are fewer, the most it can add), so the scan appends through a local pointer and count: no test of
-// room, and no reload of a vector's ends (a store through an int64 pointer may alias them) an id.
+// A batch's pending ids. Their room is taken before the scan (start: the batch's ids or the slots,
+// whichever are fewer, the most it can add), so the scan appends through a local pointer and
+// count: no test of room, and no reload of a vector's ends (an int64 store may alias them) an id.
 class PendingList {
  public:
   // Empty, with room for n: a batch starts from none, so what the last one left is not kept.
@@ -250,36 +189,12 @@ class PendingList {
 // one has none: each step reads its 8 ids' home lines by gathers (their 4 keys, so an id is found
 // or its empty bucket is, in its line), writes the hits' recency by a store a lane (the lanes of
 // new ids to a spare place) and the new ids' buckets by scatters, and its pending ids by
-// compressing them (their order kept). A step
-// that cannot be done so (an id not settled in its home line, a line full; a pending id's later
-// occurrence; two of its ids on one line, as one's write would change what the other read) writes
-// nothing and is left to the scalar steps, which the scan runs for it. Prefetching is the scalar
-// scan's L2 prefetch (the same ids kAhead on), so the two kinds of step mix freely. It has no L1
-// prefetch kNear on: without it lru's transform ran x1.04-1.06 as fast at 50% hits with new ids
-// in random order and x0.995-1.045 with consecutive ones (same measurement as below, 4 runs).
-// Measured on the Zen 5 VM (a million slots, batches of 65,536, side by side in one process, median
-// of per-batch ratios, 30 batches). With the vector scan on every batch, lru's transform ran:
-// - at 50% hits, x1.13-1.16 as fast with new ids in random order, x1.02-1.03 with consecutive
-//   ones (2 runs). Either way it ran at about 64 M ids/s: the scalar scan's branches cost less
-//   with consecutive ids, which leave lines of a key each;
-// - at 90%, x1.07 random but x0.96 consecutive; at 99%, x1.03 and x0.90-0.92.
-// Hence vector_scan_for's rule. As built here, with that rule: x1.12-1.15 at 50% random and
-// x0.99 consecutive (3 runs); at 90% and 99% x0.99-1.04 (one run).
-// Also measured: the hits' recency written by a scatter, x0.99-1.00 against these stores. Not
-// taken: the kills' due bits set in 8 steps with no branch, spare ones to a spare word,
-// x0.94-0.96; the table's lines prefetched into L1, not L2, kAhead on, x1.00-1.01; the log's
-// aligned lines written by non-temporal stores, x0.99-1.01.
-// What it waits on: at 50% hits its scan took 6.1 ns an id with a table of 1 MiB (16,384 slots,
-// batches of 4,096, everything in L2) and 9.0-10.5 ns at a million slots, where the scalar scan took
-// 9.3 and 10.6. The wait is at each batch's start: in perf-dynamic's loop (the table swept by
-// slot_ids and other work between batches), a batch's second half (32,768 ids) scanned in 6.7 ns
-// an id, its first half in 10.7-11.3, and in the slowest tenth of batches in about three times
-// that (harness/perf_dynamic.py, THROUGHPUT_REPEATS). A read a 4 KiB page of the table before the
-// batch cut its first half by a quarter (the table's address translations, cold) but took longer
-// than it saved; a prefetch a 32 KiB span does it for less (HugeArray::prefetch_translations),
-// and a first half now scans in 0.30 ms, that pass included, against 0.37 without it and 0.22 for
-// a second half. A plain loop with as much work an id hid random reads from the same 64 MiB
-// entirely (7.1 ns a line with or without them).
+// compressing them (their order kept). A step that cannot be done so (an id not settled in its
+// home line, a line full; a pending id's later occurrence; two of its ids on one line, as one's
+// write would change what the other read) writes nothing and is left to the scalar steps, which
+// the scan runs for it. Prefetching is the scalar scan's L2 prefetch (the same ids kAhead on), so
+// the two kinds of step mix freely; it has no L1 prefetch kNear on (it ran faster without).
+// Measurements and variants not taken: docs/id-transformer.md, "lru's scan 8 ids a step with AVX-512".
 struct LruGroups {  // the scan's state that the vector steps read and advance
   Bucket* table;
   unsigned shift;
@@ -507,13 +422,8 @@ class IdTransformer {
     const auto scan_start = Clock::now();
     // The table's translations, warmed before the scan's random reads need them (the prefetches
     // are all in flight at once; the scan's would each wait on a walk of the host's page table).
-    // Measured on the Zen 5 VM, a million slots, side by side in perf-dynamic's loop (the dict's
-    // pass and slot_ids between batches; median of per-batch ratios) against no pass: lru's
-    // transform x1.02-1.06 as fast at 50% hits, x1.04-1.09 at 90%, x1.04-1.11 at 99% (batches of
-    // 65,536, either id order, 3 runs); x1.13-1.15, x1.21-1.23, x1.05-1.28 (16,384, one run). lfu's
-    // and hybrid's, bound by their pass over the slots, x1.00-1.03 (their slot states warmed too:
-    // no further gain). A batch of 4,096 (twice as many ids as the table's spans) gained nothing
-    // and lost nothing (x0.99-1.01), so a smaller one goes without.
+    // A batch of twice the table's spans in ids neither gained nor lost: a smaller one goes without.
+    // Measured: docs/id-transformer.md, "Warming the table's address translations".
     if (n >= 2 * int64_t(table_.translation_spans())) table_.prefetch_translations();
     scan(id, n, slot_of, batch_start, log_start, vector_scan_for(lru));
     const auto scan_end = Clock::now();
@@ -646,8 +556,8 @@ class IdTransformer {
 
  private:
   // Whether lru's scan runs by lru_groups_avx512 this batch. In "auto", where the batch before had
-  // a quarter or more new ids: there it paid with new ids in either order (x1.02-1.16 at 50%), and
-  // at 90% hits it lost with consecutive new ids (x0.93-0.96); a quarter is between the two.
+  // a quarter or more new ids: it paid at 50% hits (new ids in either order) and lost at 90% with
+  // consecutive new ids; a quarter is between the two (docs/id-transformer.md).
   bool vector_scan_for(bool lru) const {
     if (!lru || vector_scan_ == VectorScan::kNever || !cpu_has_avx512()) return false;
     return vector_scan_ == VectorScan::kAlways || last_new_share_ >= kVectorScanNewShare;
@@ -657,9 +567,8 @@ class IdTransformer {
   // changes, so an allocation that fails (bad_alloc) leaves the table as it was: no list grows
   // from the scan's start to admit's end (a list that grew there, the batch half done, would leave
   // pending ids in the table). `may_fail`: undo's record of touched ids is kept (scan). The four
-  // outputs of admitted and evicted ids are still made after the scan, at their counts: made
-  // before it at their bound (`most`) and cut, lru's transform ran x0.96-0.99 as fast at 90-99%
-  // hits (side by side in one process, a million slots, batches of 65,536).
+  // outputs of admitted and evicted ids are still made after the scan, at their counts (made
+  // before it at their bound and cut, it ran slower: docs/id-transformer.md).
   void make_room(int64_t most, bool may_fail, bool lru) {
     pending_.start(size_t(most));
     victims_.reserve(size_t(most));  // least_recent, coldest: one for each new id at most
@@ -686,23 +595,13 @@ class IdTransformer {
   // Static forms take the table and mask as locals: through a member, every store to an int64
   // array in a loop (which may alias the member) would reload them.
   // The hash is Fibonacci (multiplicative) hashing: the top bits of the id times 2^64 / phi, one
-  // multiply whose result the probe waits on, where splitmix64's finaliser (dlrm_csrc::mix) chains
-  // two multiplies and three shifts. Every loop waits on a hash: the scan, each victim's erase,
-  // each neighbour a backward shift considers. Side by side at a million slots (median of
-  // per-batch ratios), lru's transform ran x1.12-1.16 as fast with it at 50-99% hits on ids in
-  // random order, x1.29-1.38 on the benchmark's ids (consecutive new ids, which it spreads evenly
-  // over the lines, so fewer share one). Bit i of an id moves bits i and up of the product, so
-  // ids that differ only high (near 2^63) or share their low bits (multiples of 4096, of 2^40)
+  // multiply whose result the probe waits on (splitmix64's finaliser, dlrm_csrc::mix, chains two
+  // multiplies and three shifts), and every loop waits on a hash: the scan, each victim's erase,
+  // each neighbour a backward shift considers. Bit i of an id moves bits i and up of the product,
+  // so ids that differ only high (near 2^63) or share their low bits (multiples of 4096, of 2^40)
   // still differ in its top bits; tests/test_id_transformer.py runs such streams, and streams of
-  // ids built to share one home line (homes()).
-  // Measured and not taken (Zen 5 VM, same measurement, one run, the flags make ext uses): the
-  // hash of id >> 1 or id >> 2, so that 2 or 4 consecutive ids share a home line and a dense id
-  // space's new ids (and, later, their victims) take a line for several ids, as consecutive keys
-  // share memory in a Python dict. Pairs: lru's transform x0.95 as fast at 50% hits, x0.84 at
-  // 90-99% with consecutive new ids, x0.94-0.97 in random order; fours: x0.76 at 50% and
-  // x0.63-0.65 at 90-99% consecutive, x0.84-0.87 random. Likely why: where an id sits in a shared
-  // line moves with the order its ids came in, so the probe's exit is mispredicted, and the line
-  // saved is a read the prefetches had already hidden.
+  // ids built to share one home line (homes()). Measured, with consecutive ids sharing a line:
+  // docs/id-transformer.md, "Fibonacci hashing" and "Consecutive ids sharing a home line".
   static uint64_t home_in(unsigned shift, int64_t key) {
     return ((uint64_t(key) * kFibonacci) >> shift) & ~(kBucketsPerLine - 1);
   }
@@ -720,93 +619,25 @@ class IdTransformer {
   // Each id to its slot: the resident are touched, the new go to pending_ and into the table
   // (their buckets say -(k + 2) for the k-th), and get their slots in admit. Until then a new id's
   // occurrences are a chain in slot_of: the first says -1, each later one -(the one before + 2),
-  // and pending_ keeps the last and their count, so admit_one writes the slot along the chain.
-  // Against a list of where pending ids occurred, read back in a pass of its own after admit
-  // (each occurrence's pending place in slot_of, then its slot in admitted_slots), the chains made
-  // lru's transform x1.02-1.09 as fast at 50% hits (medians x1.03; 3 runs on a Zen 3 VM, same
-  // measurement as admit's), x0.94-1.03 at 90%, x1.01-1.05 at 99%; lfu's and hybrid's x0.95-1.03
-  // (4 runs, medians x1.00). Prefetching the chain's last place with the pending id's bucket did
-  // not pay (x0.98-1.05). The bucket of the id kAhead places on is hashed and prefetched as the
-  // loop goes, so the misses of many ids overlap; its home waits in a ring
-  // of the last few (a first pass hashing the whole batch into an array cost a read and a write
-  // of that array an id, about 1 ns). The scan is not done in chunks (hash and prefetch 128 or
-  // 256 ids, then work on them): lru's ran x0.94 as fast that way. On a Zen 4 host it was bound
-  // by its own instructions, not memory: an id cost it about the same with an 8 MiB table as with
-  // a 64 MiB one (131,072 against 1M slots, 50% hits). On a Zen 3 VM it waits on memory: perf put
-  // 72% of its samples (50% hits, caches cold) on the instruction after its L2 prefetch. lfu and hybrid also find, at half the prefetch distance,
-  // each id's bucket (arrived by then) and prefetch its slot's state; the id's own probe resumes
-  // there: the scan only inserts, which moves no key, so the key is still there, or, if it was
-  // absent, every bucket before that one still holds another key.
+  // and pending_ keeps the last and their count, so admit_one writes the slot along the chain (no
+  // list of where pending ids occur, no pass reading it back).
+  // The bucket of the id kAhead places on is hashed and prefetched as the loop goes, so the misses
+  // of many ids overlap; its home waits in a ring of the last few. lfu and hybrid also find, at
+  // half the prefetch distance, each id's bucket (arrived by then) and prefetch its slot's state;
+  // the id's own probe resumes there: the scan only inserts, which moves no key, so the key is
+  // still there, or, if it was absent, every bucket before that one still holds another key.
   // lru: every occurrence's entry goes into the log as it comes, and the entry it makes dead (its
   // id's last one) gets its dead bit kKillLag kills later, its word prefetched now: the dead set
-  // (1 MiB at a million slots) is then a place no id waits on. Marking the kills in a pass of
-  // their own after the loop waited on each word instead (1-2 ns an id at 90-99% hits). A batch
-  // undone (undo) clears the bits it marked.
+  // (1 MiB at a million slots) is then a place no id waits on. A batch undone (undo) clears the
+  // bits it marked. Each entry goes to log_off + p, one offset before the ring's wrap and one after
+  // (run splits the loop there), not through a mask: the loop's values outnumber the registers.
   // The touched ids' old state is kept only when the batch could fail (more ids than slots):
   // a batch with at most `capacity` ids has at most that many distinct ones, so it always fits.
   // The loop's body is compiled twice, with and without the tests of whether the ids ahead exist
   // (all but the last kAhead ids need none), and new ids go to pending_ through a local pointer
-  // and count (PendingList): with both, on a Zen 5 VM (same measurement as admit's, 3 runs),
-  // lru's transform x0.99-1.03 as fast at 50% hits, x1.03-1.05 at 90%, x1.01-1.05 at 99%; lfu's
-  // and hybrid's x1.00-1.02 (one run). The body twice alone: lru x1.01-1.03. Also measured there
-  // and not taken: the same split of admit's victim loop, x0.99-1.01; the kills' test of whether
-  // one is due left out (the first kKillLag due a spare bit's), x0.98-1.03; lru's probe made
-  // ahead (a line's four keys compared with no branch, kAhead/2 or kNear ids ahead, the id's own
-  // probe resuming there), x0.89-0.96 at 50% hits and x0.69-0.93 at 90-99%; a table 8x the
-  // slots (load 1/8, 128 MiB), x0.94-0.96 at 50% and x0.85-0.98 at 90-99%, or 2x (load up to
-  // 1/2, more lines full), x0.60-0.96; kNear 4 or 14, x0.98-1.00; the hit-or-new branch hinted
-  // either way, x0.96-1.01; lru's probe by one AVX-512 compare of the home line's four keys (the
-  // id's bucket or the first empty one read off one mask, a loop only past a full line), built
-  // for AVX-512: x1.05/1.14/1.12 with new ids in random order, but x0.98/1.02/0.97 with
-  // consecutive ones (their lines hold about a key each, so the loop's exits are predicted), the
-  // case nearest the goal, and it would need a second build of the scan chosen at run time.
-  // There a random read's address translation costs too: 16,384 lines (1 MiB, a stand-alone
-  // loop, prefetched 64 ahead) read at random 737 M/s packed, 444 M/s one to a 4 KiB page of
-  // 64 MiB on 2 MiB pages, 382 M/s on 4 KiB pages (the host seems to back the guest with small
-  // pages, so the guest's 2 MiB pages save only part of a walk).
-  // Yet the scan is not bound by it: the same batches grouped by their homes' top 4-10 bits (each
-  // stretch of the batch reading one part of the table) scanned in 0.92-1.06x the time, sorted
-  // by home in 0.86-0.96x, less than a sort of the batch would cost (and the admissions' order
-  // would change).
-  // lru's log entry for id p goes to log_off + p, log_off one offset for the batch's entries
-  // before the ring's wrap and one for those after (each run of the loop is split there), not to
-  // (log_start + p) & ring: the loop's values outnumber the registers, and that form reloaded the
-  // log's base from the stack and masked twice an id. On the Zen 5 VM (same measurement, built
-  // with the flags make ext uses, 4 runs, three of them with the benchmark's Python dict pass
-  // between the transforms): lru's transform x1.02-1.07 as fast at 50% hits with consecutive new
-  // ids, x1.02-1.11 in random order, x1.03-1.07 at 90%, x1.00-1.05 at 99% (two cases of a run
-  // where the old build had a slow stretch, x1.29 and x1.42, left out); lfu's x1.01. Such
-  // figures move with the code's layout, not only with its instructions: the pending-count test
-  // left out where a batch cannot overflow (fewer instructions) ran x0.89-0.99 as fast. Also
-  // measured there and not taken: with the offsets, the kills listed in the loop and their bits
-  // set in a pass of their own after it (each word prefetched 32 kills ahead), x1.03 against the
-  // offsets' x1.06-1.09 at 50% and x0.96-0.99 against x1.04-1.06 at 90-99% (built with -O3
-  // alone); each new id's place in the batch kept in Pending, not its tick (one add and a stack
-  // store an id fewer), x0.97-1.00 at 50% and x0.89-0.98 at 90%; a new id's recency (its bucket's
-  // pos) written by the scan, where it puts the id, not by admit (two values fewer in admit's
-  // loop), x0.99-1.03 at 50% and x0.97-1.05 at 90-99% (3 runs); profile-guided optimisation
-  // (gcc, trained on the benchmark's six cases, any_negative's AVX2 clone left out so the
-  // instrumented build loads), x0.97-1.02.
-  // What lru waits on is its own instructions, not the table: at 50% hits, with a table of 8 MiB
-  // (131,072 slots) its transform took about as long an id as with 64 MiB (14.0 against 15.0 ns
-  // consecutive, 17.9 against 17.4 random, one run), and without the scan's L2 prefetch 2.1-2.4
-  // ns an id longer at 8 MiB and 8.6-8.9 at 64 MiB. (perf's software-clock samples pile on the
-  // instruction after that prefetch, 63-65% of the scan's, in the branch-free scan below too; the
-  // sizes say it is not the wait.)
-  // Measured there and not taken (same measurement, one run, at 50/90/99% hits, consecutive then
-  // random new ids): new ids kept out of the table by the scan, so it has no branch on hit or new
-  // (every id's slot, recency and kill written, the kill of a new id to a spare dead bit, the new
-  // ids listed), and put in by admit, whose probe of their home lines also finds an id new twice:
-  // x0.82/0.86/0.91 and x0.80/0.88/0.92; that scan took as long as this one at 50% (9.9 against
-  // 10.0 ns an id, 11.1 against 11.2) and longer at 90%, and admit with its probes (and the
-  // victims' list) took 1.9-2.4 ns an id more;
-  // whether id p + 1 sits at its home bucket, read in step p before its branches so that p + 1's
-  // resolves early: x0.94/0.89/0.88 and x0.99/0.93/0.91; the table's prefetches issued 32 at a
-  // time in a loop with no branch: x0.90-0.93; kill always inlined: x0.95-1.01; the ring of homes
-  // holding byte offsets into the table (a shift fewer at each of their three uses):
-  // x0.96/1.02/1.06 and x1.01/0.99/1.05; built with clang 14 in place of gcc 12: x0.94/0.88/0.83
-  // and x0.95/0.90/0.87; gcc with -funroll-loops: x0.96/1.00/1.02 and x0.98/1.00/1.00; with
-  // -falign-loops=64: x0.98/0.98 and x0.96/0.97 (50/90% only).
+  // and count (PendingList). On the Zen 5 VM it is bound by its instructions more than by memory.
+  // Measurements, and the many variants not taken: docs/id-transformer.md, the sections from
+  // "Scan and admit variants not taken" on.
   void scan(const int64_t* id, int64_t n, int64_t* slot_of, int64_t batch_start, size_t log_start, bool vector) {
     const bool may_fail = n > capacity_;
     switch (policy_) {
@@ -824,8 +655,7 @@ class IdTransformer {
   }
 
   // `vector`: lru's steps by lru_groups_avx512 where they can be (steps). A compilation of its own:
-  // with the vector path in the scalar scan's (a run-time test), lru's transform ran x0.82-0.85 as
-  // fast at 90-99% hits, where it is not used.
+  // a run-time test for the vector path in the scalar scan slowed the batches that do not use it.
   template <Policy P, bool may_fail, bool vector = false>
   void scan_as(const int64_t* id, int64_t n, int64_t* slot_of, int64_t batch_start, size_t log_start) {
     constexpr bool lru = P == Policy::kLru;
@@ -854,7 +684,7 @@ class IdTransformer {
     };
     for (int64_t q = 0; q < std::min(n, kAhead); ++q) hash_ahead(q);
     // tail: one of the last kAhead ids, which tests whether the ids ahead exist. Always inlined
-    // (as a call, lru's transform ran x0.70-0.85 as fast).
+    // (as a call it ran much slower).
     auto step = [&](int64_t p, auto tail_tag, int64_t log_off) __attribute__((always_inline)) {
       constexpr bool tail = decltype(tail_tag)::value;
       if (!tail || p + kAhead < n) hash_ahead(p + kAhead);
@@ -950,18 +780,16 @@ class IdTransformer {
   }
 
   // The pending ids take the fresh slots, then the victims' slots: the j-th victim leaves the
-  // table and pending id fresh + j takes its slot in one step of one loop (two loops, all erases
-  // then all admissions, ran x1.04-1.06 slower at 50-90% hits, the same at 99%; same measurement
-  // as kNear). A victim is found by its id (lru: from the log; lfu, hybrid: the id its chosen slot holds) and its slot
-  // read off its bucket as it is erased. A pending id's bucket is where the scan put it, or where
-  // an erase shifted it back to (erase_at and take_out keep that note), so it is read only when its turn
-  // comes. Both loops, the fresh slots' and the victims', prefetch the places of the entry kAhead
-  // on (the victims' loop: below).
+  // table and pending id fresh + j takes its slot in one step of one loop (faster than all erases,
+  // then all admissions). A victim is found by its id (lru: from the log; lfu, hybrid: the id its
+  // chosen slot holds) and its slot read off its bucket as it is erased. A pending id's bucket is
+  // where the scan put it, or where an erase shifted it back to (erase_at and take_out keep that
+  // note), so it is read only when its turn comes. Both loops, the fresh slots' and the victims',
+  // prefetch the places of the entry kAhead on (the victims' loop: below).
   // lru: log_from_tick turns a tick of this batch into its entry's position in the log.
-  // Compiled once for lru and once for the others (a run-time policy test in its loops made lru's
-  // admit x1.2 slower: same measurement as below). Unlike the scan, it reads table_, pending_ and
-  // victims_ as members: with local copies of them (so that no store through an int64 pointer
-  // makes them reload), lru's transform ran x0.97-1.01 as fast (Zen 5 VM), so they stayed members.
+  // Compiled once for lru and once for the others: a run-time policy test in its loops slowed
+  // lru's. It reads table_, pending_ and victims_ as members (unlike the scan): local copies of
+  // them did not pay. Measured: docs/id-transformer.md, "admit's victims: chunks, then one loop".
   void admit(int64_t fresh, int64_t* admitted_ids, int64_t* admitted_slots, int64_t* evicted_ids,
              int64_t* evicted_slots, int64_t* slot_of, int64_t batch_start, int64_t log_from_tick) {
     if (fresh + int64_t(victims_.size()) != int64_t(pending_.size())) {
@@ -1019,39 +847,14 @@ class IdTransformer {
     }
     // The victims: victim j + kAhead is hashed and its home line prefetched as victim j is erased
     // and its slot given to pending id fresh + j, so the misses of many victims overlap, as in the
-    // scan. Only the home line: take_out reads on past it only from a full one. Its history:
-    // - Chunks came first (a pass hashing kChunk victims and prefetching their lines, then the pass
-    //   that erased and admitted, on lines by then in L2). They beat the loop as it then was, which
-    //   prefetched each victim's next line too and the pending ids' buckets in the same stream: at
-    //   50/90/99% hits lru's transform x1.29/1.07/1.03 as fast (a million slots, side by side in one
-    //   process, median of per-batch ratios, on a Zen 4 host).
-    // - Once the loop prefetched the home line alone and the pending buckets on their own (below),
-    //   the chunks lost (likely because no victim's line is in flight while a chunk is worked on).
-    //   This loop against them (same measurement, on a Zen 3 VM, 9 runs): lru's transform at 50%
-    //   hits x0.99-1.13 as fast (medians x1.04, ids consecutive or in random order), at 90%
-    //   x0.96-1.11 (medians x1.02-1.03), at 99% (few victims) medians x0.99-1.00. lfu and hybrid
-    //   x0.96-1.03 (medians x0.99, 4 runs): their slot state is prefetched further on, so hashing
-    //   victim j + kAhead (its id is in slot_id_) does not wait on it; with slot_id_ 2x kAhead on
-    //   and slot_use_ kAhead on, x0.95-0.99. 48, 64 and 127 victims ahead measured as 96.
-    // The pending ids' buckets are prefetched kPendingAhead victims ahead, in the loop, not with the
-    // victims' lines: the scan wrote them, so they come from L3, and prefetched beside the victims'
-    // lines they took miss buffers from those, which come from DRAM (perf put a sixth of the admit's
-    // samples on those prefetches). lru's transform x1.06 as fast at 50% hits, ids consecutive or
-    // in random order, x1.00-1.04 at 90-99% (same measurement, chunks then; 64 ahead: as 32).
-    // The erases of victims in full lines wait for the next kChunk-th victim (take_out_of_full).
-    // What each part of this loop costs at most, left out (wrong tables, so bounds; Zen 5 VM, same
-    // measurement, 50% hits): the victims' erases, x1.03-1.04 as fast; their lines not read either,
-    // x1.08-1.10; the chains of a new id's later occurrences, x1.03. No one part is a tenth.
-    // Measured there and not taken (same measurement, one run each): lru's victims 8 a step with
-    // AVX-512, as its scan takes ids (no branch on where a victim sits; a step with a full line,
-    // two victims on one line or a pending id that would move left to this loop). Read by
-    // gathers, each line shifted by a permute and stored whole, the pending buckets' val and pos
-    // and slot_of written by scatters: x0.93-0.94 at 50% hits, x0.99 at 90%, x1.03 at 99%. Each
-    // line read into a register and compared there (no gathers): x0.95-0.97 at 50%, x1.01 at
-    // 90-99%; with scalar stores for the scatters, the same; with the victims' lines also
-    // prefetched into L1 kNear on, x0.92-0.95. At 50% hits the gathers' version spent 6.2-6.6 ns
-    // an id of the batch here against this loop's 4.3 (the transform's parts timed): the
-    // instructions it saves are not what this loop waits on.
+    // scan (not in chunks, a pass hashing and prefetching kChunk victims then one working on them:
+    // no victim's line was in flight while a chunk was worked on). Only the home line: take_out
+    // reads on past it only from a full one. The pending ids' buckets are prefetched kPendingAhead
+    // victims ahead, apart from the victims' lines: the scan wrote them, so they come from L3, and
+    // prefetched beside the victims' lines they took miss buffers from those (from DRAM). The
+    // erases of victims in full lines wait for the next kChunk-th victim (take_out_of_full).
+    // Measured, and variants not taken (AVX-512 victims included): docs/id-transformer.md,
+    // "admit's victims: chunks, then one loop" and the sections on admit after it.
     uint64_t homes[kRing];  // homes[q % kRing]: victim q's home
     auto hash_victim = [&](int64_t q) {
       homes[q % kRing] = home(victim_id(q));
@@ -1210,13 +1013,7 @@ class IdTransformer {
   // is among the first three, and every bucket after it, up to the empty last one, may move back
   // one (each key's home is this line's start or an earlier line's): one fixed sequence of loads,
   // masks and stores, with no branch on where the victim sits. A full line: take_out_of_full.
-  // Measured at a million slots against probe and erase_at for every victim, the hashing pass now
-  // prefetching the home line only (it prefetched the next line too, which erase_at read about
-  // one erase in five); median of per-batch ratios, 60 batches, side by side in one process:
-  // lru's transform x1.06 as fast at 50% hits, x1.03 and x1.00 at 90% and 99%, lfu's and hybrid's
-  // x1.00-1.03. The same blend on 64-bit words in a stack array (with no SSE2 intrinsics) was
-  // x0.82: the array's variable index kept it in memory. Branch-free probes in the scan, by the
-  // same reasoning, were slower (x0.80-0.97): there the branches let the loop run ahead.
+  // Measured: docs/id-transformer.md, "Taking a victim out".
   int64_t take_out(uint64_t h, int64_t key) {
     Bucket* const line = &table_[h];
     if (__builtin_expect(line[kBucketsPerLine - 1].key == kEmpty, 1)) {
@@ -1253,19 +1050,14 @@ class IdTransformer {
   }
 
   // A victim whose home line is full (about one in twenty at a million slots, 50% hits, ids in
-  // random order, where lines hold a Poisson number of keys): its erase reads on into the next
-  // line, which nothing prefetched, so erase_at waited on DRAM there (perf put a third of the
-  // admit's samples on that one load). The victim's slot is read off its line now, and its erase
-  // waits in deferred_ until the next kChunk-th victim (erase_deferred), its next line prefetched now.
+  // random order): its erase reads on into the next line, which nothing prefetched, so erase_at
+  // waited on DRAM there. The victim's slot is read off its line now, and its erase waits in
+  // deferred_ until the next kChunk-th victim (erase_deferred), its next line prefetched now.
   // Meanwhile every key stays reachable: the erases that run first (blends of other lines, erases
   // at once) move keys only back towards their homes, a later victim of the same line is read
   // off the line as it is then, and a deferred erase probes for its victim afresh. A pending id
   // an erase moves still says where it went (erase_at); one already given its slot moves with it.
-  // A victim not in its home line (it overflowed) is erased at once. Measured against erasing at
-  // once (a million slots, side by side in one process, median of per-batch ratios): lru's
-  // transform x1.06-1.07 as fast at 50% hits and x1.00-1.05 at 90% with ids in random order,
-  // x0.98-1.03 with consecutive ids (where no line is full), lfu's x1.03-1.04 and hybrid's
-  // x1.01-1.02 at 50%.
+  // A victim not in its home line (it overflowed) is erased at once.
   __attribute__((noinline)) int64_t take_out_of_full(uint64_t h, int64_t key) {
     const Bucket* const line = &table_[h];
     for (unsigned i = 0; i < kBucketsPerLine; ++i) {
@@ -1316,7 +1108,7 @@ class IdTransformer {
   }
 
   // min(floor(ticks / half_life_), 62) for ticks < 2^63, exact, with no division and no branch:
-  // coldest() takes one a slot, and an idiv a slot was a tenth of its time at a million slots.
+  // coldest() takes one a slot, and an idiv a slot weighed on it (docs/id-transformer.md).
   // The high half of ticks x floor((2^64 - 1) / half_life_) is the quotient or one less (its
   // error is under 2 x ticks / 2^64 < 1), and one compare of the remainder settles which.
   uint64_t halvings_in(uint64_t ticks) const {
@@ -1335,7 +1127,7 @@ class IdTransformer {
 
   // lfu, hybrid: up to `need` slots into victims_, not accessed since `since`, coldest first.
   // Ranking every evictable slot in a list and selecting from it wrote and re-read 24 bytes a
-  // slot (about 12 ms a batch at a million slots). Instead a sample of the slots (every
+  // slot (docs/id-transformer.md, "coldest()"). Instead a sample of the slots (every
   // stride-th) gives a threshold a little past the `need`-th coldest, one pass lists only the
   // slots no warmer than it, and the selection runs on those. Exact: when at least `need` slots
   // are listed, every slot left out is warmer than `need` listed ones; when fewer are (a sample
