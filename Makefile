@@ -95,16 +95,16 @@ $(STAMP): requirements.txt $(TORCH_REQS) requirements-torchrec.txt requirements-
 	$(PY) -m pip install --quiet --disable-pip-version-check -r $(TORCH_REQS) -r requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-torchrec.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -r requirements-torchrec-deps.txt
-	$(PY) -m harness.check_install $(basename $(TORCH_REQS))
+	$(PY) -m harness.tools.check_install $(basename $(TORCH_REQS))
 	rm -f $(VENV)/.installed-*
 	touch $@
 
 venv: $(STAMP)
 
 # The C++ extensions (csrc/), built by torch's extension tooling with the machine's compiler into
-# model/ and harness/, beside the Python that loads them; rebuilt when a source changes.
+# model/ and harness/run/, beside the Python that loads them; rebuilt when a source changes.
 EXT_SUFFIX    := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
-EXT           := model/_id_transformer$(EXT_SUFFIX) model/_row_init$(EXT_SUFFIX) harness/_row_index$(EXT_SUFFIX)
+EXT           := model/_id_transformer$(EXT_SUFFIX) model/_row_init$(EXT_SUFFIX) harness/run/_row_index$(EXT_SUFFIX)
 # One rule makes them all (a grouped target: one run of setup.py, not one a module).
 $(EXT) &: $(STAMP) $(wildcard csrc/*.cpp csrc/*.h) csrc/setup.py
 	$(PY) csrc/setup.py -q build_ext --inplace --build-temp build/csrc
@@ -168,31 +168,31 @@ cluster-packages:
 
 # The instrumentation's own cost: timeline on vs off, interleaved runs (PRESET=tiny|small).
 perf: $(STAMP) $(EXT)
-	$(PY) -m harness.perf --preset $(or $(PRESET),tiny) $(if $(GPUS_PER_NODE),--gpus-per-node $(GPUS_PER_NODE))
+	$(PY) -m harness.tools.perf --preset $(or $(PRESET),tiny) $(if $(GPUS_PER_NODE),--gpus-per-node $(GPUS_PER_NODE))
 
 # fp16 tables against fp32 (PRESET=tiny|small, small by default): memory planned and measured, and
 # interleaved runs (iteration-time ratio, loss difference).
 precision-perf: check-bench-knobs $(STAMP) $(EXT)
-	$(PY) -m harness.precision_perf --preset $(or $(PRESET),small) $(if $(REPEATS),--repeats $(REPEATS)) \
+	$(PY) -m harness.tools.precision_perf --preset $(or $(PRESET),small) $(if $(REPEATS),--repeats $(REPEATS)) \
 	  $(if $(GPUS_PER_NODE),--gpus-per-node $(GPUS_PER_NODE))
 
 # The ID transformer (csrc/): transform throughput against a Python dict and torch.unique, hit rate
 # against slots for power-law ids under each policy (a plot in reports/perf-dynamic/), then REPEATS
 # interleaved pairs of mlperf-ids and static small runs (iteration time, peak RSS against the budget).
 perf-dynamic: $(STAMP) $(EXT)
-	$(PY) -m harness.perf_dynamic $(if $(REPEATS),--repeats $(REPEATS))
+	$(PY) -m harness.tools.perf_dynamic $(if $(REPEATS),--repeats $(REPEATS))
 
 # The CUDA battery (every test marked cuda), one line a check; without a GPU, one line and exit 0.
 gpu-check: $(STAMP) $(EXT)
-	$(PY) -m harness.gpu_check
+	$(PY) -m harness.tools.gpu_check
 
 # Planning only: the harness's sharding plan of the mlperf tables against TorchRec's planner.
 plan-compare: $(STAMP)
-	$(PY) -m harness.plan_compare $(if $(LAYOUTS),--layouts $(LAYOUTS))
+	$(PY) -m harness.tools.plan_compare $(if $(LAYOUTS),--layouts $(LAYOUTS))
 
 # OUT is checked before anything is installed.
 dataset: check-bench-knobs check-dataset-out $(STAMP)
-	$(PY) -m harness.make_dataset --out $(OUT) $(if $(ROWS),--rows $(ROWS)) $(if $(DAYS),--days $(DAYS)) \
+	$(PY) -m harness.tools.make_dataset --out $(OUT) $(if $(ROWS),--rows $(ROWS)) $(if $(DAYS),--days $(DAYS)) \
 	  $(if $(PRESET),--preset $(PRESET)) $(if $(SEED),--seed $(SEED))
 
 check-mlperf-data:
@@ -202,11 +202,11 @@ check-dataset-out:
 	@test -n "$(OUT)" || { echo "make dataset: give OUT=<folder to write>" >&2; exit 2; }
 
 mlperf: check-bench-knobs check-mlperf-data $(STAMP) $(EXT)
-	$(PY) -m harness.mlperf --data $(DATA) $(if $(TARGET_AUC),--target-auc $(TARGET_AUC)) $(KNOB_ARGS) \
+	$(PY) -m harness.tools.mlperf --data $(DATA) $(if $(TARGET_AUC),--target-auc $(TARGET_AUC)) $(KNOB_ARGS) \
 	  $(if $(ENGINE),--engine $(ENGINE)) $(if $(RUN_ID),--run-id $(RUN_ID)) $(OPTS)
 
 data-perf: check-bench-knobs $(STAMP)
-	$(PY) -m harness.data_perf $(if $(DATA),--data $(DATA)) $(if $(PRESET),--preset $(PRESET)) \
+	$(PY) -m harness.tools.data_perf $(if $(DATA),--data $(DATA)) $(if $(PRESET),--preset $(PRESET)) \
 	  $(if $(RUN),--against-run $(RUN))
 
 clean-venv:

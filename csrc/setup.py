@@ -12,7 +12,7 @@ setup(
     name="dlrm-harness-csrc",
     ext_modules=[
         CppExtension("model._id_transformer", ["csrc/id_transformer.cpp"], extra_compile_args=["-O3"]),
-        CppExtension("harness._row_index", ["csrc/row_index.cpp"], extra_compile_args=["-O3"]),
+        CppExtension("harness.run._row_index", ["csrc/row_index.cpp"], extra_compile_args=["-O3"]),
         # Bits as torch's element-wise ops give them: no fused multiply-add (csrc/row_init.cpp).
         CppExtension("model._row_init", ["csrc/row_init.cpp"], extra_compile_args=["-O3", "-ffp-contract=off"]),
     ],

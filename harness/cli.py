@@ -9,17 +9,21 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import engine_torchrec, records, report
-from harness.batch_source import open_batches
+from harness.run import engine_torchrec
+
+from harness.records import writer as records
+
+from harness.report import api as report
+from harness.data.source import open_batches
 from harness.config import BenchConfig
-from harness.device import check_gpus_per_host, check_shard_dims, cuda_device_count, describe_device, uses_cuda
-from harness.launch import LaunchFailed, choose_launch, node_commands
-from harness.launch import run as launch_run
-from harness.manifest import PlanEstimate, ResolvedFlags, RunManifest
+from harness.run.device import check_gpus_per_host, check_shard_dims, cuda_device_count, describe_device, uses_cuda
+from harness.launch.launcher import LaunchFailed, choose_launch, node_commands
+from harness.launch.launcher import run as launch_run
+from harness.records.manifest import PlanEstimate, ResolvedFlags, RunManifest
 from harness.names import PRESET_NAMES
-from harness.optimizations import describe, resolve
-from harness.options import add_config_options, config_from_args
-from harness.planning import format_plan, make_plan
+from harness.run.optimizations import describe, resolve
+from harness.launch.options import add_config_options, config_from_args
+from harness.launch.planning import format_plan, make_plan
 from model.dense import dense_flops_per_sample
 from model.sharding import TablePlan
 
@@ -199,8 +203,8 @@ def bench(cfg: BenchConfig, how: Invocation) -> int:
 
 
 def compare(cfg: BenchConfig, how: Invocation, *, repeats: int, reports_root: Path, report=None) -> int:
-    """Both engines interleaved (harness/compare.py); `report`: the comparison report step (tests inject one)."""
-    from harness.compare import run_compare
+    """Both engines interleaved (harness/launch/compare.py); `report`: the comparison report step (tests inject one)."""
+    from harness.launch.compare import run_compare
 
     if how.run_id or how.dry_run:
         return _error(ValueError("compare names its runs itself and starts them: drop --run-id / --dry-run"))
@@ -211,7 +215,7 @@ def compare(cfg: BenchConfig, how: Invocation, *, repeats: int, reports_root: Pa
 
 def worker(args: argparse.Namespace) -> int:
     """One rank under torchrun (multi-node launches); the local simulation calls run_rank directly."""
-    from harness.worker import run_rank
+    from harness.run.worker import run_rank
 
     run_rank(str(args.run_dir))
     return 0
@@ -233,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             return bench(cfg, how)
         if args.command == "compare":
             return compare(cfg, how, repeats=args.repeats, reports_root=args.reports_root)
-        from harness.ablation import run_ablation
+        from harness.launch.ablation import run_ablation
 
         try:
             return run_ablation(cfg, repeats=args.repeats, runs_root=how.runs_root,

@@ -14,7 +14,7 @@ from harness.names import (
     COLLECTIVE_WAITS, COMM_PRECISIONS, DENSE_PRECISIONS, DYNAMIC_KINDS, DYNAMIC_POLICIES, TABLE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, ENGINES, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
 )
 
-# The command line is generated from these dataclasses (harness/options.py): a field's option
+# The command line is generated from these dataclasses (harness/launch/options.py): a field's option
 # is --<field-name> unless OPTION names it (today's option names), its help is the field's
 # docstring, and CHOICES lists its valid values for --help and argparse's check.
 OPTION = "option"
@@ -108,8 +108,8 @@ class OptimizerConfig:
 
 @dataclass(kw_only=True, frozen=True)
 class DataConfig:
-    """Where batches come from: the synthetic Criteo-shaped stream (harness/data.py) or MLPerf
-    files (harness/criteo_files.py)."""
+    """Where batches come from: the synthetic Criteo-shaped stream (harness/data/synthetic.py) or MLPerf
+    files (harness/data/criteo_files.py)."""
 
     global_batch_size: int = option(option="global-batch")
     """Samples per iteration over all ranks; must divide evenly by the world size."""
@@ -121,7 +121,7 @@ class DataConfig:
     """Every k-th global batch (iterations k-1, 2k-1, ...) has variable hotness (odd samples keep
     half their ids), to exercise skip_splits_a2a's fallback; 0: every batch has fixed hotness."""
     path: str | None = option(None, option="data", metavar="DIR")
-    """A folder of MLPerf multi-hot Criteo files (harness/criteo_files.py; `make dataset` writes
+    """A folder of MLPerf multi-hot Criteo files (harness/data/criteo_files.py; `make dataset` writes
     some) to train on instead of the synthetic stream; the synthetic knobs then do not apply."""
 
     def __post_init__(self) -> None:
@@ -147,7 +147,7 @@ class ShardingConfig:
     blocks (one a rank) that split the dim into widths divisible by 4 (model/planner.py); 1: no
     table is split column-wise."""
     hardware: str = option("cpu", choices=HARDWARE_PROFILES)
-    """Bandwidth and memory profile the planner assumes: cpu or h100 (harness/planning.py)."""
+    """Bandwidth and memory profile the planner assumes: cpu or h100 (harness/launch/planning.py)."""
     memory_gib: float | None = None
     """Per-rank memory budget for shards and optimizer state; None: the profile's default."""
     memory_gbps: float | None = None
@@ -178,7 +178,7 @@ class ShardingConfig:
 
 @dataclass(kw_only=True, frozen=True)
 class OptimizationsConfig:
-    """The loop's shape and the optimization flags. Requested here; harness/optimizations.py
+    """The loop's shape and the optimization flags. Requested here; harness/run/optimizations.py
     decides which can take effect on the run's device and records why the others cannot."""
 
     pipeline: bool = True
@@ -212,7 +212,7 @@ class OptimizationsConfig:
         return {f: getattr(self, f) for f in OPTIMIZATION_FLAGS}
 
 
-"""Precisions the dense arch can run in (harness/dense_step.py maps each to an autocast dtype)."""
+"""Precisions the dense arch can run in (harness/run/dense_step.py maps each to an autocast dtype)."""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -307,7 +307,7 @@ DEFAULT_DYNAMIC_SLOTS = 65536
 @dataclass(kw_only=True, frozen=True)
 class DynamicConfig:
     """Dynamic tables (`--shard T=dynamic`): slots, eviction and the parameter store
-    (model/dynamic_table.py, harness/param_store.py)."""
+    (model/dynamic_table.py, harness/run/param_store.py)."""
 
     slots: int | None = option(None, option="dynamic-slots", metavar="N")
     """Rows each dynamic table keeps resident on its rank (at most its rows; dynamic_row_wise: on
@@ -353,7 +353,7 @@ EVAL_STAGES = ("val", "test")
 
 @dataclass(kw_only=True, frozen=True)
 class EvalConfig:
-    """Evaluation on the held-out day of the files at --data (harness/evaluate.py)."""
+    """Evaluation on the held-out day of the files at --data (harness/run/evaluate.py)."""
 
     every_samples: int = option(0, option="eval-every", metavar="SAMPLES")
     """Score AUROC after the first iteration that reaches each multiple of this many training
@@ -364,7 +364,7 @@ class EvalConfig:
     stage: str = option("val", option="eval-stage", choices=EVAL_STAGES)
     """The half of the held-out day that scores: val (its first half) or test (its second)."""
     submission_org: str = "dlrm-dcnv2-harness"
-    """The organization the MLPerf result log names (harness/mlperf_log.py; evaluating runs write it)."""
+    """The organization the MLPerf result log names (harness/run/mlperf_log.py; evaluating runs write it)."""
 
     def __post_init__(self) -> None:
         _non_negative_int("evaluation.every_samples", self.every_samples)

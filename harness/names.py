@@ -20,7 +20,7 @@ SHARDING_KINDS = ("auto", *SHARDING_TYPES)
 """`--sharding` / SHARDING=: the planner picks per table (auto), or one type forced on every table."""
 
 HARDWARE_PROFILES = ("cpu", "h100")
-"""Bandwidth and memory profiles the planner knows (harness/planning.py)."""
+"""Bandwidth and memory profiles the planner knows (harness/launch/planning.py)."""
 
 DEVICES = ("auto", "cpu", "cuda")
 """What ranks run on: auto takes CUDA when present."""
@@ -50,7 +50,7 @@ RUN_STATES = ("running", "completed", "failed")
 """A run's status moves running -> completed | failed (design.md, "Run records")."""
 
 COMPACTED = "all"
-"""A completed run's records, one file per rank and kind: rankNNNNN/<kind>-all.parquet (harness/records.py)."""
+"""A completed run's records, one file per rank and kind: rankNNNNN/<kind>-all.parquet (harness/records/writer.py)."""
 
 __all__ = [
     "COLLECTIVE_WAITS", "COMM_PRECISIONS", "DENSE_PRECISIONS", "TABLE_PRECISIONS", "STAGE_OF_PHASE", "DEVICES", "EMBEDDING_OPTIMIZERS", "ENGINE_TIMED_STAGES", "ENGINES", "HARDWARE_PROFILES", "OPTIMIZATION_FLAGS",

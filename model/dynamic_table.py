@@ -3,7 +3,7 @@
 The ID transformer (model/id_transformer.py) maps each id to a slot, admitting new ids and
 evicting the coldest when the slots are full. Before an evicted id's slot is reused, its row and
 its optimizer state go to the parameter store (a key-value store: (table, id) -> one float32
-vector, harness/param_store.py); an admitted id's row comes back from the store when it was
+vector, harness/run/param_store.py); an admitted id's row comes back from the store when it was
 evicted before, or else is the table's own init for that id (model/embeddings.py init_rows), with
 a zero optimizer state, as a static table's never-touched row has. So a row's values follow its
 id whatever slot it sits in, and a run that evicts computes what a run that never evicts does.
@@ -26,7 +26,7 @@ from model.id_transformer import IdTransformer
 
 
 class RowStore(Protocol):
-    """What a dynamic table needs of a parameter store (harness/param_store.py implements it)."""
+    """What a dynamic table needs of a parameter store (harness/run/param_store.py implements it)."""
 
     def put(self, table: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
         """Store rows[i] (float32, (n, width)) as ids[i]'s (int64, distinct); all or nothing."""

@@ -1,4 +1,4 @@
-"""Run a function (harness.train.train, or any other) on several local ranks and bring the results back."""
+"""Run a function (harness.run.train.train, or any other) on several local ranks and bring the results back."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ a fresh interpreter a rank ('spawn') spent about 3 s of this 2-core machine's ti
 every pair of ranks, a third of `make test`. Nothing runs in the server but imports (no threads,
 no process group), so a fork of it is as clean as a spawned interpreter."""
 
-PRELOAD = ["torch", "torch.distributed", "harness.train", "tests.distributed", "tests.reference"]
+PRELOAD = ["torch", "torch.distributed", "harness.run.train", "tests.distributed", "tests.reference"]
 """What the server imports before its first fork (the modules every rank of the tests needs)."""
 
 
@@ -71,7 +71,7 @@ def spawn_ranks(fn: Callable[..., Any], world: int, tmp_path: Path, *args: Any, 
 
 
 def _train(rank: int, world: int, device: torch.device, cfg, plan: list) -> dict:
-    from harness.train import train
+    from harness.run.train import train
 
     return train(cfg, rank=rank, device=device, recorder=None, plan=plan, keep_weights=True).__dict__
 

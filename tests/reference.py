@@ -1,4 +1,4 @@
-"""An unsharded single-process DLRM-DCNv2 written independently of model/ and harness/train.py.
+"""An unsharded single-process DLRM-DCNv2 written independently of model/ and harness/run/train.py.
 
 Plain torch.nn.EmbeddingBag tables (sparse gradients, torch.optim.Adagrad) and the dense
 math written out with F.linear, so a sharding or data-parallel bug cannot hide behind

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.config import DataConfig, ModelConfig, OptimizerConfig, RunConfig
-from harness.manifest import GitState, PlanEstimate, RankEstimate, ResolvedFlags, RunManifest, RunStatus, Versions
+from harness.records.manifest import GitState, PlanEstimate, RankEstimate, ResolvedFlags, RunManifest, RunStatus, Versions
 from harness.names import OPTIMIZATION_FLAGS, STAGES
 from harness.presets import tiny
 from model.sharding import table_wise

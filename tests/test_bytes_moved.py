@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from harness.cli import main
-from harness.report import load_run, resolve_run
+from harness.report.api import load_run, resolve_run
 from model.collective_bytes import CollectiveBytes
 
 
@@ -35,7 +35,7 @@ def test_records_hold_the_bytes_of_every_exchange(tmp_path, comm, fwd_bytes, bwd
     run = load_run(resolve_run(runs, "latest"))
     cfg, plan = run.manifest.config, run.manifest.plan
     b, dim, hot = cfg.local_batch_size, cfg.model.embedding_dim, cfg.model.multi_hot
-    from harness.train import build_dense
+    from harness.run.train import build_dense
     import torch
 
     dense_params = sum(p.numel() for p in build_dense(cfg, torch.device("cpu")).parameters())
@@ -68,7 +68,7 @@ def test_records_hold_the_bytes_of_every_exchange(tmp_path, comm, fwd_bytes, bwd
 
 
 def test_the_report_table_averages_an_iteration_and_rates_over_the_stages_time():
-    from harness.report_tables import bytes_moved_table
+    from harness.report.tables import bytes_moved_table
 
     stages = pd.DataFrame({
         "rank": [0, 0, 1, 1, 0], "iteration": [1, 1, 1, 1, 0], "warmup": [False, False, False, False, True],
@@ -152,7 +152,7 @@ def test_fp8_rows_move_at_most_30_percent_of_the_fp32_bytes(tmp_path):
 def test_precision_perf_counts_pooled_bytes_a_rank_and_timed_iteration():
     from types import SimpleNamespace
 
-    from harness.precision_perf import pooled_bytes
+    from harness.tools.precision_perf import pooled_bytes
 
     stages = pd.DataFrame({
         "rank": [0, 0, 0, 1, 1, 0], "iteration": [1, 1, 1, 1, 1, 0], "warmup": [False] * 5 + [True],

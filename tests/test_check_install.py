@@ -3,7 +3,7 @@ two variants get mixed (the facts stood in for) is named."""
 
 from __future__ import annotations
 
-from harness.check_install import main, problems
+from harness.tools.check_install import main, problems
 
 CPU_PAIR = {"torch": "2.13.0+cpu", "fbgemm-gpu-cpu": "1.8.0"}
 CUDA_PAIR = {"torch": "2.13.0+cu126", "fbgemm-gpu": "1.8.0+cu126"}

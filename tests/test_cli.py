@@ -8,8 +8,8 @@ import pytest
 
 import harness.cli
 from harness.cli import main
-from harness.report import load_run
-from harness.manifest import RunManifest, RunStatus
+from harness.report.api import load_run
+from harness.records.manifest import RunManifest, RunStatus
 from harness.names import STAGES
 from tests.report_builders import manifest_for
 
@@ -189,7 +189,7 @@ def test_injected_fault_fails_run_and_keeps_records(tmp_path, capsys):
     run_dir = only_run(runs)
     manifest = RunManifest.from_json((run_dir / "manifest.json").read_text())
     assert manifest.status.state == "failed"
-    assert "rank 1: harness.train.InjectedFault: injected fault on rank 1 at iteration 3" in manifest.status.error
+    assert "rank 1: harness.run.train.InjectedFault: injected fault on rank 1 at iteration 3" in manifest.status.error
     assert "failed" in err and str(run_dir) in err
     iters = read_parts(run_dir, "iterations")
     for rank in (0, 1):  # iterations before the fault were flushed and stay readable
@@ -199,7 +199,7 @@ def test_injected_fault_fails_run_and_keeps_records(tmp_path, capsys):
 
 def test_cuda_layout_refused_before_launch():
     """More ranks than GPUs, or a shard dim fbgemm's CUDA kernels reject: one line, nothing started."""
-    from harness.device import check_gpus_per_host, check_shard_dims
+    from harness.run.device import check_gpus_per_host, check_shard_dims
     from model.sharding import Shard, TablePlan
 
     plan = [TablePlan("table_wise", (Shard(0, 0, 10, 0, 16),)),

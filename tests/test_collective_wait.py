@@ -9,8 +9,8 @@ import torch.distributed as dist
 import model.collective_wait as cw
 from harness.cli import main
 from harness.config import OptimizationsConfig
-from harness.optimizations import describe, resolve
-from harness.records import read_manifest
+from harness.run.optimizations import describe, resolve
+from harness.records.writer import read_manifest
 from tests.distributed import spawn_ranks
 
 

@@ -13,8 +13,8 @@ pytest.importorskip("torchrec")
 
 import harness.cli  # noqa: E402
 from harness.cli import build_parser, main  # noqa: E402
-from harness.manifest import RunManifest  # noqa: E402
-from harness.options import config_from_args  # noqa: E402
+from harness.records.manifest import RunManifest  # noqa: E402
+from harness.launch.options import config_from_args  # noqa: E402
 
 
 @dataclass
@@ -79,7 +79,7 @@ def test_a_config_that_cannot_run_stops_before_any_run(tmp_path, monkeypatch, ca
 
 
 def test_torchrec_runs_stock_while_the_harness_keeps_its_flags():
-    from harness.compare import engine_configs
+    from harness.launch.compare import engine_configs
     from harness.config import OptimizationsConfig, PrecisionConfig
     from harness.presets import tiny
 

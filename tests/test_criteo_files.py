@@ -1,4 +1,4 @@
-"""The MLPerf-layout loader (harness/criteo_files.py) and the generator (harness/make_dataset.py).
+"""The MLPerf-layout loader (harness/data/criteo_files.py) and the generator (harness/tools/make_dataset.py).
 
 A hand-written 3-day file set is read back exactly; every corruption is refused in one line that
 names the file; a rank reads only its slice of each global batch.
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.criteo_files import CriteoFiles, DataError
+from harness.data.criteo_files import CriteoFiles, DataError
 from harness.presets import tiny
 
 MODEL = tiny().model
@@ -196,7 +196,7 @@ def test_bench_refuses_a_corrupt_data_folder_before_making_a_run(tmp_path, capsy
 
 
 def test_generated_days_open_and_repeat_with_their_seed(tmp_path, capsys):
-    from harness.make_dataset import main
+    from harness.tools.make_dataset import main
 
     assert main(["--out", str(tmp_path / "a"), "--rows", "3000", "--days", "2", "--seed", "7"]) == 0
     assert main(["--out", str(tmp_path / "b"), "--rows", "3000", "--days", "2", "--seed", "7"]) == 0
@@ -211,7 +211,7 @@ def test_generated_days_open_and_repeat_with_their_seed(tmp_path, capsys):
 
 
 def test_the_generators_auroc_by_hand():
-    from harness.make_dataset import auroc
+    from harness.tools.make_dataset import auroc
 
     # Positives score 0.35 and 0.8, negatives 0.1 and 0.4: 3 of the 4 pairs ordered right.
     assert auroc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1])) == 0.75

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from harness.data import SyntheticCriteo, power_law_ids
+from harness.data.synthetic import SyntheticCriteo, power_law_ids
 from harness.presets import MLPERF_MULTI_HOT, small, tiny
 
 

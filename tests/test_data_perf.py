@@ -10,7 +10,7 @@ from tests.report_builders import iter_run
 
 
 def test_loader_is_set_against_a_runs_training_rate(tmp_path, capsys):
-    from harness.data_perf import main
+    from harness.tools.data_perf import main
 
     # 2 ranks of 4 samples, 100 ms an iteration: 8 samples / 0.1 s = 80 samples/s, by hand.
     iter_run(tmp_path, "r1", {0: [100.0, 100.0], 1: [100.0, 100.0]})
@@ -27,7 +27,7 @@ def test_loader_is_set_against_a_runs_training_rate(tmp_path, capsys):
 
 
 def test_an_unknown_run_is_one_line_before_any_timing(tmp_path, capsys):
-    from harness.data_perf import main
+    from harness.tools.data_perf import main
 
     with pytest.raises(SystemExit) as exc:
         main(["--preset", "tiny", "--against-run", "nope", "--runs-root", str(tmp_path)])

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.dense_gradients import FlatGradients, bucket_ranges
-from harness.dense_step import DenseStep
+from harness.run.dense_gradients import FlatGradients, bucket_ranges
+from harness.run.dense_step import DenseStep
 from tests.dense_fixtures import B, ND, PW, assert_close_to_float64, make_inputs, make_model, reference_step
 from tests.distributed import spawn_ranks
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from harness.dense_gradients import FlatGradients
-from harness.dense_step import DenseStep, graph_input_shapes
+from harness.run.dense_gradients import FlatGradients
+from harness.run.dense_step import DenseStep, graph_input_shapes
 from harness.presets import tiny
-from harness.train import build_dense
+from harness.run.train import build_dense
 from tests.dense_fixtures import B, ND, PW, assert_close_to_float64, make_inputs, make_model, reference_step
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from harness.cli import main
-from harness.options import add_config_options, config_from_args
-from harness.planning import make_plan
-from harness.report import load_run, resolve_run
+from harness.launch.options import add_config_options, config_from_args
+from harness.launch.planning import make_plan
+from harness.report.api import load_run, resolve_run
 from model.dynamic_budget import DynamicDemand, budget_slots
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from harness.cli import main
-from harness.report import format_summary, load_run, resolve_run
+from harness.report.api import format_summary, load_run, resolve_run
 from tests.test_param_store import free_port, redis_url  # noqa: F401  (redis_url: a fixture)
 
 DYNAMIC = ["--preset", "tiny", "--iters", "4", "--warmup", "1", "--shard", "2=dynamic,6=dynamic",

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.batch_source import open_batches
+from harness.data.source import open_batches
 from harness.config import DynamicConfig, OptimizerConfig, ShardingConfig
-from harness.param_store import EmbeddedStore
-from harness.planning import make_plan
+from harness.run.param_store import EmbeddedStore
+from harness.launch.planning import make_plan
 from harness.presets import tiny
 from model.dynamic_table import DynamicTable
 from model.embeddings import build_fused_tbe, init_shard_

@@ -64,7 +64,7 @@ def test_pooled_output_written_into_a_given_buffer_matches_embedding_bag(tmp_pat
     the same values as torch.nn.EmbeddingBag over each full table, and the buffer is what comes back."""
     import torch.distributed as dist
 
-    from harness.data import SyntheticCriteo
+    from harness.data.synthetic import SyntheticCriteo
     from harness.presets import tiny
     from model.sharded_embeddings import ShardedEmbeddingCollection
     from model.sharding import table_wise

@@ -15,8 +15,8 @@ import torch
 pytest.importorskip("torchrec")
 
 from harness.config import OptimizerConfig, ShardingConfig  # noqa: E402
-from harness.engine_torchrec import check_config  # noqa: E402
-from harness.planning import make_plan  # noqa: E402
+from harness.run.engine_torchrec import check_config  # noqa: E402
+from harness.launch.planning import make_plan  # noqa: E402
 from harness.presets import tiny  # noqa: E402
 from tests.distributed import run_ranks  # noqa: E402
 from tests.test_sharded_training import assemble  # noqa: E402

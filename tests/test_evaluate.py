@@ -1,4 +1,4 @@
-"""Evaluation (harness/evaluate.py): AUROC against a float64 rank-sum computed here, gathered over
+"""Evaluation (harness/run/evaluate.py): AUROC against a float64 rank-sum computed here, gathered over
 2 ranks as over 1, the schedule, and a run that stops at its target with its evals recorded."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from harness.config import EvalConfig
-from harness.evaluate import eval_iterations, gathered_auroc
+from harness.run.evaluate import eval_iterations, gathered_auroc
 from harness.presets import tiny
 from tests.distributed import spawn_ranks
 
@@ -82,7 +82,7 @@ def test_a_run_stops_at_its_target_and_records_its_evaluations(tmp_path, capfd):
     import pandas as pd
 
     from harness.cli import main
-    from harness.make_dataset import main as make_dataset
+    from harness.tools.make_dataset import main as make_dataset
 
     assert make_dataset(["--out", str(tmp_path / "data"), "--rows", "12000", "--days", "2"]) == 0
     runs = tmp_path / "runs"
@@ -114,9 +114,9 @@ def test_evaluation_scores_what_the_unsharded_reference_scores(tmp_path):
     """2 ranks, a plan of every kind, 5 steps on generated days, then an evaluation: its AUROC is
     the float64 rank-sum AUROC of the reference model's scores on the same held-out samples."""
     from harness.config import OptimizerConfig, ShardingConfig
-    from harness.criteo_files import CriteoFiles
-    from harness.make_dataset import main as make_dataset
-    from harness.planning import make_plan
+    from harness.data.criteo_files import CriteoFiles
+    from harness.tools.make_dataset import main as make_dataset
+    from harness.launch.planning import make_plan
     from tests.distributed import run_ranks
     from tests.test_sharded_training import MIXED, STEPS, reference_run
 

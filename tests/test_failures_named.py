@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from harness.cli import main
-from harness.planning import host_memory_share_gib
-from harness.records import rank_errors
+from harness.launch.planning import host_memory_share_gib
+from harness.records.writer import rank_errors
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -111,7 +111,7 @@ def test_a_plan_with_empty_ranks_says_so_instead_of_a_spread(capsys):
     assert main(["bench", "--dry-run", "--preset", "tiny", "--gpus-per-node", "32", "--sharding", "table_wise"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert "spread" not in last and "6 of 32 ranks hold no shard (ranks " in last
-    from harness.planning import _ranges
+    from harness.launch.planning import _ranges
 
     assert _ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8" and _ranges([4]) == "4"
 
@@ -138,7 +138,7 @@ def test_a_killed_launcher_leaves_a_running_run_that_the_report_calls_unfinished
         time.sleep(0.2)
     (run_dir,) = runs.iterdir()
     assert json.loads((run_dir / "manifest.json").read_text())["status"]["state"] == "running"
-    from harness.report import format_summary, load_run
+    from harness.report.api import format_summary, load_run
 
     run = load_run(run_dir)
     assert set(run.iterations["rank"]) == {0, 1}  # what was flushed before the kill loads
@@ -146,7 +146,7 @@ def test_a_killed_launcher_leaves_a_running_run_that_the_report_calls_unfinished
 
 
 def _rank_json(run_dir: Path, rank: int, host: str, node: int, finished: bool) -> None:
-    from harness.manifest import RankInfo
+    from harness.records.manifest import RankInfo
 
     info = RankInfo(run_id="x", rank=rank, node=node, host=host, pid=100 + rank, device="cpu", backend="gloo",
                     threads=1, gemm_gflops=1.0, copy_gbps=1.0, peak_rss_gib=0.5 if finished else None)
@@ -176,7 +176,7 @@ def test_the_launcher_waits_for_the_other_hosts_ranks_to_settle(tmp_path):
     """A rank of another host whose error lands a moment after ours is read, not named as lost."""
     import threading
 
-    from harness.records import wait_for_ranks_to_settle
+    from harness.records.writer import wait_for_ranks_to_settle
 
     _rank_json(tmp_path, 0, "host0", 0, finished=False)
     (tmp_path / "rank00000" / "error.txt").write_text("RuntimeError: Timed out\n")
@@ -197,12 +197,12 @@ def test_a_rank_ended_by_sigterm_leaves_its_stacks_and_is_named_after_the_errors
     """A launcher tears its surviving ranks down with SIGTERM when one fails. A survivor caught
     sleeping in C (as one blocked in a collective is) still leaves its threads' stacks, dies by
     the signal as before, and is named after the error that caused the teardown, not as lost."""
-    from harness.records import unsettled_ranks
+    from harness.records.writer import unsettled_ranks
 
     _rank_json(tmp_path, 0, "host0", 0, finished=False)
     _rank_json(tmp_path, 1, "host0", 0, finished=False)
     (tmp_path / "rank00000" / "error.txt").write_text("Traceback ...\nRuntimeError: Connection closed by peer\n")
-    script = ("import sys, time; from harness.records import RankRecorder; "
+    script = ("import sys, time; from harness.records.writer import RankRecorder; "
               "r = RankRecorder(sys.argv[1], run_id='x', rank=1, node=0, warmup_iters=0, local_batch=1); "
               "r.note_sigterm(); print('ready', flush=True); time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -222,7 +222,7 @@ def test_a_rank_ended_by_sigterm_leaves_its_stacks_and_is_named_after_the_errors
     assert rank_errors(tmp_path, {0: 1, 1: -signal.SIGTERM})[1].startswith("rank 1: ended by SIGTERM")
     # A rank that ends as it should leaves no sigterm.txt, and its SIGTERM handler is gone
     # (faulthandler.unregister says whether one was still registered).
-    ended = ("import faulthandler, signal, sys; from harness.records import RankRecorder; "
+    ended = ("import faulthandler, signal, sys; from harness.records.writer import RankRecorder; "
              "r = RankRecorder(sys.argv[1], run_id='x', rank=2, node=0, warmup_iters=0, local_batch=1); "
              "r.note_sigterm(); r.end_sigterm_note(); print(faulthandler.unregister(signal.SIGTERM))")
     out = subprocess.run([sys.executable, "-c", ended, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -12,15 +12,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness.ablation import ablation_configs, run_ablation
+from harness.launch.ablation import ablation_configs, run_ablation
 from harness.cli import main
 from harness.config import OPTIMIZATION_FLAGS, OptimizationsConfig, ShardingConfig
-from harness.data import SyntheticCriteo
-from harness.input_pipeline import InputFeeder
-from harness.optimizations import describe, resolve
-from harness.planning import make_plan
+from harness.data.synthetic import SyntheticCriteo
+from harness.run.input_pipeline import InputFeeder
+from harness.run.optimizations import describe, resolve
+from harness.launch.planning import make_plan
 from harness.presets import tiny
-from harness.timeline import Timeline
+from harness.run.timeline import Timeline
 from tests.distributed import run_ranks, spawn_ranks
 from tests.test_sharded_training import MIXED
 
@@ -40,7 +40,7 @@ def test_cuda_only_flags_are_inactive_on_cpu_with_reasons():
     on_gpu = resolve(OptimizationsConfig(**{f: True for f in OPTIMIZATION_FLAGS}), cuda=True, plan_kinds=["table_wise"],
                      torch_version="2.7.1+cu126")
     assert all(on_gpu.effective.values())
-    # Who launches the input dist's collectives is said per backend (harness/input_pipeline.py).
+    # Who launches the input dist's collectives is said per backend (harness/run/input_pipeline.py).
     assert "main thread launches every collective" in on_gpu.notes["threaded_input_dist"]
     assert "thread also launches" in res.notes["threaded_input_dist"]
 
@@ -82,16 +82,16 @@ COLLECTIVES = ("all_to_all_single", "all_reduce", "reduce_scatter_single", "all_
 def _train_main_thread_launching(rank: int, world: int, device: torch.device, cfg, plan) -> dict:
     """train() with the input thread of the NCCL design (it prepares, the main thread launches),
     every collective call logged with the thread that made it."""
-    import harness.train
+    import harness.run.train
 
-    harness.train.input_thread_launches = lambda cuda: False  # what a CUDA rank gets
+    harness.run.train.input_thread_launches = lambda cuda: False  # what a CUDA rank gets
     calls = []
     for name in COLLECTIVES:
         def logged(*args, _name=name, _real=getattr(dist, name), **kwargs):
             calls.append((_name, threading.current_thread().name))
             return _real(*args, **kwargs)
         setattr(dist, name, logged)
-    out = harness.train.train(cfg, rank=rank, device=device, recorder=None, plan=plan, keep_weights=True).__dict__
+    out = harness.run.train.train(cfg, rank=rank, device=device, recorder=None, plan=plan, keep_weights=True).__dict__
     return {**out, "calls": calls}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.gpu_check import CheckResult, _Collector, main, result_line, verdict
+from harness.tools.gpu_check import CheckResult, _Collector, main, result_line, verdict
 
 
 def test_lines_and_verdicts():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import harness.records
+import harness.records.writer
 from harness.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +52,7 @@ def test_the_loser_of_a_run_id_race_gets_one_line_and_the_winner_is_untouched(tm
         raise FileExistsError(17, "File exists", str(winner))
 
     monkeypatch.setattr(Path, "exists", lambda self: False if self == winner else os.path.exists(self))
-    monkeypatch.setattr(harness.records, "create_run", lose_the_race)
+    monkeypatch.setattr(harness.records.writer, "create_run", lose_the_race)
     assert main([*TINY, "--run-id", "same", "--runs-root", str(runs)]) == 2
     assert "was just made by another run with the same id" in one_error_line(capsys)
     assert json.loads((winner / "manifest.json").read_text()) == {"the": "winner's"}
@@ -114,7 +114,7 @@ def test_a_full_disk_fails_the_run_with_its_records_and_a_final_status(tmp_path)
         status = json.loads((run_dir / "manifest.json").read_text())["status"]
         assert status["state"] == "failed" and "No space left on device" in status["error"]
         assert not list(run_dir.rglob("*.tmp")) and not (run_dir / ".space-reserve").exists()
-        from harness.report import load_run
+        from harness.report.api import load_run
 
         run = load_run(run_dir)
         assert len(run.iterations) > 0 and run.unreadable == ()
@@ -137,7 +137,7 @@ def test_an_unreadable_part_is_left_out_with_a_warning_and_the_rest_reported(tmp
     torn = run_dir / "rank00001" / "iterations-00001.parquet"
     torn.write_bytes(torn.read_bytes()[:40])  # what a crash mid-write used to leave
     capsys.readouterr()
-    from harness.report import format_summary, load_run
+    from harness.report.api import format_summary, load_run
 
     run = load_run(run_dir)
     assert len(run.unreadable) == 1 and run.unreadable[0].startswith(f"rank00001/{torn.name}: ")
@@ -150,7 +150,7 @@ def test_a_copied_run_folder_gets_its_own_report_folder(tmp_path, capsys):
     """A copy keeps the run id in its manifest: its report goes beside the original's, not over it."""
     import shutil
 
-    from harness.report import report_main
+    from harness.report.api import report_main
 
     runs, copies, reports = tmp_path / "runs", tmp_path / "copies", tmp_path / "reports"
     assert main([*TINY, "--run-id", "orig", "--runs-root", str(runs)]) == 0
@@ -180,7 +180,7 @@ def test_a_completed_run_leaves_one_records_file_a_rank_and_no_temp_folder(tmp_p
         assert sorted(p.name for p in (run_dir / rank).glob("*.parquet")) == ["iterations-all.parquet",
                                                                               "stages-all.parquet"]
     assert list((tmp_path / "tmp").iterdir()) == []
-    from harness.report import load_run
+    from harness.report.api import load_run
 
     assert sorted(load_run(run_dir).iterations.groupby("rank")["iteration"].nunique()) == [6, 6]
     assert main([*TINY[:-4], "--iters", "6", "--warmup", "0", "--flush-every", "2", "--fail-at", "1:4",
@@ -190,7 +190,7 @@ def test_a_completed_run_leaves_one_records_file_a_rank_and_no_temp_folder(tmp_p
 
 
 def test_a_crash_during_compaction_neither_loses_nor_doubles_rows(tmp_path):
-    from harness.report import load_run
+    from harness.report.api import load_run
 
     runs = tmp_path / "runs"
     assert main([*TINY[:-4], "--iters", "4", "--warmup", "0", "--flush-every", "2", "--runs-root", str(runs)]) == 0

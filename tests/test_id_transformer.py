@@ -415,7 +415,7 @@ def test_perf_dynamic_batches_hit_their_share_and_the_dict_baseline_is_an_lru():
     baseline evicts as the transformer's lru does where a batch has one id (no batch to protect)."""
     from collections import OrderedDict
 
-    from harness.perf_dynamic import dict_lru, mixed_batch
+    from harness.tools.perf_dynamic import dict_lru, mixed_batch
 
     t = IdTransformer(100, "lru")
     t.transform(torch.arange(100))
@@ -455,7 +455,7 @@ def test_host_bytes_by_hand():
 
 def test_perf_dynamic_goal_verdict_by_hand():
     """The verdict is the median's, and says how many repeats fell short."""
-    from harness.perf_dynamic import goal_verdict
+    from harness.tools.perf_dynamic import goal_verdict
 
     assert goal_verdict([51.0, 55.0, 60.0], 50) == "met in every repeat"
     assert goal_verdict([49.0, 52.0, 53.0], 50) == "met at the median, missed in 1 of 3 repeats"
@@ -467,7 +467,7 @@ def test_perf_dynamic_goal_verdict_by_hand():
 def test_perf_dynamic_batch_spread_by_hand():
     """A run's batch times: the median batch, the 90th percentile (interpolated between the batches
     around it) and the mean, each of the last two over the median."""
-    from harness.perf_dynamic import batch_spread
+    from harness.tools.perf_dynamic import batch_spread
 
     assert batch_spread([1.0] * 9 + [2.0]) == pytest.approx((1.0, 1.1, 1.1))  # p90 at 8.1 of 0..9
     assert batch_spread([4.0, 1.0, 3.0, 2.0]) == pytest.approx((2.5, 3.7 / 2.5, 1.0))  # p90 at 2.7 of 0..3
@@ -477,7 +477,7 @@ def test_perf_dynamic_batch_spread_by_hand():
 def test_perf_dynamic_part_spread_by_hand():
     """Each part's share of all parts' time, and its mean in the slowest tenth of batches (at
     least one) over its mean in the batches at or below the median batch."""
-    from harness.perf_dynamic import part_spread
+    from harness.tools.perf_dynamic import part_spread
 
     seconds = [1.0, 1.0, 1.0, 3.0]  # median 1.0: three typical batches, one slowest
     parts = [{"scan": 0.6, "victims": 0.1, "admit": 0.3}] * 3 + [{"scan": 2.4, "victims": 0.1, "admit": 0.45}]
@@ -498,7 +498,7 @@ def test_perf_dynamic_throughput_repeats_every_case(capsys):
     repeats' own ratios."""
     import statistics
 
-    from harness.perf_dynamic import HIT_RATES, ID_ORDERS, throughput
+    from harness.tools.perf_dynamic import HIT_RATES, ID_ORDERS, throughput
 
     rows = throughput(256, 64, 3, seed=0, repeats=2)
     assert len(rows) == 2 * len(HIT_RATES) * len(ID_ORDERS)
@@ -525,7 +525,7 @@ def test_perf_dynamic_sums_a_ranks_transformer_memory(tmp_path):
     """The training part's "of which its ID transformers hold": the rank's tables summed, in GiB."""
     import json
 
-    from harness.perf_dynamic import transformer_host_gib
+    from harness.tools.perf_dynamic import transformer_host_gib
 
     (tmp_path / "rank00001").mkdir()
     (tmp_path / "rank00001" / "dynamic.json").write_text(json.dumps(
@@ -538,7 +538,7 @@ def test_perf_dynamic_memory_bound_by_hand():
     """The bound perf-dynamic prints: the read rate over the reads an id needs (1 a hit, 2 a miss),
     and the table size it is measured at is the transformer's own (a power of two >= 4x slots, 16
     bytes a bucket)."""
-    from harness.perf_dynamic import memory_bound
+    from harness.tools.perf_dynamic import memory_bound
     from model.id_transformer import random_read_rate
 
     assert memory_bound(90e6, 0.5) == pytest.approx(90e6 / 1.5)

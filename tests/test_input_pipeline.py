@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness.data import SyntheticCriteo
-from harness.input_pipeline import InputFeeder
+from harness.data.synthetic import SyntheticCriteo
+from harness.run.input_pipeline import InputFeeder
 from harness.presets import tiny
-from harness.timeline import Timeline
+from harness.run.timeline import Timeline
 from model.features import SparseFeatures
 from model.ids_all_to_all import HostTransfer, IdsAllToAll, PendingIds
 
@@ -218,7 +218,7 @@ def test_every_permute_of_an_iteration_is_sized_on_the_host(tmp_path, monkeypatc
     GPU): a whole input dist over a plan of every kind, ragged batch included, gives every call
     its size, and each size is the true one."""
     from harness.config import ShardingConfig
-    from harness.planning import make_plan
+    from harness.launch.planning import make_plan
     from model.sharded_embeddings import ShardedEmbeddingCollection
     from tests.test_sharded_training import MIXED
 
@@ -255,7 +255,7 @@ def test_every_permute_of_an_iteration_is_sized_on_the_host(tmp_path, monkeypatc
 
 
 def test_a_cpu_rank_issues_input_dist_on_the_current_stream():
-    from harness.input_streams import SameStream, input_streams
+    from harness.run.input_streams import SameStream, input_streams
 
     streams = input_streams(torch.device("cpu"))
     assert isinstance(streams, SameStream)

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from harness.cli import main
-from harness.launch import choose_launch, free_port, node_commands
-from harness.manifest import RunManifest
+from harness.launch.launcher import choose_launch, free_port, node_commands
+from harness.records.manifest import RunManifest
 from harness.presets import tiny
 
 ROOT = Path(__file__).resolve().parent.parent

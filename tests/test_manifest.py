@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from harness.config import OptimizationsConfig, ShardingConfig
-from harness.manifest import GitState, RankInfo, RunManifest, RunStatus, Versions
-from harness.optimizations import resolve
-from harness.planning import make_plan
+from harness.records.manifest import GitState, RankInfo, RunManifest, RunStatus, Versions
+from harness.run.optimizations import resolve
+from harness.launch.planning import make_plan
 from harness.presets import tiny
 from tests.test_sharded_training import MIXED
 
@@ -83,7 +83,7 @@ def test_damaged_manifest_is_refused_naming_the_place(change, message):
 
 
 def test_names_manifest_and_report_load_without_torch():
-    code = ("import sys; import harness.names, harness.manifest, harness.options, harness.report_load; "
+    code = ("import sys; import harness.names, harness.records.manifest, harness.launch.options, harness.report.load; "
             "print(sorted(m for m in ('torch', 'fbgemm_gpu') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from harness.mlperf_log import LOG_NAME
+from harness.run.mlperf_log import LOG_NAME
 
 # What synthetic data cannot meet, and only that: the closed DLRM-DCNv2 rules want the real held-
 # out set (eval_samples == 89,137,319) and an AUROC of at least 0.80275 on it; a small generated
@@ -31,8 +31,8 @@ def checker_failures(log) -> list[str]:
 
 
 def test_an_mlperf_run_logs_what_the_compliance_checker_accepts(tmp_path, capfd):
-    from harness.make_dataset import main as make_dataset
-    from harness.mlperf import main
+    from harness.tools.make_dataset import main as make_dataset
+    from harness.tools.mlperf import main
 
     data = tmp_path / "data"
     assert make_dataset(["--out", str(data), "--rows", "12000", "--days", "2"]) == 0
@@ -55,7 +55,7 @@ def test_an_mlperf_run_logs_what_the_compliance_checker_accepts(tmp_path, capfd)
 
 
 def test_mlperf_without_data_is_one_line(capsys):
-    from harness.mlperf import main
+    from harness.tools.mlperf import main
 
     assert main(["--preset", "tiny"]) == 2
     err = capsys.readouterr().err

@@ -9,15 +9,15 @@ import dataclasses
 
 import pytest
 
-from harness.ablation import run_ablation
+from harness.launch.ablation import run_ablation
 from harness.cli import build_parser, main
 from harness.config import (
     BenchConfig, DataConfig, DynamicConfig, EvalConfig, ModelConfig, OptimizationsConfig, OptimizerConfig, PrecisionConfig, RunConfig, ShardingConfig, option,
 )
 from harness.names import DENSE_PRECISIONS, OPTIMIZATION_FLAGS
-from harness.optimizations import resolve
-from harness.options import add_config_options, config_from_args
-from harness.planning import topology
+from harness.run.optimizations import resolve
+from harness.launch.options import add_config_options, config_from_args
+from harness.launch.planning import topology
 from harness.presets import mlperf, small, tiny
 
 CONCERNS = {"model": ModelConfig, "optimizer": OptimizerConfig, "data": DataConfig, "sharding": ShardingConfig,

@@ -1,4 +1,4 @@
-"""The parameter store (harness/param_store.py): the embedded store and Redis pass the same round
+"""The parameter store (harness/run/param_store.py): the embedded store and Redis pass the same round
 trip and fault tests; the Redis tests start a real redis-server on a loopback port."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from harness.param_store import EmbeddedStore, RedisStore, StoreError, open_store
+from harness.run.param_store import EmbeddedStore, RedisStore, StoreError, open_store
 
 WIDTH = 6  # e.g. a 3-wide row and its Adagrad state
 

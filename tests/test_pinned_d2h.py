@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.pinned_d2h import BufferRings, HostCopies, buffer_key
+from harness.run.pinned_d2h import BufferRings, HostCopies, buffer_key
 
 
 class Done:

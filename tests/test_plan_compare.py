@@ -54,7 +54,7 @@ def test_grid_traffic_by_hand():
 
 @pytest.mark.filterwarnings("ignore")
 def test_plan_compare_prints_both_plans_scored_three_ways(capsys):
-    from harness.plan_compare import main
+    from harness.tools.plan_compare import main
 
     assert main(["--layouts", "2x8"]) == 0
     out = capsys.readouterr().out
@@ -72,8 +72,8 @@ def test_at_16x8_this_plan_is_no_worse_than_torchrecs_and_at_2x8_no_rank_is_empt
     every rank holds a shard. Table 20 (40M rows, 100 ids a sample) is what decides it: whole
     table-row-wise on one node it costs that node's ranks 0.753 ms by TorchRec's model, in column
     blocks on several nodes a fraction of that."""
-    from harness.plan_compare import _silence_torchrec, score, torchrec_plan
-    from harness.planning import make_plan
+    from harness.tools.plan_compare import _silence_torchrec, score, torchrec_plan
+    from harness.launch.planning import make_plan
     from harness.presets import mlperf
 
     _silence_torchrec()

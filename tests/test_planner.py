@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.config import ShardingConfig
-from harness.planning import make_plan
+from harness.launch.planning import make_plan
 from harness.presets import mlperf, small, tiny
 import numpy as np
 

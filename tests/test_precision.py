@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from harness.cli import build_parser, main, plan_and_flags
-from harness.options import config_from_args
+from harness.launch.options import config_from_args
 from harness.config import BenchConfig, PrecisionConfig
-from harness.typed_json import dumps, loads
-from harness.optimizations import describe
-from harness.planning import make_plan
+from harness.records.typed_json import dumps, loads
+from harness.run.optimizations import describe
+from harness.launch.planning import make_plan
 from harness.presets import tiny
 from tests.distributed import run_ranks
 
@@ -99,7 +99,7 @@ def test_table_precision_is_checked_recorded_and_said_when_it_cannot_take_effect
         main(["bench", "--preset", "tiny", "--table-precision", "bf16"])
     assert "invalid choice: 'bf16'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="drop --table-precision fp16"):
-        from harness.engine_torchrec import check_config
+        from harness.run.engine_torchrec import check_config
 
         check_config(fused, ["table_wise"])
 
@@ -108,7 +108,7 @@ def test_the_planner_counts_fp16_weights_at_two_bytes():
     """The same plan at both precisions: each rank's planned memory differs by exactly two bytes a
     weight element of its fused shards (counted here from the shards), so nothing else the count
     holds changes (optimizer state, buffers, data-parallel tables stay fp32)."""
-    from harness.planning import geometry, table_specs, topology
+    from harness.launch.planning import geometry, table_specs, topology
     from model.planner import plan_footprint
     from model.plan_traffic import PlanTraffic
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from harness.progress import Progress
+from harness.run.progress import Progress
 
 
 def test_a_line_every_interval_with_the_rate_since_the_last_line_and_the_eta():

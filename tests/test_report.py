@@ -1,4 +1,4 @@
-"""Tests for harness/report.py on small run folders built by hand.
+"""Tests for harness/report/api.py on small run folders built by hand.
 
 Durations are chosen by hand so the expected numbers can be computed here
 independently (numpy on the raw lists, or by hand), and warm-up rows carry huge
@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.report import (
+from harness.report.api import (
     STAGES, ReportError, format_summary, iteration_summary, load_run, report_main,
     resolve_run, stage_stats,
 )

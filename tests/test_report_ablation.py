@@ -4,8 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.report import ReportError, report_main
-from harness.report_ablation import (
+from harness.report.api import ReportError, report_main
+from harness.report.ablation import (
     ablation_table, bootstrap_mean_ci, config_stage_means, flag_contributions, load_ablation, resolve_ablation,
 )
 from tests.report_builders import config, iter_run, write_ablation

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.report import report_main
+from harness.report.api import report_main
 from tests.report_builders import config, iter_run, write_ablation
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

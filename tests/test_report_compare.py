@@ -4,8 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.report import ReportError, load_run, report_main
-from harness.report_compare import compare_runs, write_compare_report
+from harness.report.api import ReportError, load_run, report_main
+from harness.report.compare import compare_runs, write_compare_report
 from harness.names import STAGES
 from tests.report_builders import iter_run, sequential, write_run
 
@@ -100,7 +100,7 @@ def test_comparison_needs_two_labels_with_runs(tmp_path):
 def test_a_precision_that_changes_the_numbers_is_a_finding(tmp_path):
     import dataclasses
 
-    from harness.manifest import PrecisionEntry, RunManifest
+    from harness.records.manifest import PrecisionEntry, RunManifest
 
     base = iter_run(tmp_path, "base", {0: [10.0, 10.0]})
     cand = iter_run(tmp_path, "cand", {0: [6.0, 6.0]})

@@ -4,8 +4,8 @@ import sqlite3
 
 import pytest
 
-from harness.report import ReportError, report_main
-from harness.report_nsys import read_nsys
+from harness.report.api import ReportError, report_main
+from harness.report.nsys import read_nsys
 from harness.names import STAGES
 
 MS = 1_000_000  # ns

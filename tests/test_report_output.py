@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.report import report_main
-from harness.report_html import Doc, fmt
-from harness.report_load import FLAGS
+from harness.report.api import report_main
+from harness.report.html import Doc, fmt
+from harness.report.load import FLAGS
 from tests.report_builders import flags_for, rewrite_manifest, sequential, write_run
 from tests.test_report_tables import dur, four_ranks
 
@@ -135,7 +135,7 @@ def test_splits_exchanged_is_reported_per_rank(tmp_path):
 
 
 def test_waterfall_keeps_every_bar_and_label_inside_the_axes(tmp_path, monkeypatch):
-    from harness import report_plots
+    from harness.report import plots as report_plots
 
     figs = []
     monkeypatch.setattr(report_plots, "_save", lambda fig, path: figs.append(fig) or path)

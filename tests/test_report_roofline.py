@@ -5,10 +5,10 @@ import dataclasses
 import pytest
 
 from harness.names import STAGES
-from harness.report import ReportError, load_run
-from harness.report_roofline import dense_shape, roofline_table, stage_work
+from harness.report.api import ReportError, load_run
+from harness.report.roofline import dense_shape, roofline_table, stage_work
 from harness.config import ModelConfig
-from harness.manifest import RankInfo
+from harness.records.manifest import RankInfo
 from model.sharding import Shard, TablePlan, grid_shard, table_wise
 from tests.report_builders import sequential, write_run
 
@@ -179,7 +179,7 @@ def test_roofline_of_a_real_tiny_run(tmp_path, capsys):
     are checked against the preset and the model's own FLOP count, not the formulas under test."""
     from harness.cli import main
     from harness.presets import tiny
-    from harness.report_tables import stage_stats
+    from harness.report.tables import stage_stats
     from model.dense import dense_flops_per_sample
 
     runs = tmp_path / "runs"

@@ -4,9 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.report import format_summary, load_run
-from harness.report_load import FLAGS, load_runs, records
-from harness.report_tables import (
+from harness.report.api import format_summary, load_run
+from harness.report.load import FLAGS, load_runs, records
+from harness.report.tables import (
     critical_stage_means, critical_stages, _covered, _union, completeness, input_dist_overlap, input_dist_spans, iteration_table, job_iterations,
     stage_pivot, stage_stats, straggler_table,
 )

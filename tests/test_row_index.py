@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness._row_index import ABSENT, RowIndex
+from harness.run._row_index import ABSENT, RowIndex
 
 
 def test_the_index_answers_as_a_dict_does_through_growth_and_overwrites():

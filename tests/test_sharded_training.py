@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from harness.config import OptimizationsConfig, OptimizerConfig, ShardingConfig
-from harness.batch_source import open_batches
-from harness.planning import make_plan
+from harness.data.source import open_batches
+from harness.launch.planning import make_plan
 from harness.presets import small, tiny
-from harness.train import build_dense
+from harness.run.train import build_dense
 from tests.distributed import run_ranks
 from tests.reference import ReferenceDLRM
 
@@ -180,7 +180,7 @@ def test_table_row_wise_beside_every_other_kind_on_two_nodes(tmp_path):
 def test_training_on_mlperf_files_matches_unsharded_reference(tmp_path):
     """--data: each rank reads its slice of each global batch from the files (generated in the
     MLPerf layout), and the mixed plan trains to what the reference computes on those batches."""
-    from harness.make_dataset import main as make_dataset
+    from harness.tools.make_dataset import main as make_dataset
 
     assert make_dataset(["--out", str(tmp_path / "data"), "--rows", "2000", "--days", "2"]) == 0
     data = dataclasses.replace(tiny().data, path=str(tmp_path / "data"))

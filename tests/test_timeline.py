@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harness.names import STAGES
-from harness.timeline import Timeline
+from harness.run.timeline import Timeline
 
 
 def test_spans_follow_the_clock_and_nest():
@@ -50,7 +50,7 @@ def test_stages_off_keeps_iterations_only():
 def test_input_dist_span_has_an_nvtx_range_that_may_end_on_another_thread(monkeypatch):
     import threading
 
-    import harness.timeline as timeline_mod
+    import harness.run.timeline as timeline_mod
 
     calls: list[tuple] = []
     monkeypatch.setattr(timeline_mod.nvtx, "start_range",
@@ -114,7 +114,7 @@ class _FakeEvent:
 def test_event_times_keep_microseconds_ten_minutes_into_a_run():
     """float32 ms from one anchor would be off by tens of microseconds after 10 minutes; spans
     measured start to end, against an anchor taken again at each drain, stay within 1 us."""
-    from harness.timeline import EventClock
+    from harness.run.timeline import EventClock
 
     device = _FakeDevice()
     host_offset = 5_000_000_000  # the host clock reads the device clock + 5 s
@@ -146,7 +146,7 @@ def test_event_times_keep_microseconds_ten_minutes_into_a_run():
 
 
 def test_a_span_open_across_a_drain_resolves_against_its_own_anchor():
-    from harness.timeline import EventClock
+    from harness.run.timeline import EventClock
 
     device = _FakeDevice()
     clock = EventClock(new_event=lambda: _FakeEvent(device), synchronize=lambda: None, now_ns=lambda: device.now_ns)
@@ -163,8 +163,8 @@ def test_a_span_open_across_a_drain_resolves_against_its_own_anchor():
 def test_perf_times_a_stage_with_the_clock_a_run_uses(monkeypatch):
     """make perf's per-stage cost: host clock on CPU; on CUDA the events a CUDA run records, with the
     device synchronized around the loop (a stand-in clock and sync record that here)."""
-    import harness.perf as perf
-    from harness.timeline import EventClock
+    import harness.tools.perf as perf
+    from harness.run.timeline import EventClock
 
     assert 0 < perf.stage_cost_ns(1000) < 1e6
     syncs = []

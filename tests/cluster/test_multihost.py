@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.records import read_manifest
-from harness.report import load_run
+from harness.records.writer import read_manifest
+from harness.report.api import load_run
 from tests.cluster.conftest import bench_argv, start_on_hosts, tails, wait_all
 from tests.cluster.testhosts import TestHosts
 

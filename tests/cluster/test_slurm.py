@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.records import read_manifest
-from harness.report import load_run
+from harness.records.writer import read_manifest
+from harness.report.api import load_run
 from tests.cluster.conftest import ROOT, bench_argv
 from tests.cluster.slurm_cluster import SlurmCluster, missing_programs
 from tests.cluster.testhosts import TestHosts

@@ -27,7 +27,7 @@ needs_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs
 
 def test_installed_variant():
     """the installed torch/fbgemm pair is the CUDA variant (check_install)"""
-    from harness.check_install import problems
+    from harness.tools.check_install import problems
 
     assert problems("requirements-cuda") == []
 
@@ -56,7 +56,7 @@ def _calibrated_sleep_cycles(target_ms: float) -> int:
 
 def test_timeline_accuracy_against_known_sleeps():
     """the CUDA timeline times known device sleeps within 5%"""
-    from harness.timeline import Timeline
+    from harness.run.timeline import Timeline
 
     torch.cuda.synchronize()
     cycles = _calibrated_sleep_cycles(20.0)
@@ -80,7 +80,7 @@ def test_timeline_accuracy_against_known_sleeps():
 
 
 def _train_rank(rank: int, world: int, device: torch.device, cfg, plan) -> dict:
-    from harness.train import train
+    from harness.run.train import train
 
     result = train(cfg, rank=rank, device=device, recorder=None, plan=plan)
     others = [i for i in range(torch.cuda.device_count()) if i != device.index]
@@ -90,7 +90,7 @@ def _train_rank(rank: int, world: int, device: torch.device, cfg, plan) -> dict:
 @needs_two_gpus
 def test_every_rank_stays_on_its_own_gpu(tmp_path):
     """every rank's work and timeline events on its own GPU: no context on another GPU, threaded input dist on"""
-    from harness.planning import make_plan
+    from harness.launch.planning import make_plan
     from harness.presets import tiny
 
     cfg = tiny(nodes=1, gpus_per_node=2, iters=6, warmup_iters=1, device="cuda")
@@ -99,7 +99,7 @@ def test_every_rank_stays_on_its_own_gpu(tmp_path):
     ranks = spawn_ranks(_train_rank, 2, tmp_path, cfg, list(plan), device="cuda")
     assert [r["contexts_elsewhere"] for r in ranks] == [[], []]
     # And a timeline made while another GPU is current is refused, not silently timing that GPU.
-    from harness.timeline import Timeline
+    from harness.run.timeline import Timeline
 
     with torch.cuda.device(0), pytest.raises(RuntimeError, match="recorded on another GPU"):
         Timeline(cuda=True, stages=True, device=torch.device("cuda", 1))
@@ -108,8 +108,8 @@ def test_every_rank_stays_on_its_own_gpu(tmp_path):
 def _graphed_and_eager(rank: int, world: int, device: torch.device) -> dict:
     import torch.distributed as dist
 
-    from harness.dense_gradients import FlatGradients
-    from harness.dense_step import DenseStep
+    from harness.run.dense_gradients import FlatGradients
+    from harness.run.dense_step import DenseStep
     from tests.dense_fixtures import B, ND, PW, make_inputs, make_model
 
     eager_model = make_model("cuda")
@@ -163,15 +163,15 @@ def test_flags_on_a_mixed_plan_match_the_cpu_reference(flags, tmp_path):
 def _steady_state_syncs(rank: int, world: int, device: torch.device) -> list[str]:
     """Iterations of the pipelined loop with cuda graphs, pinned copies and skipped splits on a
     table-wise plan; the 4th runs under set_sync_debug_mode('error'): a host sync there raises."""
-    from harness.data import SyntheticCriteo
-    from harness.dense_gradients import FlatGradients
-    from harness.dense_step import DenseStep
-    from harness.input_pipeline import InputFeeder
-    from harness.input_streams import input_streams
-    from harness.pinned_d2h import HostCopies
+    from harness.data.synthetic import SyntheticCriteo
+    from harness.run.dense_gradients import FlatGradients
+    from harness.run.dense_step import DenseStep
+    from harness.run.input_pipeline import InputFeeder
+    from harness.run.input_streams import input_streams
+    from harness.run.pinned_d2h import HostCopies
     from harness.presets import tiny
-    from harness.timeline import Timeline
-    from harness.train import build_dense
+    from harness.run.timeline import Timeline
+    from harness.run.train import build_dense
     from model.ids_all_to_all import HostTransfer
     from model.sharded_embeddings import ShardedEmbeddingCollection
     from model.sharding import table_wise

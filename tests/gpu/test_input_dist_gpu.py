@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from harness.cli import main
-from harness.input_streams import CudaInputStream
-from harness.pinned_d2h import HostCopies
+from harness.run.input_streams import CudaInputStream
+from harness.run.pinned_d2h import HostCopies
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -1,0 +1,1 @@
+"""Where batches come from: the synthetic Criteo-shaped stream or the MLPerf files."""

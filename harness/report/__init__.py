@@ -1,0 +1,1 @@
+"""Reports from run folders: readers (load) and renderers. Imports no runtime (harness.run)."""

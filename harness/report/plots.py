@@ -1,0 +1,186 @@
+"""The report's PNG plots (matplotlib, Agg, no pyplot state): each function draws one figure
+from report tables or the flat frame and writes it to `path`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from harness.report.tables import job_iterations, rank_iterations  # noqa: E402
+from harness.names import STAGES  # noqa: E402
+
+COLORS = dict(zip(STAGES, ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3")))
+DPI = 110
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    return Path(path)
+
+
+def plot_stage_bars(wide: pd.DataFrame, path: Path, *, title: str, row_label: str) -> Path:
+    """Horizontal stacked bars: a bar per row of `wide` (rank, config, label), a segment per stage
+    (ms, critical-path times, so segments never count overlapped time twice). With an `iter_ms`
+    column, a grey segment fills the rest up to the measured iteration time (untimed work, waiting)
+    and the label gives that measured time; stages adding up past it get a warning mark."""
+    labels = [str(i) for i in wide.index]
+    stages = [s for s in STAGES if s in wide.columns]
+    fig = Figure(figsize=(9, 1.8 + 0.45 * len(labels)), layout="constrained")
+    ax = fig.add_subplot()
+    left = np.zeros(len(labels))
+    y = np.arange(len(labels))
+    for stage in stages:
+        vals = wide[stage].fillna(0).to_numpy(float)
+        ax.barh(y, vals, left=left, color=COLORS[stage], label=stage, height=0.7)
+        left += vals
+    measured = wide["iter_ms"].to_numpy(float) if "iter_ms" in wide.columns else left
+    rest = np.clip(np.nan_to_num(measured - left), 0, None)
+    if rest.any():
+        ax.barh(y, rest, left=left, color="#d9d9d9", label="untimed / waiting", height=0.7)
+    for yi, total, meas in zip(y, left, measured):
+        over = " (stages exceed it)" if total > 1.05 * meas else ""
+        ax.text(max(total, meas), yi, f" {meas:.3g} ms{over}", va="center", fontsize=8)
+    ax.set_yticks(y, labels)
+    ax.invert_yaxis()  # first row on top, as in the tables
+    top = float(np.nanmax(np.maximum(left, measured))) if len(left) else 0.0
+    ax.set_xlim(0, top * 1.25 if top > 0 else 1)
+    ax.set_xlabel("mean time per iteration (ms, non-warm-up; input_dist: exposed part)")
+    ax.set_ylabel(row_label)
+    ax.set_title(title)
+    fig.legend(loc="outside lower center", ncols=len(stages) + 1, fontsize=8, frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_timeline(df: pd.DataFrame, path: Path, *, iterations: int = 3, title: str = "") -> Path:
+    """Per-rank Gantt of a few non-warm-up iterations: a lane per rank for the compute stages and a
+    thin lane above it for input_dist, so a pipelined input_dist shows under the compute it hides
+    behind, and a straggler shows as a rank whose bars end late. Times from the earliest shown start."""
+    st = df[df["stage"].notna()]
+    timed = st[~st["warmup"] & (st["stage"] != "input_dist")]
+    its = sorted(timed["iteration"].unique())
+    # Skip the first timed iteration when there are enough: it often still carries warm-up effects.
+    shown = its[1:1 + iterations] if len(its) > iterations else its[:iterations]
+    win = timed[timed["iteration"].isin(shown)]
+    t0, t1 = int(win["start_ns"].min()), int(win["end_ns"].max())
+    spans = st[(st["end_ns"] > t0) & (st["start_ns"] < t1)]
+    ranks = sorted(st["rank"].unique())
+    fig = Figure(figsize=(11, 1.8 + 0.55 * len(ranks)), layout="constrained")
+    ax = fig.add_subplot()
+    for _, s in spans.iterrows():
+        a, b = (max(int(s["start_ns"]), t0) - t0) / 1e6, (min(int(s["end_ns"]), t1) - t0) / 1e6
+        y, h = (s["rank"] - 0.36, 0.2) if s["stage"] == "input_dist" else (s["rank"] - 0.1, 0.45)
+        ax.broken_barh([(a, b - a)], (y, h), facecolors=COLORS[s["stage"]], edgecolor="white", linewidth=0.3)
+    # Iteration starts on the lowest rank, labelled at the top.
+    first = timed[(timed["rank"] == ranks[0]) & timed["iteration"].isin(shown)].groupby("iteration")["start_ns"].min()
+    for it, t in first.items():
+        x = (int(t) - t0) / 1e6
+        ax.axvline(x, color="grey", linestyle=":", linewidth=0.8)
+        ax.text(x, -0.55, f" iter {it}", fontsize=8, color="dimgrey", va="bottom")
+    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+    ax.set_ylim(len(ranks) - 0.4, -0.7)
+    ax.set_xlim(0, (t1 - t0) / 1e6)
+    ax.set_xlabel("time since the first shown stage started (ms)")
+    ax.set_title(title or f"Stage timeline, iterations {shown[0]}-{shown[-1]} (thin bars: input_dist)")
+    present = [s for s in STAGES if s in set(spans["stage"])]
+    fig.legend(handles=[Patch(color=COLORS[s], label=s) for s in present], ncols=len(present), fontsize=8,
+               loc="outside lower center", frameon=False)
+    return _save(fig, path)
+
+
+def plot_iteration_time(df: pd.DataFrame, path: Path, *, title: str = "") -> Path:
+    """iter_ms over the run: each rank, and the job (slowest rank); warm-up shaded. Warm-up
+    iterations far above the rest are clipped so the timed iterations' jitter stays visible."""
+    ri = rank_iterations(df, warmup=True)
+    job = job_iterations(df, warmup=True)
+    fig = Figure(figsize=(10, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    ranks = sorted(ri["rank"].unique())
+    for r in ranks:
+        g = ri[ri["rank"] == r].sort_values("iteration")
+        ax.plot(g["iteration"], g["iter_ms"], linewidth=0.7, alpha=0.6, marker=".", markersize=3,
+                label=f"rank {r}" if len(ranks) <= 8 else ("ranks" if r == ranks[0] else None))
+    job = job.sort_values("iteration")
+    ax.plot(job["iteration"], job["iter_ms"], color="black", linewidth=1.4, label="job (slowest rank)")
+    warm = job.loc[job["warmup"], "iteration"]
+    timed = job.loc[~job["warmup"], "iter_ms"]
+    if len(warm):
+        ax.axvspan(warm.min() - 0.5, warm.max() + 0.5, color="orange", alpha=0.15, label="warm-up (excluded)")
+    if len(timed):
+        ax.axhline(timed.median(), color="grey", linestyle="--", linewidth=0.8,
+                   label=f"median {timed.median():.4g} ms")
+        # Zoom on the timed iterations (jitter is the point); warm-up peaks far above are clipped.
+        lo, hi = ri.loc[~ri["warmup"], "iter_ms"].min(), ri.loc[~ri["warmup"], "iter_ms"].max()
+        pad = max(hi - lo, 0.05 * hi)
+        top = hi + pad
+        if ri["iter_ms"].max() > top:
+            ax.text(0.01, 0.97, f"y clipped: warm-up peaks up to {ri['iter_ms'].max():.4g} ms",
+                    transform=ax.transAxes, fontsize=8, va="top", color="dimgrey")
+        ax.set_ylim(max(0.0, lo - pad), top)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("iteration time (ms)")
+    ax.set_title(title or "Iteration time over the run")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_auc(evals: pd.DataFrame, path: Path, *, title: str = "", target: float | None = None) -> Path:
+    """AUROC at each evaluation against the training samples seen (the target as a line)."""
+    fig = Figure(figsize=(8, 4), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(evals["trained_samples"], evals["auc"], marker="o", markersize=4, color="tab:blue", label="AUROC")
+    if target is not None:
+        ax.axhline(target, color="tab:red", linestyle="--", linewidth=0.9, label=f"target {target:g}")
+    ax.set_xlabel("training samples seen")
+    ax.set_ylabel("AUROC (held-out)")
+    ax.set_title(title or "AUROC over training")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_waterfall(contrib: pd.DataFrame, base_ms: float, all_ms: float, path: Path, *, title: str = "") -> Path:
+    """From the baseline's iteration time, each flag's time saved alone (inactive: n/a), the
+    interaction left over, to everything on."""
+    steps = [("baseline", base_ms, "total")]
+    level = base_ms
+    for _, r in contrib.iterrows():
+        saved = r["alone_ms"]
+        steps.append((f"+{r['flag']}", np.nan if pd.isna(saved) else -saved, "step"))
+        level -= 0 if pd.isna(saved) else saved
+    if not pd.isna(all_ms):
+        steps.append(("interaction", all_ms - level, "step"))
+        steps.append(("all flags", all_ms, "total"))
+    fig = Figure(figsize=(max(7, 1.1 * len(steps)), 4.6), layout="constrained")
+    ax = fig.add_subplot()
+    cur, tops = 0.0, []
+    for x, (label, val, kind) in enumerate(steps):
+        if kind == "total":
+            ax.bar(x, val, color="#4C72B0")
+            tops.append(val)
+            ax.text(x, val, f"{val:.3g}", ha="center", va="bottom", fontsize=8, clip_on=True)
+            cur = val
+        elif pd.isna(val):
+            ax.plot([x - 0.4, x + 0.4], [cur, cur], color="grey", linestyle=":")
+            tops.append(cur)
+            ax.text(x, cur, "n/a\n(inactive)", ha="center", va="bottom", fontsize=7, color="grey", clip_on=True)
+        else:
+            ax.bar(x, val, bottom=cur, color="#55A868" if val <= 0 else "#C44E52")
+            tops.append(max(cur, cur + val))
+            ax.text(x, max(cur, cur + val), f"{val:+.3g}", ha="center", va="bottom", fontsize=8, clip_on=True)
+            cur += val
+    ax.set_xticks(range(len(steps)), [s[0] for s in steps], rotation=30, ha="right")
+    ax.set_ylabel("mean iteration time (ms)")
+    ax.set_title(title or "Ablation waterfall: baseline to all flags (green: faster)")
+    ax.grid(axis="y", alpha=0.3)
+    # Every bar (a step may climb above both totals) and its label above it stay inside the axes.
+    ax.set_ylim(0, max(tops) * 1.18 if tops and max(tops) > 0 else 1)
+    return _save(fig, path)

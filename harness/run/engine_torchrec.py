@@ -1,0 +1,303 @@
+"""The TorchRec engine: stock TorchRec (DLRM_DCN, DistributedModelParallel, TrainPipelineSparseDist)
+trained on the harness's config, plan, batches and initial weights, writing the same records.
+
+What it times: every iteration (around one `TrainPipelineSparseDist.progress`) and, of the five
+stages, only `dense_update` (the dense optimizer's step, which the pipeline calls as one method).
+The other stages run inside `progress` interleaved with the next batch's input dist, with no seam
+this engine could time without changing what TorchRec runs, so they are not recorded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+import warnings
+from collections import deque
+from collections.abc import Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from harness.config import BenchConfig, ModelConfig
+from harness.data.source import BatchSource, open_batches
+from harness.run.flush import RecordFlusher
+from harness.names import ENGINE_TIMED_STAGES
+from harness.run.pinned_d2h import HostCopies
+from harness.records.writer import RankRecorder
+from harness.run.timeline import Timeline
+from harness.run.train import TrainResult, build_dense, maybe_inject_fault
+from model.embeddings import EMBEDDING_OPTIMIZERS, init_shard_
+from model.sharding import Shard, TablePlan
+
+TIMED_STAGES = ENGINE_TIMED_STAGES["torchrec"]
+"""The stages this engine records (the manifest says so; the others are absent, never guessed)."""
+
+# Kinds TorchRec runs here; a plan with another kind is refused before any process starts.
+SUPPORTED_KINDS = ("table_wise", "column_wise", "row_wise", "data_parallel")
+FLAGS_NOT_IN_TORCHREC = ("cuda_graphs", "threaded_input_dist", "pinned_d2h", "skip_splits_a2a")
+
+
+def check_config(cfg: BenchConfig, plan_kinds: Sequence[str]) -> None:
+    """One-line ValueError for what the torchrec engine cannot run (called before any process starts)."""
+    for kind in dict.fromkeys(plan_kinds):
+        if kind not in SUPPORTED_KINDS:
+            raise ValueError(f"--engine torchrec cannot shard a table {kind}; pick --sharding "
+                             f"{'/'.join(SUPPORTED_KINDS)}")
+    if cfg.precision.dense != "fp32":
+        raise ValueError(f"--engine torchrec trains the dense arch in fp32 as stock TorchRec does: drop "
+                         f"--dense-precision {cfg.precision.dense}")
+    if cfg.precision.tables != "fp32":
+        raise ValueError(f"--engine torchrec here runs its tables in fp32: drop --table-precision {cfg.precision.tables}")
+    if cfg.precision.comm != "fp32" or cfg.precision.wire_bwd != "fp32":
+        raise ValueError("--engine torchrec here sends its pooled embeddings in fp32: drop --comm-precision / "
+                         "--comm-precision-bwd")
+    if not cfg.optimizations.pipeline:
+        raise ValueError("--engine torchrec always trains through TrainPipelineSparseDist: drop --no-pipeline")
+    if cfg.evaluation.every_samples:
+        raise ValueError("--engine torchrec does not evaluate: --eval-every runs with --engine harness")
+    asked = [f for f in FLAGS_NOT_IN_TORCHREC if getattr(cfg.optimizations, f)]
+    if asked:
+        raise ValueError(f"--engine torchrec runs stock TorchRec: the harness's flag(s) {', '.join(asked)} "
+                         "do not exist there; drop them")
+    if importlib.util.find_spec("torchrec") is None:
+        raise ValueError("--engine torchrec needs torchrec in this Python: run it through make (which installs "
+                         "requirements-torchrec.txt) or use --engine harness")
+
+
+def _quiet_library_notices() -> None:
+    """TorchRec 1.8 on torch 2.13 prints a deprecation notice per DDP wrap and an fx-tracing notice
+    per rank, dozens of lines a run that bury the harness's own progress; they say nothing about
+    the run, so they are filtered (errors still show)."""
+    warnings.filterwarnings("ignore", message=r"`broadcast_buffers` is deprecated", category=FutureWarning)
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+
+
+def table_name(t: int) -> str:
+    return f"t{t}"
+
+
+def feature_name(t: int) -> str:
+    return f"f{t}"
+
+
+def dense_name_map(model: ModelConfig) -> dict[str, str]:
+    """model.dense.DenseArch's parameter names -> DLRM_DCN's (inside DLRMTrain).
+
+    The architectures match layer for layer (checked by tests/test_engine_torchrec.py through equal
+    losses): TorchRec's DenseArch is an MLP with ReLU after every layer (as the harness's bottom);
+    its LowRankCrossNet computes x0 * (W (V x) + b) + x with V_kernels (rank, width) and W_kernels
+    (width, rank), i.e. nn.Linear weights; its OverArch is an MLP with ReLU then one plain Linear.
+    """
+    names: dict[str, str] = {}
+    for i in range(len(model.bottom_mlp)):  # harness: Linear, ReLU, Linear, ReLU ...
+        for p in ("weight", "bias"):
+            names[f"bottom.{2 * i}.{p}"] = f"model.dense_arch.model._mlp.{i}._linear.{p}"
+    for layer in range(model.cross_layers):
+        names[f"cross.V.{layer}.weight"] = f"model.inter_arch.crossnet.V_kernels.{layer}"
+        names[f"cross.W.{layer}.weight"] = f"model.inter_arch.crossnet.W_kernels.{layer}"
+        names[f"cross.W.{layer}.bias"] = f"model.inter_arch.crossnet.bias.{layer}"
+    last = len(model.top_mlp) - 1
+    for i in range(last):
+        for p in ("weight", "bias"):
+            names[f"top.{2 * i}.{p}"] = f"model.over_arch.model.0._mlp.{i}._linear.{p}"
+    for p in ("weight", "bias"):
+        names[f"top.{2 * last}.{p}"] = f"model.over_arch.model.1.{p}"
+    return names
+
+
+class TimedOptimizer:
+    """The dense optimizer as TrainPipelineSparseDist calls it (zero_grad, step), its step timed as
+    dense_update: the one stage that is a single call inside `progress`."""
+
+    def __init__(self, opt: torch.optim.Optimizer, timeline: Timeline) -> None:
+        self.opt, self.timeline = opt, timeline
+        self.param_groups = opt.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.opt.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure=None) -> None:
+        with self.timeline.stage("dense_update"):
+            self.opt.step()
+
+
+class Lookahead:
+    """The batches the pipeline pulls, made before the timed region as the harness's feeder does:
+    `prepare(it)` makes those `progress(it)` may pull (it fetches up to two batches ahead)."""
+
+    def __init__(self, data: BatchSource, *, rank: int, world_size: int, total: int) -> None:
+        self.data, self.rank, self.world, self.total = data, rank, world_size, total
+        self.made = 0
+        self.ready: deque = deque()
+
+    def _make(self) -> None:
+        from torchrec.datasets.utils import Batch
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+        b = self.data.local_batch(self.made, self.rank, self.world)
+        kjt = KeyedJaggedTensor(keys=[feature_name(t) for t in range(b.sparse.num_features)],
+                                values=b.sparse.values, lengths=b.sparse.lengths.reshape(-1))
+        self.ready.append(Batch(dense_features=b.dense, sparse_features=kjt, labels=b.labels))
+        self.made += 1
+
+    def prepare(self, it: int) -> None:
+        while self.made < min(self.total, it + 3):
+            self._make()
+
+    def __iter__(self) -> Iterator:
+        return self
+
+    def __next__(self):
+        if not self.ready:
+            if self.made >= self.total:
+                raise StopIteration
+            self._make()
+        return self.ready.popleft()
+
+
+def _local_shards(dmp: nn.Module, num_tables: int) -> list[tuple[int, int, int, torch.Tensor]]:
+    """(table, row offset, column offset, local weight view) of every table shard on this rank."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    out = []
+    prefix = "model.sparse_arch.embedding_bag_collection.embedding_bags."
+    for name, value in dmp.state_dict().items():
+        if not (name.startswith(prefix) and name.endswith(".weight")):
+            continue
+        t = int(name[len(prefix):-len(".weight")][1:])
+        if not 0 <= t < num_tables:
+            raise RuntimeError(f"unexpected table {name}")
+        if isinstance(value, ShardedTensor):
+            for shard in value.local_shards():
+                row, col = shard.metadata.shard_offsets
+                out.append((t, row, col, shard.tensor))
+        else:  # a data-parallel table: the whole table, replicated
+            out.append((t, 0, 0, value))
+    return out
+
+
+def build(cfg: BenchConfig, *, device: torch.device, plan: list[TablePlan], timeline: Timeline):
+    """(DMP model, timed dense optimizer, TorchRec -> harness dense parameter names), built on the
+    harness's plan and initial weights, with the embedding optimizer fused into backward."""
+    _quiet_library_notices()
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import (
+        column_wise, construct_module_sharding_plan, data_parallel, row_wise, table_wise,
+    )
+    from torchrec.distributed.types import ShardingEnv, ShardingPlan
+    from torchrec.distributed.comm_ops import set_gradient_division
+    from torchrec.models.dlrm import DLRM_DCN, DLRMTrain
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    m, world = cfg.model, cfg.run.world_size
+    ebc = EmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name=table_name(t), embedding_dim=m.embedding_dim, num_embeddings=rows,
+                                   feature_names=[feature_name(t)]) for t, rows in enumerate(m.table_rows)],
+        device=torch.device("meta"),  # the real weights are the harness's, copied into the shards below
+    )
+    dlrm = DLRM_DCN(
+        embedding_bag_collection=ebc, dense_in_features=m.num_dense, dense_arch_layer_sizes=list(m.bottom_mlp),
+        over_arch_layer_sizes=list(m.top_mlp), dcn_num_layers=m.cross_layers, dcn_low_rank_dim=m.cross_rank,
+        dense_device=device,
+    )
+    # Same gradients as the harness, which divides each rank's mean loss by the world size and
+    # sums dense gradients (every gradient is that of the global-batch mean): stock TorchRec gets
+    # there from each rank's plain mean loss, because DDP averages the dense gradients and
+    # TorchRec's embedding all-to-all / reduce-scatter backward divides by the world size
+    # (comm_ops.GRADIENT_DIVISION, on by default, set here so the engine does not depend on a
+    # global someone else may flip). Adagrad with eps is not scale-invariant: a gradient off by
+    # the world size changes the updates, not only their scale (tests/test_engine_torchrec.py).
+    set_gradient_division(True)
+    net = DLRMTrain(dlrm)
+    names = dense_name_map(m)
+    own = dict(net.named_parameters())
+    with torch.no_grad():
+        for h, v in build_dense(cfg, device).state_dict().items():
+            own[names[h]].copy_(v)
+    dense_params = [own[n] for n in names.values()]
+
+    # The harness plan's placement exactly (ranks of table- and column-wise shards; row-wise blocks
+    # are ceil(rows / world) in both), and the fused kernel: the optimizer runs inside backward.
+    fused = EmbeddingComputeKernel.FUSED.value
+    generators = {
+        "table_wise": lambda tp: table_wise(rank=tp.shards[0].rank, compute_kernel=fused),
+        "column_wise": lambda tp: column_wise(ranks=[s.rank for s in tp.shards], compute_kernel=fused),
+        "row_wise": lambda tp: row_wise(compute_kernel=fused),
+        "data_parallel": lambda tp: data_parallel(),  # dense kernel: replicas, gradients through DDP
+    }
+    module_plan = construct_module_sharding_plan(
+        ebc, {table_name(t): generators[tp.kind](tp) for t, tp in enumerate(plan)},
+        world_size=world, local_size=world, device_type=device.type,
+    )
+    sharder = EmbeddingBagCollectionSharder(fused_params={
+        "optimizer": EMBEDDING_OPTIMIZERS[cfg.optimizer.embedding_optimizer],
+        "learning_rate": cfg.optimizer.learning_rate, "eps": cfg.optimizer.eps,
+    })
+    dmp = DistributedModelParallel(
+        net, env=ShardingEnv.from_process_group(dist.group.WORLD), device=device,
+        plan=ShardingPlan({"model.sparse_arch.embedding_bag_collection": module_plan}), sharders=[sharder],
+    )
+    with torch.no_grad():
+        for t, row, col, w in _local_shards(dmp, m.num_sparse):
+            init_shard_(w, table=t, table_rows=m.table_rows[t], table_dim=m.embedding_dim,
+                        row_start=row, col_start=col, seed=cfg.data.seed)
+    # Data-parallel tables have no fused optimizer: like the harness, they train with the dense
+    # Adagrad on their (DDP-averaged) dense gradient.
+    sharded = dict(dmp.named_parameters())
+    replicated = [sharded[n] for t, tp in enumerate(plan) if tp.kind == "data_parallel"
+                  for n in sharded if n.endswith(f"embedding_bags.{table_name(t)}.weight")]
+    if len(replicated) != sum(tp.kind == "data_parallel" for tp in plan):
+        raise RuntimeError(f"found {len(replicated)} data-parallel table parameters in TorchRec's model")
+    opt = torch.optim.Adagrad(dense_params + replicated, lr=cfg.optimizer.learning_rate, eps=cfg.optimizer.eps)
+    return dmp, TimedOptimizer(opt, timeline), {v: k for k, v in names.items()}
+
+
+def train_torchrec(
+    cfg: BenchConfig, *, rank: int, device: torch.device, recorder: RankRecorder | None, plan: list[TablePlan],
+    keep_weights: bool = False,
+) -> TrainResult:
+    """Train this rank with stock TorchRec; same records and result as harness.run.train.train."""
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+    check_config(cfg, [tp.kind for tp in plan])
+    world = cfg.run.world_size
+    timeline = Timeline(cuda=device.type == "cuda", stages=cfg.run.timeline, device=device)
+    dmp, optimizer, harness_names = build(cfg, device=device, plan=plan, timeline=timeline)
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, device, execute_all_batches=True)  # type: ignore[arg-type]
+    total = cfg.run.warmup_iters + cfg.run.iters
+    batches = Lookahead(open_batches(cfg), rank=rank, world_size=world, total=total)
+    records = RecordFlusher(timeline=timeline, host=HostCopies(device=device, pinned=False), recorder=recorder)
+
+    try:
+        for it in range(total):
+            batches.prepare(it)
+            maybe_inject_fault(cfg, rank, it, recorder)
+            timeline.begin_iteration(it)
+            records.pending[it] = pipeline.progress(batches)[0]  # DLRMTrain's output: (loss, logits, labels)
+            timeline.end_iteration()
+            if (it + 1) % cfg.run.flush_every == 0:
+                records.flush()
+    except BaseException:
+        try:
+            records.flush()
+        except Exception as cleanup_exc:  # the original error is the one to report
+            print(f"rank {rank}: flush after the failure failed: {cleanup_exc!r}", file=sys.stderr)
+        raise
+    records.flush()
+    if not keep_weights:
+        return TrainResult(losses=records.losses, dense_state={}, shards=[])
+    own = dict(dmp.module.named_parameters())
+    shards = [
+        (t, Shard(rank, row, row + w.shape[0], col, col + w.shape[1]), w.detach().cpu().clone())
+        for t, row, col, w in _local_shards(dmp, cfg.model.num_sparse) if w.numel()
+    ]
+    return TrainResult(
+        losses=records.losses,
+        dense_state={h: own[n].detach().cpu().clone() for n, h in harness_names.items()},
+        shards=shards,
+    )

@@ -1,0 +1,79 @@
+"""Where input distribution's device work is issued: its own CUDA stream on a GPU, as TorchRec's
+TrainPipelineSparseDist does with its data-dist stream; nothing on a CPU.
+
+On one stream, the splits' device-to-host copy (pinned or not) would queue behind all the
+compute issued before it, and the async all-to-alls, which start when the issuing stream reaches
+them, would wait for that compute too: neither pinned copies nor a pipelined schedule could
+overlap much. On a stream of its own, a batch's copy to the device, its bucketize and permutes,
+its collectives and the splits' copy to the host run beside the compute, and the compute stream
+waits for that batch's input dist only where it needs the ids: `hand_over`, before the lookup.
+
+A tensor made on the input stream and then used on the compute stream needs `record_stream`:
+the caching allocator otherwise hands its block back to the input stream when Python drops it,
+and the input stream could overwrite it while the compute stream still reads it (the
+torch.cuda "CUDA semantics" notes on streams and the caching allocator). Tensors the
+collectives use are kept alive by ProcessGroupNCCL until the issuing stream waited for them
+(the default since torch 2.8; see harness/run/optimizations.py), and every wait here is issued on
+the input stream, so those need nothing more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Protocol
+
+import torch
+
+
+class InputStreams(Protocol):
+    """The seam the input feeder issues its work through (a fake records it in tests)."""
+
+    def input(self) -> contextlib.AbstractContextManager:
+        """Inside: device work and collectives go to input dist's stream (per thread: the input
+        thread enters it too)."""
+        ...
+
+    def hand_over(self, tensors: Iterable[torch.Tensor]) -> None:
+        """The calling thread's current (compute) stream waits for what input dist issued so far,
+        and `tensors`, made on the input stream, are marked as used by the compute stream."""
+        ...
+
+
+class SameStream:
+    """No stream of its own (CPU: ops run when called): both calls cost a Python call, no more."""
+
+    _NOTHING = contextlib.nullcontext()  # reusable: entering it does nothing
+
+    def input(self) -> contextlib.AbstractContextManager:
+        return self._NOTHING
+
+    def hand_over(self, tensors: Iterable[torch.Tensor]) -> None:
+        pass
+
+
+class CudaInputStream:
+    """Input dist's own CUDA stream on the rank's device."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device)
+        # The embeddings' index tensors (send slots, feature orders) were copied to the device on
+        # the compute stream when built; input dist reads them from now on.
+        self.stream.wait_stream(torch.cuda.current_stream(device))
+
+    def input(self) -> contextlib.AbstractContextManager:
+        return torch.cuda.stream(self.stream)
+
+    def hand_over(self, tensors: Iterable[torch.Tensor]) -> None:
+        compute = torch.cuda.current_stream(self.device)
+        # Everything issued on the input stream so far: this batch's ids, and (threaded) maybe
+        # a later batch's copy and bucketize, a few small kernels waited for early.
+        compute.wait_stream(self.stream)
+        for t in tensors:
+            t.record_stream(compute)
+
+
+def input_streams(device: torch.device) -> InputStreams:
+    """The input-dist streams of a rank on `device`."""
+    return CudaInputStream(device) if device.type == "cuda" else SameStream()

@@ -1,0 +1,135 @@
+"""Which requested optimizations can take effect here, and why the others cannot.
+
+Decided once, by the launcher, from the device and backend the ranks will use; written to the
+manifest and printed once. Ranks read the effective flags from the manifest, so each flag has
+one reading site and nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib import metadata
+
+from harness.config import OptimizationsConfig, PrecisionConfig
+from harness.records.manifest import PrecisionEntry, ResolvedFlags, WaitEntry
+from harness.names import OPTIMIZATION_FLAGS
+from model.names import NODE_BLOCKED_KINDS
+
+
+AVOID_RECORD_STREAMS_DEFAULT_SINCE = (2, 8)
+"""The torch release from which ProcessGroupNCCL always stashes a collective's tensors until the
+user stream syncs with it (what TORCH_NCCL_AVOID_RECORD_STREAMS=1 used to switch on) and answers
+the variable with "TORCH_NCCL_AVOID_RECORD_STREAMS is the default now, this environment variable
+is thus deprecated" (ProcessGroupNCCL.cpp; pytorch/pytorch#194701 later removed the stale
+mentions). torch 2.13's ProcessGroupNCCL.hpp still documents the variable; the .cpp decides."""
+
+
+def torch_avoids_record_streams(torch_version: str) -> bool:
+    """Whether this torch (its version string, e.g. "2.13.0+cu128") avoids recordStream anyway."""
+    major, minor = (int(part) for part in torch_version.split("+")[0].split(".")[:2])
+    return (major, minor) >= AVOID_RECORD_STREAMS_DEFAULT_SINCE
+
+
+def input_thread_launches(cuda: bool) -> bool:
+    """Whether the threaded input dist's thread launches collectives: on gloo only, whose process
+    groups each keep their own order; NCCL needs one order over all (harness/run/input_pipeline.py)."""
+    return not cuda
+
+
+def resolve(
+    opts: OptimizationsConfig, *, cuda: bool, plan_kinds: Sequence[str], precision: PrecisionConfig = PrecisionConfig(),
+    engine: str = "harness", torch_version: str | None = None,
+) -> ResolvedFlags:
+    """torch_version: the installed torch's when None (a seam for tests)."""
+    torch_version = torch_version or metadata.version("torch")
+    requested = opts.requested()
+    reasons: dict[str, str] = {}
+    notes: dict[str, str] = {}
+    device = "cuda" if cuda else "cpu"
+    if requested["cuda_graphs"] and not cuda:
+        reasons["cuda_graphs"] = f"CUDA only: this run is on {device}"
+    if requested["pinned_d2h"] and not cuda:
+        reasons["pinned_d2h"] = f"CUDA only (pinned host memory and async copies): this run is on {device}"
+    if requested["avoid_record_streams"] and not cuda:
+        reasons["avoid_record_streams"] = "NCCL only: this run uses gloo"
+    elif requested["avoid_record_streams"] and torch_avoids_record_streams(torch_version):
+        reasons["avoid_record_streams"] = (f"torch {torch_version} already avoids recordStream in ProcessGroupNCCL "
+                                           "and ignores the variable (deprecated since torch 2.8)")
+    if requested["threaded_input_dist"]:
+        notes["threaded_input_dist"] = (
+            "the input thread also launches the splits and ids exchanges, on a process group of its own"
+            if input_thread_launches(cuda) else
+            "the input thread loads and prepares batches; the main thread launches every collective")
+    if requested["skip_splits_a2a"]:
+        static = sum(k in ("table_wise", "column_wise", "dynamic") for k in plan_kinds)
+        if not static:
+            reasons["skip_splits_a2a"] = ("no table/column-wise table: (table-)row-wise and grid splits depend on the "
+                                          "ids and data-parallel tables exchange none")
+        elif any(k in ("row_wise", "dynamic_row_wise", *NODE_BLOCKED_KINDS) for k in plan_kinds):
+            notes["skip_splits_a2a"] = ("(table-)row-wise, dynamic row-wise and grid tables still exchange their "
+                                        "splits (they depend on the ids)")
+    effective = {f: requested[f] and f not in reasons for f in OPTIMIZATION_FLAGS}
+    return ResolvedFlags(pipeline=opts.pipeline, requested=requested, effective=effective,
+                         inactive_reasons=reasons, notes=notes, precision=_precision_entry(precision, plan_kinds),
+                         collective_wait=_wait_entry(opts.collective_wait, cuda=cuda, engine=engine))
+
+
+def _wait_entry(requested: str, *, cuda: bool, engine: str) -> WaitEntry:
+    if requested == "poll" and engine != "harness":
+        return WaitEntry(requested=requested, effective="block",
+                         reason=f"the {engine} engine waits its own way (torch's blocking wait())")
+    if requested == "poll" and cuda:
+        # ProcessGroupNCCL's wait() makes the current stream wait for the collective's event and
+        # returns; is_completed() queries that event, so polling it would sync the host with the GPU.
+        return WaitEntry(requested=requested, effective="block",
+                         reason="NCCL waits order the stream and never block the host; polling would sync with the GPU")
+    return WaitEntry(requested=requested, effective=requested)
+
+
+def _precision_entry(precision: PrecisionConfig, plan_kinds: Sequence[str] = ()) -> PrecisionEntry:
+    notes = []
+    if precision.dense != "fp32":
+        notes.append(f"dense forward under {precision.dense} autocast (fp32 weights, optimizer state and loss)")
+    fused = any(k != "data_parallel" for k in plan_kinds) or not plan_kinds
+    wire = (precision.comm, precision.wire_bwd)
+    if wire != ("fp32", "fp32") and fused:
+        how = ("row-wise partial sums are exchanged whole and summed in fp32" if wire[0] == "fp8"
+               else f"a reduce-scatter sums in {wire[0]}")
+        how += "; fp8 rows carry a per-row fp32 scale" if "fp8" in wire else ""
+        notes.append(f"pooled embeddings sent in {wire[0]} and their gradients in {wire[1]}, decoded to fp32 on "
+                     f"arrival ({how})")
+    if precision.tables != "fp32" and fused:
+        dp = " (its data-parallel tables stay fp32)" if "data_parallel" in plan_kinds else ""
+        notes.append(f"fused tables' weights in {precision.tables}, their optimizer state and pooled output fp32{dp}")
+    if not notes:
+        # A table or wire precision asked of a plan with no fused table changes nothing: said, not hidden.
+        asked = [f"tables {precision.tables}"] * (precision.tables != "fp32") + [f"comm {wire[0]}/{wire[1]}"] * (
+            wire != ("fp32", "fp32"))
+        idle = (f"{' and '.join(asked)} take no effect: every table of this plan is data-parallel, and those stay "
+                "fp32 and exchange no pooled embeddings") if asked else "fp32 throughout"
+        return PrecisionEntry(tables=precision.tables, comm=wire[0], comm_bwd=wire[1], note=idle)
+    return PrecisionEntry(dense=precision.dense, tables=precision.tables, comm=wire[0], comm_bwd=wire[1],
+                          numerics_changed=True,
+                          note="; ".join(notes) + ": losses and weights differ from fp32 runs by design")
+
+
+def describe(res: ResolvedFlags) -> str:
+    """One line per requested flag: on, or requested-but-inactive with the reason."""
+    lines = [f"loop: {'pipelined' if res.pipeline else 'plain'}"]
+    for f in OPTIMIZATION_FLAGS:
+        if not res.requested[f]:
+            continue
+        if res.effective[f]:
+            note = res.notes.get(f)
+            lines.append(f"{f}: on" + (f" ({note})" if note else ""))
+        else:
+            lines.append(f"{f}: requested but INACTIVE: {res.inactive_reasons[f]}")
+    if len(lines) == 1:
+        lines.append("optimization flags: none requested")
+    wait = res.collective_wait
+    lines.append(f"collective wait: {wait.effective}" + (f" (requested {wait.requested}: {wait.reason})" if wait.reason else ""))
+    prec = res.precision
+    lines.append(f"precision: dense {prec.dense}, tables {prec.tables}, comm {prec.comm}/{prec.comm_bwd}"
+                 + (f": NUMERICS CHANGED, {prec.note}" if prec.numerics_changed
+                    else f": {prec.note}" if prec.note != "fp32 throughout" else ""))
+    return "\n".join(lines)

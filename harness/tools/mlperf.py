@@ -1,0 +1,54 @@
+"""`make mlperf DATA=dir`: the MLPerf DLRM-DCNv2 run on the files at DATA, as `make bench` runs.
+
+One epoch of the training days at most (the iterations they hold), an evaluation every 0.05 of
+it (20 an epoch, as the MLPerf reference does) and at the end, stopping at the first to reach the
+target AUROC (MLPerf's 0.80275 unless --target-auc says otherwise), with the MLPerf result log in
+the run folder. Every other bench option (preset, layout, optimization flags) passes through;
+--iters or --eval-every given explicitly win over the epoch's.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from harness.cli import build_parser
+from harness.cli import main as cli_main
+from harness.data.criteo_files import CriteoFiles
+from harness.launch.options import config_from_args
+
+MLPERF_TARGET_AUC = 0.80275
+EVALS_AN_EPOCH = 20
+
+
+def mlperf_argv(argv: list[str]) -> list[str]:
+    """The bench command line of an MLPerf run (raises ValueError, or SystemExit from argparse)."""
+    if not any(a == "--data" or a.startswith("--data=") for a in argv):
+        raise ValueError("make mlperf needs DATA=<folder of MLPerf-layout files> (--data)")
+    parser = build_parser()
+    # Provisional --eval-every: the config refuses a target without one, and the real value
+    # depends on the files this config opens.
+    probe = [*argv, *([] if "--eval-every" in argv else ["--eval-every", "1"])]
+    cfg = config_from_args(parser.parse_args(["bench", *probe]))
+    files = CriteoFiles(cfg.data.path, cfg.model, cfg.data.global_batch_size)
+    extra = ["--warmup", "0"] if "--warmup" not in argv else []
+    if "--iters" not in argv:
+        extra += ["--iters", str(files.train_batches)]
+    if "--eval-every" not in argv:
+        extra += ["--eval-every", str(max(1, files.train_rows // EVALS_AN_EPOCH))]
+    if "--target-auc" not in argv:
+        extra += ["--target-auc", str(MLPERF_TARGET_AUC)]
+    return ["bench", *argv, *extra]
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        bench = mlperf_argv(list(sys.argv[1:] if argv is None else argv))
+    except ValueError as exc:  # a config the harness refuses, or files it cannot read (DataError)
+        sys.stderr.write(f"harness mlperf: error: {exc}\n")
+        return 2
+    print("harness " + " ".join(bench), flush=True)
+    return cli_main(bench)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
