@@ -12,6 +12,7 @@ from typing import Any
 
 from harness.names import (
     COLLECTIVE_WAITS, COMM_PRECISIONS, DENSE_PRECISIONS, DYNAMIC_KINDS, DYNAMIC_POLICIES, TABLE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, ENGINES, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
+    ShardingType,
 )
 
 # The command line is generated from these dataclasses (harness/launch/options.py): a field's option
@@ -404,7 +405,8 @@ class BenchConfig:
         for t, _ in self.sharding.per_table:
             if not 0 <= t < self.model.num_sparse:
                 raise ValueError(f"sharding.per_table names table {t}; tables are 0..{self.model.num_sparse - 1}")
-        uses_dp = self.sharding.kind == "data_parallel" or any(k == "data_parallel" for _, k in self.sharding.per_table)
+        dp = ShardingType.DATA_PARALLEL
+        uses_dp = self.sharding.kind == dp or any(k == dp for _, k in self.sharding.per_table)
         if uses_dp and self.optimizer.embedding_optimizer != "exact_adagrad":
             raise ValueError(
                 "data_parallel tables train with dense Adagrad (= exact_adagrad); with "

@@ -7,11 +7,18 @@ heavy neighbours. model/ owns the names of its own concepts (model/names.py).
 
 from model.names import (
     COLLECTIVE_WAITS, COMM_PRECISIONS, DYNAMIC_KINDS, DYNAMIC_POLICIES, EMBEDDING_OPTIMIZERS, EXCHANGE_PHASES,
-    SHARDING_TYPES, TABLE_PRECISIONS,
+    SHARDING_TYPES, TABLE_PRECISIONS, ShardingType,
 )
 
 STAGES = ("input_dist", "emb_fwd", "dense_fwd_bwd", "emb_bwd", "dense_update")
 """The five stages of one iteration (design.md), in execution order. Records, reports and tests use exactly these."""
+
+BETWEEN_ITERATIONS = "between_iterations"
+"""What runs between one iteration's end and the next one's start (the next batch built, records
+flushed): no stage, but a segment of the iteration period of its own. Sub-span records
+(rankNNNNN/subspans-*.parquet) with this stage name what ran there (`name`: "next_batch",
+"flush_records", ...), under `iteration` i, the iteration whose end the gap follows; the report
+derives the gap itself from the iteration records (start of i+1 - end of i)."""
 
 OPTIMIZATION_FLAGS = ("cuda_graphs", "threaded_input_dist", "pinned_d2h", "avoid_record_streams", "skip_splits_a2a")
 """The published optimizations (design.md), each one flag; the ablation switches these."""
@@ -55,4 +62,5 @@ COMPACTED = "all"
 __all__ = [
     "COLLECTIVE_WAITS", "COMM_PRECISIONS", "DENSE_PRECISIONS", "TABLE_PRECISIONS", "STAGE_OF_PHASE", "DEVICES", "EMBEDDING_OPTIMIZERS", "ENGINE_TIMED_STAGES", "ENGINES", "HARDWARE_PROFILES", "OPTIMIZATION_FLAGS",
     "COMPACTED", "DYNAMIC_POLICIES", "PRESET_NAMES", "RUN_STATES", "SHARDING_KINDS", "SHARDING_TYPES", "STAGES",
+    "DYNAMIC_KINDS", "ShardingType", "BETWEEN_ITERATIONS",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from harness.config import BenchConfig, DataConfig, DynamicConfig, ModelConfig, RunConfig, ShardingConfig
+from harness.names import ShardingType
 
 MLPERF_TABLE_ROWS = (
     40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
@@ -52,8 +53,8 @@ def mlperf_ids(**run: object) -> BenchConfig:
     return BenchConfig(
         model=ModelConfig(table_rows=MLPERF_TABLE_ROWS, multi_hot=MLPERF_MULTI_HOT),
         data=DataConfig(global_batch_size=512),
-        sharding=ShardingConfig(per_table=tuple((t, "dynamic") for t, r in enumerate(MLPERF_TABLE_ROWS)
-                                                if r > MLPERF_IDS_SLOTS)),
+        sharding=ShardingConfig(per_table=tuple((t, ShardingType.DYNAMIC.value)
+                                                for t, r in enumerate(MLPERF_TABLE_ROWS) if r > MLPERF_IDS_SLOTS)),
         dynamic=DynamicConfig(slots=MLPERF_IDS_SLOTS),
         run=RunConfig(preset="mlperf-ids", **run),
     )

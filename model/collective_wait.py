@@ -4,9 +4,8 @@
 worker wakes it. `poll` asks `work.is_completed()` in a loop, yielding the core between asks, as
 MPI libraries progress their requests: the thread never sleeps, so its core never goes idle.
 On a virtual machine an idle vCPU halts and the host takes its time to run it again when a
-wake-up arrives; on the 2-vCPU development machine a gloo all-to-all of a few KB, measured
-inside a loop with 1 ms of compute between collectives, took 0.55-0.80 ms on average blocked
-(p99 about 3 ms) and 0.15-0.17 ms polled (the yield lets the collective's own threads run).
+wake-up arrives, which costs a small blocked collective several times its polled time
+(docs/model-notes.md); the yield lets the collective's own threads run.
 
 Both give the same results: only the waiting differs. `poll` is for host-side collectives (gloo);
 on NCCL `wait()` does not block the host (it orders the current stream after the collective),

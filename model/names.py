@@ -3,21 +3,53 @@
 model/embeddings.py maps the optimizer names to fbgemm's enum; model/sharding.py builds the kinds.
 """
 
-SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "grid_shard", "data_parallel", "dynamic",
-                  "dynamic_row_wise")
-"""How one embedding table is spread over ranks (model/sharding.py)."""
+import enum
 
-DYNAMIC_KINDS = ("dynamic", "dynamic_row_wise")
+
+class ShardingType(str, enum.Enum):
+    """How one embedding table is spread over ranks (model/sharding.py; one sharding family each in
+    model/shardings/). str-valued: a member equals, hashes and prints as its string, so records,
+    manifests and the command line keep the plain strings."""
+
+    TABLE_WISE = "table_wise"
+    COLUMN_WISE = "column_wise"
+    ROW_WISE = "row_wise"
+    TABLE_ROW_WISE = "table_row_wise"
+    GRID_SHARD = "grid_shard"
+    DATA_PARALLEL = "data_parallel"
+    DYNAMIC = "dynamic"
+    DYNAMIC_ROW_WISE = "dynamic_row_wise"
+
+    # The string, not "ShardingType.ROW_WISE", in messages and printed plans.
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+SHARDING_TYPES = tuple(k.value for k in ShardingType)
+"""The sharding types' strings, in ShardingType's order (the Makefile and the CLI's choices)."""
+
+DYNAMIC_KINDS = frozenset({ShardingType.DYNAMIC, ShardingType.DYNAMIC_ROW_WISE})
 """Kinds whose slots hold only the ids in use (model/dynamic_table.py): the whole id space on one
 rank, or row-wise, each rank the slots of its row block's ids."""
+
+NODE_BLOCKED_KINDS = frozenset({ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD})
+"""Kinds whose column blocks are row-wise inside one node each: they share one sharding, and need
+a process group a node (model/shardings/table_row_wise.py)."""
+
+ROW_BLOCKED_KINDS = frozenset({ShardingType.ROW_WISE, ShardingType.DYNAMIC_ROW_WISE, *NODE_BLOCKED_KINDS})
+"""Kinds whose ids go to a rank by row block: their splits depend on the ids, and their shards'
+partial sums are reduced (over the world, or inside a node)."""
+
+KNOWN_SPLITS_KINDS = frozenset({ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.DYNAMIC})
+"""Kinds whose ids go whole to each rank holding a column block: with a fixed hotness the splits
+are known without exchanging them (--skip-splits-a2a)."""
+
+COLUMN_BLOCKED_KINDS = frozenset({ShardingType.COLUMN_WISE, ShardingType.GRID_SHARD})
+"""Kinds whose tables are cut into column blocks, one a rank (column-wise) or a node (grid)."""
 
 DYNAMIC_POLICIES = ("lru", "lfu", "hybrid")
 """Eviction policies of a dynamic table's slots (model/id_transformer.py): least recent; fewest
 accesses (least recent among equals); accesses with decaying counters (least recent among equals)."""
-
-NODE_BLOCKED_KINDS = ("table_row_wise", "grid_shard")
-"""Kinds whose column blocks are row-wise inside one node each: they share one sharding, and need
-a process group a node (model/embedding_shardings.py TableRowWiseSharding)."""
 
 EMBEDDING_OPTIMIZERS = ("exact_adagrad", "exact_rowwise_adagrad", "exact_sgd")
 """The fused optimizers fbgemm's CPU and CUDA kernels both support (Adam is CUDA-only)."""

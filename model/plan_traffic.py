@@ -34,7 +34,7 @@ Bytes through a rank's own memory (the lookup), per iteration:
 
 Memory a rank holds: weights and optimizer state of its shards (Adagrad: a float an element;
 row-wise Adagrad: a float a row), data-parallel tables a dense gradient and dense Adagrad state
-besides the weights (model/embedding_shardings.py), plus the exchange buffers of one iteration:
+besides the weights (model/shardings/data_parallel.py), plus the exchange buffers of one iteration:
 the ids a shard receives, the pooled rows and gradients of the whole batch it serves (partial
 sums for the row-wise kinds), and on every rank its own B pooled rows and their gradients.
 
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.names import NODE_BLOCKED_KINDS
+from model.names import ROW_BLOCKED_KINDS, ShardingType
 from model.sharding import TablePlan, block_rows
 
 ID_BYTES = 8
@@ -127,21 +127,15 @@ def table_footprint(tp: TablePlan, *, rows: int, dim: int, pooling: float, geo: 
             fp[out, m] += from_each
             fp[into, q] += from_each * n
 
-    if tp.kind == "data_parallel":
-        table = rows * dim * FLOAT_BYTES
-        fp[LOOKUP] += 3 * b * pooling * dim * FLOAT_BYTES + 6 * table
-        fp[MEMORY] += 3 * table + 2 * b * dim * FLOAT_BYTES  # weights, dense gradient and Adagrad state; own rows
-        for level, nbytes in enumerate((2 * (per_node - 1) / per_node * table,
-                                        2 * (geo.nodes - 1) / geo.nodes * table / per_node)):
-            fp[row(BACKWARD, level, False)] += nbytes
-            fp[row(BACKWARD, level, True)] += nbytes
+    if tp.kind == ShardingType.DATA_PARALLEL:
+        _add_data_parallel(fp, rows=rows, dim=dim, pooling=pooling, geo=geo)
         return fp
 
     fp[MEMORY] += 2 * b * dim * FLOAT_BYTES  # every rank: its own pooled rows and their gradients
-    row_kinds = tp.kind in ("row_wise", "dynamic_row_wise", *NODE_BLOCKED_KINDS)
+    row_kinds = tp.kind in ROW_BLOCKED_KINDS
     # The share of a table's ids each shard gets: its rows' share, but a dynamic_row_wise shard's
     # rows are slots, and its ids are its row block's.
-    share = block_rows(rows, w) if tp.kind == "dynamic_row_wise" else [sh.rows for sh in tp.shards]
+    share = block_rows(rows, w) if tp.kind == ShardingType.DYNAMIC_ROW_WISE else [sh.rows for sh in tp.shards]
     for sh, held in zip(tp.shards, share):
         q = sh.rank
         fp[MEMORY, q] += shard_bytes(sh.rows, sh.cols, geo)
@@ -157,7 +151,7 @@ def table_footprint(tp: TablePlan, *, rows: int, dim: int, pooling: float, geo: 
             continue
         fp[LOOKUP, q] += 2 * g * width * FLOAT_BYTES  # partial sums of every sample written, gradients read
         fp[MEMORY, q] += 2 * g * width * FLOAT_BYTES
-        if tp.kind in ("row_wise", "dynamic_row_wise"):
+        if tp.kind in (ShardingType.ROW_WISE, ShardingType.DYNAMIC_ROW_WISE):
             exchange(FORWARD, q, b * width * FLOAT_BYTES, 0.0)
             exchange(BACKWARD, q, 0.0, b * width * FLOAT_BYTES)
             continue
@@ -170,6 +164,19 @@ def table_footprint(tp: TablePlan, *, rows: int, dim: int, pooling: float, geo: 
         exchange(FORWARD, q, b * width * FLOAT_BYTES, 0.0, peers=owners)
         exchange(BACKWARD, q, 0.0, b * width * FLOAT_BYTES, peers=owners)
     return fp
+
+
+def _add_data_parallel(fp: np.ndarray, *, rows: int, dim: int, pooling: float, geo: Geometry) -> None:
+    """A data-parallel table's count added to `fp`: every rank its own lookups, the dense update,
+    and the gradient all-reduce (the module docstring)."""
+    per_node, b = geo.ranks_per_node, geo.global_batch / geo.world_size
+    table = rows * dim * FLOAT_BYTES
+    fp[LOOKUP] += 3 * b * pooling * dim * FLOAT_BYTES + 6 * table
+    fp[MEMORY] += 3 * table + 2 * b * dim * FLOAT_BYTES  # weights, dense gradient and Adagrad state; own rows
+    for level, nbytes in enumerate((2 * (per_node - 1) / per_node * table,
+                                    2 * (geo.nodes - 1) / geo.nodes * table / per_node)):
+        fp[row(BACKWARD, level, False)] += nbytes
+        fp[row(BACKWARD, level, True)] += nbytes
 
 
 @dataclass(frozen=True)

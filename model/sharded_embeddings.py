@@ -1,9 +1,9 @@
 """The sharded embedding collection: every table placed by a plan, batches data-parallel.
 
 Tables are grouped by how they are distributed (table/column-wise, row-wise, table-row-wise and
-grid, dynamic, dynamic row-wise, data-parallel), one sharding each, as TorchRec does. The phases are separate methods (not
-one autograd function) so the harness can time each stage and overlap the input distribution of
-the next batch with the compute of this one.
+grid, dynamic, dynamic row-wise, data-parallel), one sharding each, as TorchRec does
+(model/shardings/). The phases are separate methods (not one autograd function) so the harness
+can time each stage and overlap the input distribution of the next batch with the compute of this one.
 """
 
 from __future__ import annotations
@@ -12,19 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
-from model.collective_bytes import CollectiveBytes
-from model.collective_wait import WaitFn, block
-from model.dynamic_table import DynamicCounts, DynamicSettings
-from model.embedding_shardings import (
-    BackwardInFlight, DataParallelSharding, DynamicRowWiseSharding, DynamicSharding, EmbeddingSharding, NodeBlock,
-    PooledAllToAllSharding, RowWiseSharding, ShardForward, ShardingContext, TableRowWiseSharding,
-)
+from model.dynamic_table import DynamicCounts
 from model.features import FeatureOrder, SparseFeatures
-from model.ids_all_to_all import PLAIN_TRANSFER, HostTransfer, PendingIds, Ready
-from model.names import NODE_BLOCKED_KINDS
-from model.sharding import Shard, TablePlan, check_plan, grid_nodes, grid_shard, table_row_wise
+from model.ids_all_to_all import PendingIds, Ready
+from model.sharding import Shard, TablePlan, check_plan
+from model.shardings import BackwardInFlight, EmbeddingSharding, ShardForward, ShardingContext, build_shardings
+from model.shardings.dynamic import DynamicSlots
+
+__all__ = ["EmbeddingForward", "PendingBackward", "PendingInputDist", "ShardedEmbeddingCollection", "ShardingContext"]
 
 
 @dataclass
@@ -72,94 +68,18 @@ class PendingBackward:
 
 
 class ShardedEmbeddingCollection:
-    def __init__(
-        self,
-        *,
-        table_rows: Sequence[int],
-        embedding_dim: int,
-        plan: Sequence[TablePlan],
-        rank: int,
-        world_size: int,
-        pg: dist.ProcessGroup | None,
-        ids_pg: dist.ProcessGroup | None,
-        device: torch.device,
-        optimizer: str,
-        learning_rate: float,
-        eps: float,
-        init_seed: int,
-        multi_hot: Sequence[int],
-        transfer: HostTransfer = PLAIN_TRANSFER,
-        wait: WaitFn = block,
-        ranks_per_node: int | None = None,
-        node_pg: dist.ProcessGroup | None = None,
-        table_precision: str = "fp32",
-        bytes_moved: CollectiveBytes | None = None,
-        comm_fwd: str = "fp32",
-        comm_bwd: str = "fp32",
-        dynamic: DynamicSettings | None = None,
-    ) -> None:
-        """multi_hot: ids a sample has in each feature when hotness is fixed (what makes splits
-        computable in advance); ids_pg: the process group of the ids exchange; ranks_per_node and
-        node_pg (this rank's node's group): what table-row-wise tables need (None: one node);
-        table_precision: the fused tables' weights (fp32 or fp16); bytes_moved: where every exchange
-        counts the bytes it moves (None: not counted); comm_fwd / comm_bwd: the pooled embeddings'
-        and their gradients' precision on the wire; dynamic: how dynamic tables run (their policy and
-        this rank's parameter store; needed when the plan has one)."""
-        check_plan(plan, table_rows, embedding_dim, world_size)
-        ctx = ShardingContext(rank=rank, world_size=world_size, pg=pg, ids_pg=ids_pg, device=device,
-                              ranks_per_node=ranks_per_node, node_pg=node_pg,
-                              transfer=transfer, wait=wait, dim=embedding_dim, optimizer=optimizer,
-                              learning_rate=learning_rate, eps=eps, init_seed=init_seed,
-                              table_precision=table_precision, bytes_moved=bytes_moved,
-                              comm_fwd=comm_fwd, comm_bwd=comm_bwd)
-        self.num_features, self.dim, self.device = len(table_rows), embedding_dim, device
-        kinds = [tp.kind for tp in plan]
-        pooled = [t for t, k in enumerate(kinds) if k in ("table_wise", "column_wise")]
-        row_wise = [t for t, k in enumerate(kinds) if k == "row_wise"]
-        per_node = ranks_per_node or world_size
-        # Table-row-wise and grid tables share one sharding: each column block row-wise in a node.
-        node_blocked = sorted((grid_nodes(plan[t], per_node), t) for t, k in enumerate(kinds) if k in NODE_BLOCKED_KINDS)
-        blocks = []
-        for p, (nodes, t) in enumerate(node_blocked):
-            # The sharding derives the row blocks from the rows: the plan must agree.
-            made = (table_row_wise(table_rows[t], embedding_dim, nodes[0], per_node) if kinds[t] == "table_row_wise"
-                    else grid_shard(table_rows[t], embedding_dim, nodes, per_node))
-            if plan[t] != made:
-                raise ValueError(f"table {t}: a {kinds[t]} plan needs row blocks over its nodes' {per_node} ranks, "
-                                 f"as model.sharding.{kinds[t]} makes them")
-            width = embedding_dim // len(nodes)
-            blocks += [NodeBlock(p, n, i * width, (i + 1) * width) for i, n in enumerate(nodes)]
-        replicated = [t for t, k in enumerate(kinds) if k == "data_parallel"]
-        dynamic_tables = [t for t, k in enumerate(kinds) if k == "dynamic"]
-        dynamic_row_wise = [t for t, k in enumerate(kinds) if k == "dynamic_row_wise"]
-        if (dynamic_tables or dynamic_row_wise) and dynamic is None:
-            raise ValueError(f"tables {dynamic_tables + dynamic_row_wise} are dynamic: their policy and parameter store "
-                             "are needed")
-        self.shardings: list[EmbeddingSharding] = []
-        self.dynamic: list[DynamicSharding | DynamicRowWiseSharding] = []
-        if pooled:
-            slots = [(p, t, s) for p, t in enumerate(pooled) for s in plan[t].shards]
-            self.shardings.append(PooledAllToAllSharding(ctx, features=pooled, slots=slots, table_rows=table_rows,
-                                                         multi_hot=multi_hot))
-        if row_wise:
-            self.shardings.append(RowWiseSharding(ctx, features=row_wise, table_rows=table_rows))
-        if node_blocked:
-            self.shardings.append(TableRowWiseSharding(ctx, features=[t for _, t in node_blocked], blocks=blocks,
-                                                       table_rows=table_rows))
-        if dynamic_tables:
-            slots = [(p, t, s) for p, t in enumerate(dynamic_tables) for s in plan[t].shards]
-            self.dynamic.append(DynamicSharding(ctx, features=dynamic_tables, slots=slots, table_rows=table_rows,
-                                                multi_hot=multi_hot, settings=dynamic))
-        if dynamic_row_wise:
-            self.dynamic.append(DynamicRowWiseSharding(ctx, features=dynamic_row_wise, table_rows=table_rows,
-                                                       slots=[plan[t].shards[rank].rows for t in dynamic_row_wise],
-                                                       settings=dynamic))
-        self.shardings += self.dynamic
-        if replicated:
-            self.shardings.append(DataParallelSharding(ctx, features=replicated, table_rows=table_rows))
-        self.select = [FeatureOrder.of(s.features, device) for s in self.shardings]
+    """Every table of a plan on its ranks, one sharding a family (model/shardings/registry.py)."""
+
+    def __init__(self, ctx: ShardingContext, plan: Sequence[TablePlan]) -> None:
+        """ctx: the job, the tables, the wire and the dynamic settings (model/shardings/base.py);
+        plan: one TablePlan a table, checked here against the tables and the world size."""
+        check_plan(plan, ctx.table_rows, ctx.dim, ctx.world_size)
+        self.num_features, self.dim, self.device = len(ctx.table_rows), ctx.dim, ctx.device
+        self.shardings: list[EmbeddingSharding] = build_shardings(ctx, plan)
+        self.dynamic: list[DynamicSlots] = [s for s in self.shardings if isinstance(s, DynamicSlots)]
+        self.select = [FeatureOrder.of(s.features, ctx.device) for s in self.shardings]
         sharding_order = [t for s in self.shardings for t in s.features]
-        self.sharding_order = torch.tensor(sharding_order, dtype=torch.int64, device=device)
+        self.sharding_order = torch.tensor(sharding_order, dtype=torch.int64, device=ctx.device)
         self.to_feature_order = torch.argsort(self.sharding_order)
 
     # ---- input distribution: bucketize, splits all-to-all (host sync), ids all-to-alls ---
@@ -212,5 +132,5 @@ class ShardedEmbeddingCollection:
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
         """(table, shard, live weights) for every shard this rank holds (a dynamic table: all its
-        rows or, row-wise, its row block's, a copy; see DynamicSharding.shard_weights)."""
+        rows or, row-wise, its row block's, a copy; see model/shardings/dynamic.py DynamicSharding.shard_weights)."""
         return [item for s in self.shardings for item in s.shard_weights()]

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from model.names import SHARDING_TYPES
+from model.names import SHARDING_TYPES, ShardingType
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,18 @@ class Shard:
 @dataclass(frozen=True)
 class TablePlan:
     kind: str
+    """A ShardingType: a known type's plain string (a manifest's, TorchRec's) is turned into its
+    member; an unknown one is kept for check_plan or the manifest to name. Typed str so the run
+    manifest reads and writes it as the plain string it equals."""
     shards: tuple[Shard, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, ShardingType) and self.kind in SHARDING_TYPES:
+            object.__setattr__(self, "kind", ShardingType(self.kind))
 
 
 def table_wise(rows: int, dim: int, rank: int) -> TablePlan:
-    return TablePlan("table_wise", (Shard(rank, 0, rows, 0, dim),))
+    return TablePlan(ShardingType.TABLE_WISE, (Shard(rank, 0, rows, 0, dim),))
 
 
 def column_wise(rows: int, dim: int, ranks: Sequence[int]) -> TablePlan:
@@ -63,7 +70,7 @@ def column_wise(rows: int, dim: int, ranks: Sequence[int]) -> TablePlan:
     if k < 1 or dim % k or len(set(ranks)) != k:
         raise ValueError(f"column_wise needs {k} distinct ranks and a dim divisible by them; dim is {dim}")
     w = dim // k
-    return TablePlan("column_wise", tuple(Shard(r, 0, rows, i * w, (i + 1) * w) for i, r in enumerate(ranks)))
+    return TablePlan(ShardingType.COLUMN_WISE, tuple(Shard(r, 0, rows, i * w, (i + 1) * w) for i, r in enumerate(ranks)))
 
 
 def row_block(rows: int, world_size: int) -> int:
@@ -75,7 +82,7 @@ def row_wise(rows: int, dim: int, world_size: int) -> TablePlan:
     shards = tuple(
         Shard(r, r * b, min(rows, (r + 1) * b), 0, dim) for r in range(world_size) if r * b < rows
     )
-    return TablePlan("row_wise", shards)
+    return TablePlan(ShardingType.ROW_WISE, shards)
 
 
 def table_row_wise(rows: int, dim: int, node: int, ranks_per_node: int) -> TablePlan:
@@ -85,7 +92,7 @@ def table_row_wise(rows: int, dim: int, node: int, ranks_per_node: int) -> Table
     shards = tuple(
         Shard(first + j, j * b, min(rows, (j + 1) * b), 0, dim) for j in range(ranks_per_node) if j * b < rows
     )
-    return TablePlan("table_row_wise", shards)
+    return TablePlan(ShardingType.TABLE_ROW_WISE, shards)
 
 
 def grid_shard(rows: int, dim: int, nodes: Sequence[int], ranks_per_node: int) -> TablePlan:
@@ -98,7 +105,7 @@ def grid_shard(rows: int, dim: int, nodes: Sequence[int], ranks_per_node: int) -
     for i, node in enumerate(nodes):
         block = table_row_wise(rows, w, node, ranks_per_node)
         shards += [Shard(s.rank, s.row_start, s.row_end, i * w, (i + 1) * w) for s in block.shards]
-    return TablePlan("grid_shard", tuple(shards))
+    return TablePlan(ShardingType.GRID_SHARD, tuple(shards))
 
 
 def grid_nodes(tp: TablePlan, ranks_per_node: int) -> list[int]:
@@ -107,14 +114,14 @@ def grid_nodes(tp: TablePlan, ranks_per_node: int) -> list[int]:
 
 
 def data_parallel(rows: int, dim: int, world_size: int) -> TablePlan:
-    return TablePlan("data_parallel", tuple(Shard(r, 0, rows, 0, dim) for r in range(world_size)))
+    return TablePlan(ShardingType.DATA_PARALLEL, tuple(Shard(r, 0, rows, 0, dim) for r in range(world_size)))
 
 
 def dynamic(rows: int, dim: int, rank: int, slots: int) -> TablePlan:
     """A dynamic table on `rank` with min(slots, rows) slots resident."""
     if slots < 1:
         raise ValueError(f"a dynamic table needs at least one slot, got {slots}")
-    return TablePlan("dynamic", (Shard(rank, 0, min(slots, rows), 0, dim),))
+    return TablePlan(ShardingType.DYNAMIC, (Shard(rank, 0, min(slots, rows), 0, dim),))
 
 
 def dynamic_row_wise(rows: int, dim: int, world_size: int, slots: int) -> TablePlan:
@@ -124,7 +131,7 @@ def dynamic_row_wise(rows: int, dim: int, world_size: int, slots: int) -> TableP
     blocks = block_rows(rows, world_size)
     if min(blocks) < 1:
         raise ValueError(f"a dynamic_row_wise table needs a row a rank: {rows} rows over {world_size} ranks")
-    return TablePlan("dynamic_row_wise", tuple(Shard(r, 0, min(slots, n), 0, dim) for r, n in enumerate(blocks)))
+    return TablePlan(ShardingType.DYNAMIC_ROW_WISE, tuple(Shard(r, 0, min(slots, n), 0, dim) for r, n in enumerate(blocks)))
 
 
 def block_rows(rows: int, world_size: int) -> list[int]:
@@ -143,17 +150,17 @@ def check_plan(plan: Sequence[TablePlan], table_rows: Sequence[int], dim: int, w
             raise ValueError(f"table {t}: unknown sharding type {tp.kind!r}")
         if any(not 0 <= s.rank < world_size for s in tp.shards):
             raise ValueError(f"table {t}: shard on a rank outside 0..{world_size - 1}")
-        if tp.kind == "dynamic":
+        if tp.kind == ShardingType.DYNAMIC:
             if len(tp.shards) != 1 or tp.shards[0].cols != dim or not 1 <= tp.shards[0].rows <= rows:
                 raise ValueError(f"table {t}: a dynamic table is one shard of 1..{rows} slots x {dim}")
             continue
-        if tp.kind == "dynamic_row_wise":
+        if tp.kind == ShardingType.DYNAMIC_ROW_WISE:
             blocks = block_rows(rows, world_size)
             if ([s.rank for s in tp.shards] != list(range(world_size))
                     or any(s.cols != dim or not 1 <= s.rows <= n for s, n in zip(tp.shards, blocks))):
                 raise ValueError(f"table {t}: a dynamic_row_wise table is one shard a rank, rank r's of 1..(its "
                                  f"row block's rows) slots x {dim}")
             continue
-        copies = world_size if tp.kind == "data_parallel" else 1
+        copies = world_size if tp.kind == ShardingType.DATA_PARALLEL else 1
         if sum(s.rows * s.cols for s in tp.shards) != copies * rows * dim:
             raise ValueError(f"table {t}: {tp.kind} shards do not cover {rows} x {dim} exactly")

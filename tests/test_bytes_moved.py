@@ -35,7 +35,7 @@ def test_records_hold_the_bytes_of_every_exchange(tmp_path, comm, fwd_bytes, bwd
     run = load_run(resolve_run(runs, "latest"))
     cfg, plan = run.manifest.config, run.manifest.plan
     b, dim, hot = cfg.local_batch_size, cfg.model.embedding_dim, cfg.model.multi_hot
-    from harness.run.train import build_dense
+    from harness.run.rank import build_dense
     import torch
 
     dense_params = sum(p.numel() for p in build_dense(cfg, torch.device("cpu")).parameters())

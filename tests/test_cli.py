@@ -189,7 +189,7 @@ def test_injected_fault_fails_run_and_keeps_records(tmp_path, capsys):
     run_dir = only_run(runs)
     manifest = RunManifest.from_json((run_dir / "manifest.json").read_text())
     assert manifest.status.state == "failed"
-    assert "rank 1: harness.run.train.InjectedFault: injected fault on rank 1 at iteration 3" in manifest.status.error
+    assert "rank 1: harness.run.faults.InjectedFault: injected fault on rank 1 at iteration 3" in manifest.status.error
     assert "failed" in err and str(run_dir) in err
     iters = read_parts(run_dir, "iterations")
     for rank in (0, 1):  # iterations before the fault were flushed and stay readable

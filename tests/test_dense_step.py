@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from harness.run.dense_gradients import FlatGradients
 from harness.run.dense_step import DenseStep, graph_input_shapes
 from harness.presets import tiny
-from harness.run.train import build_dense
+from harness.run.rank import build_dense
 from tests.dense_fixtures import B, ND, PW, assert_close_to_float64, make_inputs, make_model, reference_step
 
 

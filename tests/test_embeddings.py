@@ -68,16 +68,17 @@ def test_pooled_output_written_into_a_given_buffer_matches_embedding_bag(tmp_pat
     from harness.presets import tiny
     from model.sharded_embeddings import ShardedEmbeddingCollection
     from model.sharding import table_wise
+    from model.shardings import ShardingContext
 
     cfg = tiny(nodes=1, gpus_per_node=1)
     m = cfg.model
     plan = [table_wise(r, m.embedding_dim, 0) for r in m.table_rows]
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:
-        emb = ShardedEmbeddingCollection(
-            table_rows=m.table_rows, embedding_dim=m.embedding_dim, plan=plan, rank=0, world_size=1, pg=None,
+        emb = ShardedEmbeddingCollection(ShardingContext(
+            table_rows=m.table_rows, dim=m.embedding_dim, rank=0, world_size=1, pg=None,
             ids_pg=None, device=torch.device("cpu"), optimizer="exact_adagrad", learning_rate=0.1, eps=1e-8,
-            init_seed=0, multi_hot=m.multi_hot)
+            init_seed=0, multi_hot=m.multi_hot), plan)
         batch = SyntheticCriteo(m, cfg.data).local_batch(0, 0, 1)
         pending = emb.prepare_input_dist(batch.sparse)
         pending.start_splits()

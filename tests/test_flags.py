@@ -82,9 +82,10 @@ COLLECTIVES = ("all_to_all_single", "all_reduce", "reduce_scatter_single", "all_
 def _train_main_thread_launching(rank: int, world: int, device: torch.device, cfg, plan) -> dict:
     """train() with the input thread of the NCCL design (it prepares, the main thread launches),
     every collective call logged with the thread that made it."""
+    import harness.run.rank
     import harness.run.train
 
-    harness.run.train.input_thread_launches = lambda cuda: False  # what a CUDA rank gets
+    harness.run.rank.input_thread_launches = lambda cuda: False  # what a CUDA rank gets
     calls = []
     for name in COLLECTIVES:
         def logged(*args, _name=name, _real=getattr(dist, name), **kwargs):

@@ -220,6 +220,7 @@ def test_every_permute_of_an_iteration_is_sized_on_the_host(tmp_path, monkeypatc
     from harness.config import ShardingConfig
     from harness.launch.planning import make_plan
     from model.sharded_embeddings import ShardedEmbeddingCollection
+    from model.shardings import ShardingContext
     from tests.test_sharded_training import MIXED
 
     cfg = tiny(nodes=1, gpus_per_node=1, iters=2, warmup_iters=0)
@@ -237,10 +238,10 @@ def test_every_permute_of_an_iteration_is_sized_on_the_host(tmp_path, monkeypatc
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:
-        emb = ShardedEmbeddingCollection(
-            table_rows=cfg.model.table_rows, embedding_dim=cfg.model.embedding_dim, plan=plan, rank=0, world_size=1,
+        emb = ShardedEmbeddingCollection(ShardingContext(
+            table_rows=cfg.model.table_rows, dim=cfg.model.embedding_dim, rank=0, world_size=1,
             pg=None, ids_pg=None, device=torch.device("cpu"), optimizer="exact_adagrad", learning_rate=0.1, eps=1e-8,
-            init_seed=0, multi_hot=cfg.model.multi_hot)
+            init_seed=0, multi_hot=cfg.model.multi_hot), plan)
         data = SyntheticCriteo(cfg.model, cfg.data)
         monkeypatch.setattr(torch.ops.fbgemm, "permute_2D_sparse_data", spy)
         for it in range(2):  # iteration 1 is ragged

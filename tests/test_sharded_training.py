@@ -16,7 +16,7 @@ from harness.config import OptimizationsConfig, OptimizerConfig, ShardingConfig
 from harness.data.source import open_batches
 from harness.launch.planning import make_plan
 from harness.presets import small, tiny
-from harness.run.train import build_dense
+from harness.run.rank import build_dense
 from tests.distributed import run_ranks
 from tests.reference import ReferenceDLRM
 

@@ -74,3 +74,36 @@ def test_block_bucketize_routes_ids_to_row_blocks():
     # rank 0: f0 [0] | [], f1 [] | [1]; rank 1: f0 [5-4] | [7-4], f1 [] | [8-5, 9-5]
     assert out_lengths.tolist() == [1, 0, 0, 1, 1, 1, 0, 2]
     assert out_values.tolist() == [0, 1, 1, 3, 3, 4]
+
+
+def test_sharding_type_is_its_string_in_plans_and_json():
+    """A str-valued enum: a plan's kind equals, hashes and prints as today's string, a plain string
+    becomes the member, and JSON keeps the string (manifests and records unchanged)."""
+    import json
+
+    from model.names import SHARDING_TYPES, ShardingType
+    from model.sharding import TablePlan
+
+    assert SHARDING_TYPES == tuple(k.value for k in ShardingType)
+    tp = TablePlan("row_wise", row_wise(4, 4, 2).shards)
+    assert tp.kind is ShardingType.ROW_WISE and tp == row_wise(4, 4, 2)
+    assert f"{tp.kind}" == str(tp.kind) == "row_wise" and {"row_wise": 1}[tp.kind] == 1
+    assert json.dumps([tp.kind]) == '["row_wise"]'
+    assert TablePlan("diagonal", ()).kind == "diagonal"  # unknown: kept for check_plan to name
+    with pytest.raises(ValueError, match="unknown sharding type 'diagonal'"):
+        check_plan([TablePlan("diagonal", table_wise(4, 4, 0).shards)], [4], 4, 1)
+
+
+def test_every_sharding_type_has_one_family_priced_as_the_planner_groups_it():
+    """The registry names each type's family; types sharing a family share the planner's group
+    (one set of collectives), and the families run in the fixed order."""
+    from model.names import ShardingType
+    from model.planner import GROUP_OF_KIND
+    from model.shardings.registry import FAMILIES, FAMILY_OF
+
+    assert set(FAMILY_OF) == set(ShardingType)
+    assert all(FAMILY_OF[k].name == GROUP_OF_KIND[k] for k in ShardingType)
+    assert FAMILY_OF[ShardingType.TABLE_WISE] is FAMILY_OF[ShardingType.COLUMN_WISE]
+    assert FAMILY_OF[ShardingType.TABLE_ROW_WISE] is FAMILY_OF[ShardingType.GRID_SHARD]
+    assert [f.name for f in FAMILIES] == ["pooled", "row_wise", "table_row_wise", "dynamic", "dynamic_row_wise",
+                                          "data_parallel"]

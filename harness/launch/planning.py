@@ -10,11 +10,11 @@ import os
 
 from harness.config import DEFAULT_DYNAMIC_SLOTS, BenchConfig
 from harness.records.manifest import PlanEstimate, RankEstimate
-from model.names import DYNAMIC_KINDS, STATE_PER_ELEMENT, STATE_PER_ROW, WEIGHT_BYTES
+from model.names import DYNAMIC_KINDS, STATE_PER_ELEMENT, STATE_PER_ROW, WEIGHT_BYTES, ShardingType
 from model.dynamic_budget import DynamicDemand, budget_slots
 from model.plan_traffic import Geometry, shard_bytes
 from model.planner import PlanError, Topology, TableSpec, plan_step_seconds, plan_tables
-from model.sharding import SHARDING_TYPES, TablePlan
+from model.sharding import TablePlan
 
 GB = 1e9
 
@@ -85,7 +85,7 @@ def dynamic_slots(cfg: BenchConfig, forced: dict[int, str], geo: Geometry) -> di
     except ValueError as exc:
         raise PlanError(str(exc)) from None
     for t, kind in dynamic.items():
-        if kind == "dynamic_row_wise" and t in slots:
+        if kind == ShardingType.DYNAMIC_ROW_WISE and t in slots:
             slots[t] //= geo.world_size
             if slots[t] < 1:
                 raise PlanError(f"table {t}: its share of the dynamic memory budget holds fewer slots than ranks "
@@ -137,7 +137,7 @@ def make_plan(cfg: BenchConfig, *, ranks_per_host: int,
 
 def format_plan(plan: tuple[TablePlan, ...], est: PlanEstimate, *, max_rows: int | None = None) -> str:
     """The plan as a table: rank, node, shards, memory GiB, estimated cost."""
-    counts = {k: sum(tp.kind == k for tp in plan) for k in SHARDING_TYPES}
+    counts = {k: sum(tp.kind == k for tp in plan) for k in ShardingType}
     kinds = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
     lines = [
         f"sharding plan ({est.hardware} profile: {est.memory_gib:.1f} GiB a rank, memory {est.memory_gbps:.0f} GB/s, "

@@ -27,12 +27,9 @@ from model.collective_wait import WaitFn, block
 
 DEFAULT_BUCKET_MIB = 4.0
 """Bucket cap. DDP's 25 MiB cuts the small/mlperf dense part's 61 MiB of gradients into only 3
-buckets: the bytes of a bucket wait until backward reaches its earliest layer. Measured on the
-small preset's dense step (local batch 256, 2 gloo ranks, 1 thread each, 2 shared CPU cores,
-interleaved): on a quiet machine one bucket took 345 ms, the compute alone 280 ms, 1/4/8 MiB
-buckets 339/333/328 ms and 25 MiB 336 ms (gloo sums on the cores the compute is using, so
-little can hide there); under load 1-8 MiB took 0.75-0.92 of one bucket's time, 25 MiB
-0.88-1.0. 1-8 MiB were within the noise of each other; 4 MiB is the middle of them."""
+buckets: the bytes of a bucket wait until backward reaches its earliest layer. On small's dense
+step 1-8 MiB measured within the noise of each other and ahead of 25 MiB; 4 MiB is the middle of
+them (docs/dense-gradients-notes.md)."""
 
 
 def bucket_ranges(sizes: list[int], cap: int) -> list[tuple[int, int]]:
@@ -128,10 +125,10 @@ class FlatGradients:
         """The parameters as one: each becomes a view of one buffer laid out as the gradients are,
         and the returned Parameter over that buffer has the gradient buffer as its .grad.
 
-        For the optimizer: the fused Adagrad then runs one kernel on one tensor. On tiny's 20
-        parameters the per-parameter step spent 0.39 ms an iteration in Python and the flat one
-        0.08 ms (measured on the development machine), with the same bits (Adagrad is element-wise;
-        tests/test_dense_gradients.py checks it against the per-parameter optimizer)."""
+        For the optimizer: the fused Adagrad then runs one kernel on one tensor (tiny: 0.08 ms a
+        step against 0.39 per parameter; docs/dense-gradients-notes.md), with the same bits
+        (Adagrad is element-wise; tests/test_dense_gradients.py checks it against the per-parameter
+        optimizer)."""
         flat = torch.empty_like(self.buffer)
         with torch.no_grad():
             for p, off in zip(self.params, self.offsets):

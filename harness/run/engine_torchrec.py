@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import sys
 import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -21,21 +20,22 @@ import torch.distributed as dist
 from torch import nn
 
 from harness.config import BenchConfig, ModelConfig
-from harness.data.source import BatchSource, open_batches
+from harness.data.source import BatchSource
 from harness.run.flush import RecordFlusher
 from harness.names import ENGINE_TIMED_STAGES
 from harness.run.pinned_d2h import HostCopies
-from harness.records.writer import RankRecorder
 from harness.run.timeline import Timeline
-from harness.run.train import TrainResult, build_dense, maybe_inject_fault
+from harness.run.rank import RankEnv, RankParts, build_dense
+from harness.run.step import StepOutput
 from model.embeddings import EMBEDDING_OPTIMIZERS, init_shard_
+from model.names import ShardingType
 from model.sharding import Shard, TablePlan
 
 TIMED_STAGES = ENGINE_TIMED_STAGES["torchrec"]
 """The stages this engine records (the manifest says so; the others are absent, never guessed)."""
 
 # Kinds TorchRec runs here; a plan with another kind is refused before any process starts.
-SUPPORTED_KINDS = ("table_wise", "column_wise", "row_wise", "data_parallel")
+SUPPORTED_KINDS = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL)
 FLAGS_NOT_IN_TORCHREC = ("cuda_graphs", "threaded_input_dist", "pinned_d2h", "skip_splits_a2a")
 
 
@@ -225,10 +225,10 @@ def build(cfg: BenchConfig, *, device: torch.device, plan: list[TablePlan], time
     # are ceil(rows / world) in both), and the fused kernel: the optimizer runs inside backward.
     fused = EmbeddingComputeKernel.FUSED.value
     generators = {
-        "table_wise": lambda tp: table_wise(rank=tp.shards[0].rank, compute_kernel=fused),
-        "column_wise": lambda tp: column_wise(ranks=[s.rank for s in tp.shards], compute_kernel=fused),
-        "row_wise": lambda tp: row_wise(compute_kernel=fused),
-        "data_parallel": lambda tp: data_parallel(),  # dense kernel: replicas, gradients through DDP
+        ShardingType.TABLE_WISE: lambda tp: table_wise(rank=tp.shards[0].rank, compute_kernel=fused),
+        ShardingType.COLUMN_WISE: lambda tp: column_wise(ranks=[s.rank for s in tp.shards], compute_kernel=fused),
+        ShardingType.ROW_WISE: lambda tp: row_wise(compute_kernel=fused),
+        ShardingType.DATA_PARALLEL: lambda tp: data_parallel(),  # dense kernel: replicas, gradients through DDP
     }
     module_plan = construct_module_sharding_plan(
         ebc, {table_name(t): generators[tp.kind](tp) for t, tp in enumerate(plan)},
@@ -249,55 +249,60 @@ def build(cfg: BenchConfig, *, device: torch.device, plan: list[TablePlan], time
     # Data-parallel tables have no fused optimizer: like the harness, they train with the dense
     # Adagrad on their (DDP-averaged) dense gradient.
     sharded = dict(dmp.named_parameters())
-    replicated = [sharded[n] for t, tp in enumerate(plan) if tp.kind == "data_parallel"
+    replicated = [sharded[n] for t, tp in enumerate(plan) if tp.kind == ShardingType.DATA_PARALLEL
                   for n in sharded if n.endswith(f"embedding_bags.{table_name(t)}.weight")]
-    if len(replicated) != sum(tp.kind == "data_parallel" for tp in plan):
+    if len(replicated) != sum(tp.kind == ShardingType.DATA_PARALLEL for tp in plan):
         raise RuntimeError(f"found {len(replicated)} data-parallel table parameters in TorchRec's model")
     opt = torch.optim.Adagrad(dense_params + replicated, lr=cfg.optimizer.learning_rate, eps=cfg.optimizer.eps)
     return dmp, TimedOptimizer(opt, timeline), {v: k for k, v in names.items()}
 
 
-def train_torchrec(
-    cfg: BenchConfig, *, rank: int, device: torch.device, recorder: RankRecorder | None, plan: list[TablePlan],
-    keep_weights: bool = False,
-) -> TrainResult:
-    """Train this rank with stock TorchRec; same records and result as harness.run.train.train."""
-    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+class TorchRecStep:
+    """Stock TorchRec's iteration: one `TrainPipelineSparseDist.progress` (input dist of the next
+    batches, forward, backward, the fused embedding update and the timed dense optimizer step)."""
 
-    check_config(cfg, [tp.kind for tp in plan])
-    world = cfg.run.world_size
-    timeline = Timeline(cuda=device.type == "cuda", stages=cfg.run.timeline, device=device)
-    dmp, optimizer, harness_names = build(cfg, device=device, plan=plan, timeline=timeline)
-    pipeline = TrainPipelineSparseDist(dmp, optimizer, device, execute_all_batches=True)  # type: ignore[arg-type]
-    total = cfg.run.warmup_iters + cfg.run.iters
-    batches = Lookahead(open_batches(cfg), rank=rank, world_size=world, total=total)
-    records = RecordFlusher(timeline=timeline, host=HostCopies(device=device, pinned=False), recorder=recorder)
+    def __init__(self, cfg: BenchConfig, *, rank: int, device: torch.device, plan: list[TablePlan], data: BatchSource,
+                 timeline: Timeline) -> None:
+        from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
-    try:
-        for it in range(total):
-            batches.prepare(it)
-            maybe_inject_fault(cfg, rank, it, recorder)
-            timeline.begin_iteration(it)
-            records.pending[it] = pipeline.progress(batches)[0]  # DLRMTrain's output: (loss, logits, labels)
-            timeline.end_iteration()
-            if (it + 1) % cfg.run.flush_every == 0:
-                records.flush()
-    except BaseException:
-        try:
-            records.flush()
-        except Exception as cleanup_exc:  # the original error is the one to report
-            print(f"rank {rank}: flush after the failure failed: {cleanup_exc!r}", file=sys.stderr)
-        raise
-    records.flush()
-    if not keep_weights:
-        return TrainResult(losses=records.losses, dense_state={}, shards=[])
-    own = dict(dmp.module.named_parameters())
-    shards = [
-        (t, Shard(rank, row, row + w.shape[0], col, col + w.shape[1]), w.detach().cpu().clone())
-        for t, row, col, w in _local_shards(dmp, cfg.model.num_sparse) if w.numel()
-    ]
-    return TrainResult(
-        losses=records.losses,
-        dense_state={h: own[n].detach().cpu().clone() for n, h in harness_names.items()},
-        shards=shards,
-    )
+        check_config(cfg, [tp.kind for tp in plan])
+        self.cfg, self.rank, self.data = cfg, rank, data
+        self.dmp, optimizer, self.harness_names = build(cfg, device=device, plan=plan, timeline=timeline)
+        self.pipeline = TrainPipelineSparseDist(self.dmp, optimizer, device, execute_all_batches=True)  # type: ignore[arg-type]
+        self.batches: Lookahead | None = None
+
+    def begin_segment(self, first: int, end: int) -> None:
+        if first:  # the pipeline pulls batches itself from the start; evaluations (segments) are refused
+            raise ValueError("the torchrec engine runs one segment from iteration 0")
+        self.batches = Lookahead(self.data, rank=self.rank, world_size=self.cfg.run.world_size, total=end)
+
+    def prepare(self, it: int) -> None:
+        self.batches.prepare(it)
+
+    def run(self, it: int) -> StepOutput:
+        return StepOutput(loss=self.pipeline.progress(self.batches)[0])  # DLRMTrain's output: (loss, logits, labels)
+
+    def bytes_moved(self) -> None:
+        return None  # TorchRec's collectives are not counted
+
+    def end_segment(self) -> None:
+        self.batches = None
+
+    def dynamic_counts(self) -> dict:
+        return {}
+
+    def final_weights(self) -> tuple[dict[str, torch.Tensor], list[tuple[int, Shard, torch.Tensor]]]:
+        own = dict(self.dmp.module.named_parameters())
+        shards = [
+            (t, Shard(self.rank, row, row + w.shape[0], col, col + w.shape[1]), w.detach().cpu().clone())
+            for t, row, col, w in _local_shards(self.dmp, self.cfg.model.num_sparse) if w.numel()
+        ]
+        return {h: own[n].detach().cpu().clone() for n, h in self.harness_names.items()}, shards
+
+
+def build_torchrec_rank(env: RankEnv, data: BatchSource) -> RankParts:
+    """The TorchRec engine's parts: the same records as the harness engine's, fewer stages timed."""
+    timeline = Timeline(cuda=env.device.type == "cuda", stages=env.cfg.run.timeline, device=env.device)
+    step = TorchRecStep(env.cfg, rank=env.rank, device=env.device, plan=env.plan, data=data, timeline=timeline)
+    records = RecordFlusher(timeline=timeline, host=HostCopies(device=env.device, pinned=False), recorder=env.recorder)
+    return RankParts(step=step, timeline=timeline, records=records, data=data)

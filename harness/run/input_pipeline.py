@@ -14,9 +14,8 @@ skip_splits_a2a.
     prepared batches, launching every collective at that schedule's points.
   - gloo: the thread also launches the batch's splits exchange, reads the splits and launches
     its ids exchange, all on a process group of its own (`ids_pg`); the main thread only waits
-    for the ids. Measured on tiny (2 ranks, table-wise, 5 interleaved repeats of 400
-    iterations): p50 5.06 ms against 5.73 ms for the NCCL design on gloo, whose host work the
-    second core then does beside the main thread's.
+    for the ids. Faster on CPU than the NCCL design on gloo, as the second core does that host
+    work beside the main thread's (tiny p50 5.06 vs 5.73 ms; docs/input-pipeline-notes.md).
 
 Why the thread issues no collective on NCCL: NCCL needs every rank to submit the operations of
 its communicators in one order (NCCL user guide, "Using multiple NCCL communicators

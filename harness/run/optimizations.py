@@ -13,7 +13,7 @@ from importlib import metadata
 from harness.config import OptimizationsConfig, PrecisionConfig
 from harness.records.manifest import PrecisionEntry, ResolvedFlags, WaitEntry
 from harness.names import OPTIMIZATION_FLAGS
-from model.names import NODE_BLOCKED_KINDS
+from model.names import KNOWN_SPLITS_KINDS, ROW_BLOCKED_KINDS, ShardingType
 
 
 AVOID_RECORD_STREAMS_DEFAULT_SINCE = (2, 8)
@@ -61,11 +61,11 @@ def resolve(
             if input_thread_launches(cuda) else
             "the input thread loads and prepares batches; the main thread launches every collective")
     if requested["skip_splits_a2a"]:
-        static = sum(k in ("table_wise", "column_wise", "dynamic") for k in plan_kinds)
+        static = sum(k in KNOWN_SPLITS_KINDS for k in plan_kinds)
         if not static:
             reasons["skip_splits_a2a"] = ("no table/column-wise table: (table-)row-wise and grid splits depend on the "
                                           "ids and data-parallel tables exchange none")
-        elif any(k in ("row_wise", "dynamic_row_wise", *NODE_BLOCKED_KINDS) for k in plan_kinds):
+        elif any(k in ROW_BLOCKED_KINDS for k in plan_kinds):
             notes["skip_splits_a2a"] = ("(table-)row-wise, dynamic row-wise and grid tables still exchange their "
                                         "splits (they depend on the ids)")
     effective = {f: requested[f] and f not in reasons for f in OPTIMIZATION_FLAGS}
@@ -90,7 +90,7 @@ def _precision_entry(precision: PrecisionConfig, plan_kinds: Sequence[str] = ())
     notes = []
     if precision.dense != "fp32":
         notes.append(f"dense forward under {precision.dense} autocast (fp32 weights, optimizer state and loss)")
-    fused = any(k != "data_parallel" for k in plan_kinds) or not plan_kinds
+    fused = any(k != ShardingType.DATA_PARALLEL for k in plan_kinds) or not plan_kinds
     wire = (precision.comm, precision.wire_bwd)
     if wire != ("fp32", "fp32") and fused:
         how = ("row-wise partial sums are exchanged whole and summed in fp32" if wire[0] == "fp8"
@@ -99,7 +99,7 @@ def _precision_entry(precision: PrecisionConfig, plan_kinds: Sequence[str] = ())
         notes.append(f"pooled embeddings sent in {wire[0]} and their gradients in {wire[1]}, decoded to fp32 on "
                      f"arrival ({how})")
     if precision.tables != "fp32" and fused:
-        dp = " (its data-parallel tables stay fp32)" if "data_parallel" in plan_kinds else ""
+        dp = " (its data-parallel tables stay fp32)" if ShardingType.DATA_PARALLEL in plan_kinds else ""
         notes.append(f"fused tables' weights in {precision.tables}, their optimizer state and pooled output fp32{dp}")
     if not notes:
         # A table or wire precision asked of a plan with no fused table changes nothing: said, not hidden.

@@ -54,12 +54,8 @@ def dict_lru(table: OrderedDict, ids: list[int]) -> list[int]:
     """The Python baseline: each id's slot, admitting misses into the least recent id's slot.
 
     It returns the slots only, from a list: less than the transformer's whole job, which in Python
-    takes longer. The same loop that also takes the ids from a tensor and returns the admitted and
-    evicted ids as tensors took x1.06-1.13 its time written tightly (methods bound to locals,
-    outputs in array('q') seen through torch.frombuffer) and x1.43-1.50 written plainly (50% hits,
-    a million slots, batches of 65,536, side by side on the benchmark's batches; the slots alone
-    with methods bound to locals, about x0.87 in one run). The ratio printed is against this
-    loop."""
+    takes longer (tensors in and out with the admitted and evicted ids took x1.06-1.13 its time;
+    docs/perf-dynamic-notes.md). The ratio printed is against this loop."""
     out = []
     for i in ids:
         s = table.get(i)
@@ -136,48 +132,10 @@ dict sees the same ids either way)."""
 THROUGHPUT_REPEATS = 3
 """How many times each throughput case runs, each time with fresh tables and ids (its own seed),
 the repeats of all cases interleaved. One run's ratio to the dict moves by several per cent with
-the machine, mostly through the transformer's rate. On the Zen 5 VM, the same batches of the 50%
-cases (same seeds), run twice a few minutes apart, took the transformer 0.97-1.12x as long the
-second time at the median batch, and in most cases a few batches took 1.5-4x the median (no page
-faults, no context switches). Over 12 whole repeats of those cases, the transformer's time an id
-ranged over 0.91-1.22x its median, the dict's over 0.96-1.06x. What moves it is not known: a
-memory-bandwidth hog on the other vCPU slowed both alike (the 50% cases' ratios x50.5-58.7 with
-it, x48.5-56.5 without, 4 interleaved runs). So the verdict is the median's, and the spread is
-printed beside it.
-Part of the spread is slow batches of the transformer's that come with the dict in the loop. In
-the 50% case with new ids in random order (same VM, the benchmark's loop, one case a run), its
-90th-percentile batch was 1.03-1.36x its median batch over 25 runs with the dict's pass between
-its batches (1.10x or more in 12) and 1.04-1.07x over 11 runs without it (torch.unique still in);
-in 9 pairs of such runs, interleaved, 1.04-1.25x against 1.04-1.05x, the median batches within
-0.98-1.03x of each other. The slow ones come a few in a row, and two runs of the same batches had
-them at different batches (per-batch times correlated at 0.02): the machine's state, not the
-ids. They are not steal time or the log's compactions; they stayed with glibc's trim and mmap
-thresholds raised, and with PYTHONMALLOC=malloc; 70 ms of sleep, a busy loop, random writes over
-128 MiB, or Python ints made and dropped, in place of the dict's pass, brought few (90th
-percentile 1.03-1.09x, a run each). Why the dict's pass brings them is not known.
-Where they are (part_spread; same VM, 50% hits, consecutive new ids, the benchmark's loop, 14 runs
-on a day when its whole runs were 1.06-1.28x their median batch): in the scan. The slowest tenth of
-batches spent 1.7-3.3x the typical ones' time there, and 1.06-1.22x in admit, which reads the same
-table (5 runs). So too with the scalar scan alone (set_vector_scan("never")), with the log's room
-for the batch written before the call, with the dead bits left out (a wrong table, to find the
-part), and with 3 ms of sleep or of busy loop between the dict's pass and the call. No interrupt
-but the timer's, no page fault and no move to another CPU came with them. They are at the scan's
-start: with each batch split in two, the slowest tenth's first halves (32,768 ids) scanned in
-2.7-3.7x the typical first halves' time, their second halves in 1.0-1.8x (7 runs). Every batch
-started slow too: a typical first half took 0.35-0.37 ms, its second half 0.22. That was not the
-dict's pass (so too with only slot_ids, the batch's making and torch.unique between batches), and
-slot_ids or a 256 MiB sweep between the halves made the second half as slow (an 8 MiB one did not):
-it was mostly the table's address translations going cold (HugeArray::prefetch_translations in
-csrc/hash_memory.h), which transform now warms first; a first half takes 0.30 ms, that included. The
-slow batches are something else. Timed every 256 ids, their scan ran at a steady quarter of its
-usual rate (8.2-9.0 us a 256 ids against 2.1) from the batch's start for 0.3-2 ms, then at once at
-its usual rate; with the scan prefetching twice as far ahead, at the same quarter (so it is not
-waiting on latency there). A Python loop timed just before the call ran at its usual speed in them,
-the translations' pass timed alone before the call took its usual 0.04 ms (correlation with the
-batch's time -0.02), and they stayed with the process pinned to one vCPU and a spin loop on the
-other: the memory, slowed from outside the process, as far as can be told. A plain loop of random
-read-modify-writes over 64 MiB in the transformer's place ran 1.03-1.15x its median call over a run
-with the dict's pass between calls, 1.01-1.02x with a 65 ms sleep (4 runs each)."""
+the machine, mostly through the transformer's rate, partly through a tail of slow batches that
+come with the dict's pass in the loop (at the scan's start; from outside the process, as far as
+can be told). So the verdict is the median's, and each run's spread (batch_spread) and time by
+part (part_spread) are printed beside it. The measurements: docs/perf-dynamic-notes.md."""
 
 
 def goal_verdict(ratios: list[float], goal: float = GOAL_VS_DICT) -> str:

@@ -27,12 +27,15 @@ from harness.config import BenchConfig
 from harness.launch.planning import PROFILES, geometry, make_plan, table_specs, topology
 from harness.presets import mlperf
 from model.plan_traffic import PlanTraffic
-from model.planner import Topology, plan_footprint, plan_latency_s, rank_seconds, step_seconds
+from model.names import COLUMN_BLOCKED_KINDS, ShardingType
+from model.planner import (
+    SEARCHED_KINDS, Topology, plan_footprint, plan_latency_s, rank_seconds, step_seconds,
+)
 from model.sharding import Shard, TablePlan
 
 LAYOUTS = ((1, 8), (2, 8), (16, 8))
-KINDS = ("table_wise", "column_wise", "row_wise", "table_row_wise", "grid_shard", "data_parallel")
-"""The kinds both planners may use (TorchRec's own names for them)."""
+KINDS = tuple(k.value for k in SEARCHED_KINDS)
+"""The kinds both planners may use (TorchRec's own names for them): what this planner searches."""
 HBM_GIB = 80
 
 
@@ -78,7 +81,7 @@ def _torchrec_inputs(cfg: BenchConfig, nodes: int, per_node: int):
                         hbm_cap=HBM_GIB * 2**30, hbm_mem_bw=prof["memory_gbps"] * 1e6,
                         intra_host_bw=prof["intra_node_gbps"] * 1e6, inter_host_bw=prof["inter_node_gbps"] * 1e6)
     # fused: the embedding optimizer in the backward, as the harness runs tables; dense: what
-    # TorchRec runs data-parallel tables with (the harness too: model/embedding_shardings.py).
+    # TorchRec runs data-parallel tables with (the harness too: model/shardings/data_parallel.py).
     constraints = {f"t{i}": ParameterConstraints(sharding_types=list(KINDS), compute_kernels=["fused", "dense"],
                                                  pooling_factors=[float(h)]) for i, h in enumerate(m.multi_hot)}
     return module, topo, cfg.data.global_batch_size // (nodes * per_node), constraints
@@ -110,9 +113,10 @@ def torchrec_rating(cfg: BenchConfig, plan: Sequence[TablePlan], nodes: int, per
     for t, tp in enumerate(plan):
         cols = min(s.cols for s in tp.shards)
         constraints[f"t{t}"] = ParameterConstraints(
-            sharding_types=[tp.kind], compute_kernels=["dense" if tp.kind == "data_parallel" else "fused"],
+            sharding_types=[str(tp.kind)],
+            compute_kernels=["dense" if tp.kind == ShardingType.DATA_PARALLEL else "fused"],
             pooling_factors=[float(cfg.model.multi_hot[t])],
-            min_partition=cols if tp.kind in ("column_wise", "grid_shard") else None)
+            min_partition=cols if tp.kind in COLUMN_BLOCKED_KINDS else None)
     enumerator = EmbeddingEnumerator(topology=topo, batch_size=batch, constraints=constraints,
                                      estimator=[EmbeddingPerfEstimator(topo, constraints),
                                                 EmbeddingStorageEstimator(topo, constraints)])
@@ -125,14 +129,14 @@ def torchrec_rating(cfg: BenchConfig, plan: Sequence[TablePlan], nodes: int, per
         match = None
         for opt in candidates:
             sized = sorted((s.offset[0], s.offset[1], s.size[0], s.size[1]) for s in opt.shards if s.size[0] > 0)
-            if sized == wanted or (tp.kind == "data_parallel" and len(opt.shards) == len(tp.shards)):
+            if sized == wanted or (tp.kind == ShardingType.DATA_PARALLEL and len(opt.shards) == len(tp.shards)):
                 match = opt
                 break
         if match is None:
             raise ValueError(f"table {t}: TorchRec enumerates no {tp.kind} option with this plan's shard sizes")
         priced = {(s.offset[0], s.offset[1]): s for s in match.shards}
         for i, sh in enumerate(tp.shards):
-            ts = match.shards[i] if tp.kind == "data_parallel" else priced[(sh.row_start, sh.col_start)]
+            ts = match.shards[i] if tp.kind == ShardingType.DATA_PARALLEL else priced[(sh.row_start, sh.col_start)]
             perf[sh.rank] += ts.perf.total
             storage[sh.rank] += ts.storage.hbm / 2**30
     return perf, storage

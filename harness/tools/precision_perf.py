@@ -58,8 +58,9 @@ def measure_rank_memory(argv: list[str], rank: int, precision: str) -> dict:
     from harness.config import PrecisionConfig
     from harness.launch.options import config_from_args
     from harness.launch.planning import make_plan
-    from model.names import WEIGHT_BYTES
+    from model.names import WEIGHT_BYTES, ShardingType
     from model.sharded_embeddings import ShardedEmbeddingCollection
+    from model.shardings import ShardingContext
 
     cfg = config_from_args(cli.build_parser().parse_args(["bench", *argv]))
     plan, _ = make_plan(cfg, ranks_per_host=cfg.run.world_size)  # the fp32 plan, then built at `precision`
@@ -67,13 +68,13 @@ def measure_rank_memory(argv: list[str], rank: int, precision: str) -> dict:
     torch.set_num_threads(1)
 
     def build() -> ShardedEmbeddingCollection:
-        return ShardedEmbeddingCollection(
-            table_rows=cfg.model.table_rows, embedding_dim=cfg.model.embedding_dim, plan=plan, rank=rank,
-            world_size=cfg.run.world_size, pg=None, ids_pg=None, device=torch.device("cpu"),
-            optimizer=cfg.optimizer.embedding_optimizer, learning_rate=cfg.optimizer.learning_rate, eps=cfg.optimizer.eps,
-            init_seed=cfg.data.seed, multi_hot=cfg.model.multi_hot, ranks_per_node=cfg.run.gpus_per_node,
+        return ShardedEmbeddingCollection(ShardingContext(
+            rank=rank, world_size=cfg.run.world_size, pg=None, ids_pg=None, device=torch.device("cpu"),
+            ranks_per_node=cfg.run.gpus_per_node, table_rows=cfg.model.table_rows, dim=cfg.model.embedding_dim,
+            multi_hot=cfg.model.multi_hot, optimizer=cfg.optimizer.embedding_optimizer,
+            learning_rate=cfg.optimizer.learning_rate, eps=cfg.optimizer.eps, init_seed=cfg.data.seed,
             table_precision=precision,
-        )
+        ), plan)
 
     # Built once and dropped first: the first build also maps fbgemm's kernels and warms the
     # allocator (about 80 MB here at either precision), which are not the tables' memory.
@@ -83,8 +84,9 @@ def measure_rank_memory(argv: list[str], rank: int, precision: str) -> dict:
     before = _rss_bytes()
     emb = build()
     gained = _rss_bytes() - before
-    fused = [w for t, _, w in emb.shard_weights() if plan[t].kind != "data_parallel"]
-    planned = sum(sh.rows * sh.cols for tp in plan if tp.kind != "data_parallel" for sh in tp.shards if sh.rank == rank)
+    dp = ShardingType.DATA_PARALLEL
+    fused = [w for t, _, w in emb.shard_weights() if plan[t].kind != dp]
+    planned = sum(sh.rows * sh.cols for tp in plan if tp.kind != dp for sh in tp.shards if sh.rank == rank)
     return {"rss_gained": gained, "weight_bytes": sum(w.numel() * w.element_size() for w in fused),
             "planned_weight_bytes": planned * WEIGHT_BYTES[precision]}
 

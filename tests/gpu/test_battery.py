@@ -161,61 +161,36 @@ def test_flags_on_a_mixed_plan_match_the_cpu_reference(flags, tmp_path):
 
 
 def _steady_state_syncs(rank: int, world: int, device: torch.device) -> list[str]:
-    """Iterations of the pipelined loop with cuda graphs, pinned copies and skipped splits on a
-    table-wise plan; the 4th runs under set_sync_debug_mode('error'): a host sync there raises."""
-    from harness.data.synthetic import SyntheticCriteo
-    from harness.run.dense_gradients import FlatGradients
-    from harness.run.dense_step import DenseStep
-    from harness.run.input_pipeline import InputFeeder
-    from harness.run.input_streams import input_streams
-    from harness.run.pinned_d2h import HostCopies
+    """Iterations of the harness engine's step (the train loop's) with cuda graphs, pinned copies
+    and skipped splits on a table-wise plan; the 4th runs under set_sync_debug_mode('error'): a
+    host sync there raises."""
+    from harness.data.source import open_batches
     from harness.presets import tiny
-    from harness.run.timeline import Timeline
-    from harness.run.train import build_dense
-    from model.ids_all_to_all import HostTransfer
-    from model.sharded_embeddings import ShardedEmbeddingCollection
+    from harness.run.rank import RankEnv, build_rank
     from model.sharding import table_wise
 
     cfg = tiny(nodes=1, gpus_per_node=1, device="cuda")
-    m = cfg.model
-    b = cfg.local_batch_size
-    host = HostCopies(device=device, pinned=True)
-    emb = ShardedEmbeddingCollection(
-        table_rows=m.table_rows, embedding_dim=m.embedding_dim, plan=[table_wise(r, m.embedding_dim, 0) for r in m.table_rows],
-        rank=0, world_size=1, pg=None, ids_pg=None, device=device, optimizer="exact_adagrad", learning_rate=0.01,
-        eps=1e-8, init_seed=0, multi_hot=m.multi_hot, transfer=HostTransfer(start=host.copy, non_blocking=True))
-    dense = build_dense(cfg, device)
-    grads = FlatGradients(dense, world_size=1, group=None)
-    step = DenseStep(dense=dense, grads=grads, world_size=1, local_batch=b, num_dense=m.num_dense,
-                     pooled_width=m.num_sparse * m.embedding_dim, device=device, graphed=True, precision="fp32")
-    opt = torch.optim.Adagrad([grads.flat_parameter()], lr=0.01, fused=True)
-    timeline = Timeline(cuda=True, stages=True, device=device)
-    feeder = InputFeeder(embeddings=emb, data=SyntheticCriteo(m, cfg.data), rank=0, world_size=1, device=device,
-                         total=6, pipeline=True, threaded=False, skip_splits=True, timeline=timeline,
-                         streams=input_streams(device))
+    cfg = cfg.replace(optimizations=OptimizationsConfig(cuda_graphs=True, pinned_d2h=True, skip_splits_a2a=True))
+    plan = [table_wise(r, cfg.model.embedding_dim, 0) for r in cfg.model.table_rows]
+    parts = build_rank(RankEnv(cfg=cfg, rank=0, device=device, recorder=None, plan=plan), open_batches(cfg))
+    step, timeline = parts.step, parts.timeline
     caught = []
+    step.begin_segment(0, 6)
     for it in range(6):
-        feeder.prepare(it)  # loading (a pageable copy) is outside the timed iteration, as in train()
+        step.prepare(it)  # what the loop runs before an iteration's window opens
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error" if it == 3 else "default")
         try:
             timeline.begin_iteration(it)
-            batch, ids, _ = feeder.next(it)
-            pooled, fwd = emb.forward(ids, b, out=step.pooled_input())
-            feeder.after_forward()
-            backward = []
-            step.run(batch.dense, pooled, batch.labels, on_pooled_grad=lambda g: backward.append(emb.start_backward(fwd, g)))
-            backward.pop().wait()
-            step.finish_gradients()
-            opt.step()
-            grads.zero()
+            step.run(it)
             timeline.end_iteration()
         except RuntimeError as exc:
             caught.append(f"iteration {it}: {exc}")
         finally:
             torch.cuda.set_sync_debug_mode("default")
         timeline.drain()
-    feeder.close()
+    step.end_segment()
+    parts.close()
     return caught
 
 
