@@ -147,3 +147,24 @@ def write_ablation(runs_root: Path, ablation_id: str, configs: list[dict], *, st
 def config(name, kind, flag, runs, *, requested=None, all_inactive=False, reasons=None):
     return {"name": name, "kind": kind, "flag": flag, "requested": requested or {}, "all_inactive": all_inactive,
             "inactive_reasons": reasons or {}, "runs": runs}
+
+
+def write_subspans(run_dir: Path, rows: list[dict]) -> None:
+    """Sub-span records (rankNNNNN/subspans-00000.parquet): rows of rank, iteration, stage, name,
+    start_ms, end_ms (node 0, warm-up as given, default False)."""
+    run_id = Path(run_dir).name
+    for rank in sorted({r["rank"] for r in rows}):
+        pd.DataFrame([dict(run_id=run_id, rank=rank, node=0, iteration=r["iteration"], stage=r["stage"], name=r["name"],
+                           start_ns=round(r["start_ms"] * 1e6), end_ns=round(r["end_ms"] * 1e6),
+                           duration_ms=r["end_ms"] - r["start_ms"], warmup=r.get("warmup", False))
+                      for r in rows if r["rank"] == rank]).to_parquet(
+            Path(run_dir) / f"rank{rank:05d}" / "subspans-00000.parquet")
+
+
+def write_evals(run_dir: Path, ranks: list[int], after: list[int]) -> None:
+    """An evaluation after each iteration of `after`, recorded by every rank of `ranks` (1 ms each)."""
+    run_id = Path(run_dir).name
+    for rank in ranks:
+        pd.DataFrame([dict(run_id=run_id, rank=rank, node=0, index=k, after_iteration=i, trained_samples=4 * (i + 1),
+                           auc=0.6, eval_samples=8, eval_ms=1.0, start_ns=0, end_ns=10**6, reached_target=False)
+                      for k, i in enumerate(after)]).to_parquet(Path(run_dir) / f"rank{rank:05d}" / "evals-00000.parquet")

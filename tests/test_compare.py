@@ -38,7 +38,7 @@ def test_runs_interleave_link_and_report(tmp_path, capsys):
                                repeats=args.repeats, reports_root=args.reports_root, report=report)
     assert code == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[-1] == "harness/torchrec iteration time: 0.812 (95% CI 0.750-0.875)"
+    assert out[-1] == "harness/torchrec iteration period: 0.812 (95% CI 0.750-0.875)"
     assert sum(line.startswith("[") for line in out) == 4  # a progress line a run
 
     (folder,) = (runs / "compares").iterdir()

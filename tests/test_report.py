@@ -24,6 +24,9 @@ SAMPLES = 4  # local samples a rank an iteration
 # iter_ms by rank, iterations 0..4; the first two are warm-up.
 ITER_MS = {0: [500.0, 400.0, 10.0, 12.0, 14.0],
            1: [600.0, 450.0, 11.0, 11.0, 20.0]}
+# Where each iteration starts (ms), on both ranks: the periods of the timed iterations 2 and 3 are
+# 50 and 60 ms (4, the last, has none); the warm-up stages (5 x 1000 ms) end before the next start.
+START_MS = [0, 10_000, 20_000, 20_050, 20_110]
 
 
 def stage_ms(rank: int, iteration: int, s: int) -> float:
@@ -36,7 +39,7 @@ def stage_ms(rank: int, iteration: int, s: int) -> float:
 def stage_rows(run_id, rank, iterations, stages=STAGES):
     rows = []
     for i in iterations:
-        t = 1_000_000 * i
+        t = START_MS[i] * 1_000_000
         for s, name in enumerate(stages):
             d = stage_ms(rank, i, s)
             rows.append(dict(run_id=run_id, rank=rank, node=0, iteration=i, stage=name,
@@ -48,7 +51,7 @@ def stage_rows(run_id, rank, iterations, stages=STAGES):
 
 def iteration_rows(run_id, rank, iterations):
     return pd.DataFrame([dict(run_id=run_id, rank=rank, node=0, iteration=i,
-                              start_ns=i * 10**9, end_ns=i * 10**9 + int(ITER_MS[rank][i] * 1e6),
+                              start_ns=START_MS[i] * 10**6, end_ns=START_MS[i] * 10**6 + int(ITER_MS[rank][i] * 1e6),
                               iter_ms=ITER_MS[rank][i], loss=0.7 - 0.01 * i, samples=SAMPLES,
                               warmup=i in WARMUP) for i in iterations])
 
@@ -86,8 +89,9 @@ def test_parts_of_all_ranks_are_concatenated(run_dir):
 
 def test_stage_stats_exclude_warmup(run_dir):
     table = stage_stats(load_run(run_dir))
-    assert list(table["stage"]) == list(STAGES)
-    assert list(table.columns) == ["run_id", "stage", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "count", "share"]
+    assert list(table["stage"]) == [*STAGES, "between_iterations"]
+    assert list(table.columns) == ["run_id", "stage", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "count", "share",
+                                   "span_ms"]
     for s, name in enumerate(STAGES):
         raw = [stage_ms(r, i, s) for r in (0, 1) for i in (2, 3, 4)]
         row = table[table["stage"] == name].iloc[0]
@@ -106,7 +110,7 @@ def test_stage_stats_keep_stage_order_and_only_present_stages(tmp_path):
         df = pd.read_parquet(p)
         df[df["stage"] != "emb_fwd"].iloc[::-1].to_parquet(p)  # reversed, emb_fwd gone
     assert list(stage_stats(load_run(d))["stage"]) == [
-        "input_dist", "dense_fwd_bwd", "emb_bwd", "dense_update"]
+        "input_dist", "dense_fwd_bwd", "emb_bwd", "dense_update", "between_iterations"]
 
 
 def test_iteration_summary_uses_slowest_rank(run_dir):
@@ -118,8 +122,13 @@ def test_iteration_summary_uses_slowest_rank(run_dir):
     assert its["iter_ms_mean"] == pytest.approx(43 / 3)
     assert its["iter_ms_p50"] == pytest.approx(12.0)
     assert its["iter_ms_p90"] == pytest.approx(18.4)  # 12 + 0.8 * (20 - 12)
-    # 3 iterations x 2 ranks x 4 samples = 24 samples in 43 ms.
-    assert its["samples_per_s"] == pytest.approx(24 / 0.043)
+    # The period: iterations 2 and 3 start 50 and 60 ms before the next; 4 is the last.
+    assert its["periods"] == 2
+    assert its["period_ms_mean"] == pytest.approx(55.0) and its["period_ms_p90"] == pytest.approx(59.0)
+    # Gaps after the timed window, slowest rank: max(50-10, 50-11) = 40, max(60-12, 60-11) = 49.
+    assert its["between_ms_mean"] == pytest.approx(44.5)
+    # 2 iterations x 2 ranks x 4 samples = 16 samples in 110 ms of periods (the timed wall time).
+    assert its["samples_per_s"] == pytest.approx(16 / 0.110)
 
 
 def test_latest_is_greatest_start_time(tmp_path):
@@ -179,6 +188,8 @@ def test_failed_run_reports_what_was_written(tmp_path):
     its = iteration_summary(run)
     assert its["iterations"] == 2 and its["partial_iterations"] == 1
     assert its["iter_ms_mean"] == pytest.approx(11.5)
+    # Iteration 3 has no period on rank 1 (no record of 4): only iteration 2's, 50 ms.
+    assert its["periods"] == 1 and its["period_ms_mean"] == pytest.approx(50.0)
     text = format_summary(run)
     assert "FAILED" in text and "RuntimeError: boom" in text
     assert "1 not recorded by every rank" in text
@@ -213,7 +224,8 @@ def test_format_summary_contents(run_dir):
     assert "world size 2 (1 node(s) x 2 per node)" in text
     assert "3 counted, 2 warm-up excluded" in text
     assert all(s in text for s in STAGES)
-    assert "samples_per_s 558.1" in text and "mean 14.333" in text
+    assert "iteration: period mean 55.000  p50 55.000  p90 59.000  samples_per_s 145.5" in text
+    assert "(timed window iter_ms mean 14.333" in text
 
 
 def test_report_main_success(tmp_path, capsys):
@@ -226,9 +238,10 @@ def test_report_main_success(tmp_path, capsys):
     assert "report.md" in files and "report.html" in files
     assert not files & {"summary.md", "summary.csv"}
     md = (tmp_path / "reports" / "r1" / "report.md").read_text()
-    # Findings come first; job iterations 11, 12, 20 ms -> mean 14.33; 24 samples in 43 ms.
+    # Findings come first; job periods 50, 60 ms -> mean 55; 16 samples in 110 ms; the timed
+    # windows (11, 12, 20 ms) beside it.
     assert md.index("## Findings") < md.index("## Iterations")
-    assert "iteration 14.33 ms" in md and "558 samples/s" in md
+    assert "iteration period 55 ms" in md and "145 samples/s" in md and "timed window (iter_ms) 14.33 ms" in md
 
 
 def test_report_main_unknown_run(tmp_path, capsys):

@@ -11,7 +11,10 @@ from harness.report.ablation import (
 from tests.report_builders import config, iter_run, write_ablation
 
 REASON = "CUDA only: this run is on cpu"
-# Run id -> per-rank non-warm-up iteration times (rank 0, rank 1). Job time = max over ranks.
+# Run id -> per-rank non-warm-up iteration periods (rank 0, rank 1). Job period = max over ranks.
+# Iterations run back to back, so each is its period; every run ends with one more iteration of
+# CLOSE ms, which starts the last listed one's successor and, the last of its run, has no period.
+CLOSE = 10.0
 RUNS = {
     "b1": ([10, 12, 11], [9, 13, 10]),        # job 10, 13, 11 -> 34/3
     "b2": ([11, 11, 11], [10, 10, 10]),       # 11
@@ -31,7 +34,7 @@ BASE = np.mean([34 / 3, 11, 12])
 
 def build(runs_root, *, missing=False):
     for run_id, (r0, r1) in RUNS.items():
-        iter_run(runs_root, run_id, {0: r0, 1: r1}, warmup=[100.0])
+        iter_run(runs_root, run_id, {0: [*r0, CLOSE], 1: [*r1, CLOSE]}, warmup=[100.0])
     off = {"cuda_graphs": False, "skip_splits_a2a": False}
     cg = {"cuda_graphs": REASON}
     configs = [
@@ -96,19 +99,21 @@ def test_config_rows(table):
     t = table.set_index("config")
     assert list(table["config"]) == ["baseline", "+cuda_graphs", "+skip_splits_a2a", "all", "all-cuda_graphs",
                                      "all-skip_splits_a2a"]
-    assert t.loc["baseline", "iter_ms"] == pytest.approx(BASE)
+    assert t.loc["baseline", "period_ms"] == pytest.approx(BASE)
     assert t.loc["baseline", "runs"] == 3 and t.loc["baseline", "iterations"] == 10
-    assert t.loc["+skip_splits_a2a", "iter_ms"] == pytest.approx(9.5)
-    assert t.loc["all", "iter_ms"] == pytest.approx(8.5)
+    assert t.loc["+skip_splits_a2a", "period_ms"] == pytest.approx(9.5)
+    assert t.loc["all", "period_ms"] == pytest.approx(8.5)
     for name, row in t.iterrows():
-        assert row["ci_low"] <= row["iter_ms"] <= row["ci_high"], name
+        assert row["ci_low"] <= row["period_ms"] <= row["ci_high"], name
+    # The timed window of the same iterations: back to back, the same figure.
+    assert t.loc["all", "iter_ms"] == pytest.approx(8.5)
     assert t.loc["+skip_splits_a2a", "speedup"] == pytest.approx(BASE / 9.5)
     assert t.loc["all", "speedup"] == pytest.approx(BASE / 8.5)
     assert t.loc["all", "speedup_low"] <= BASE / 8.5 <= t.loc["all", "speedup_high"]
     assert pd.isna(t.loc["baseline", "speedup"])
     # All requested flags inactive: measured, but no speedup claimed, and the reason shown.
     assert pd.isna(t.loc["+cuda_graphs", "speedup"]) and REASON in t.loc["+cuda_graphs", "note"]
-    assert t.loc["+cuda_graphs", "iter_ms"] == pytest.approx(11.5)
+    assert t.loc["+cuda_graphs", "period_ms"] == pytest.approx(11.5)
     assert "1 repeat" in t.loc["+cuda_graphs", "note"]
     assert "run ghost unreadable" in t.loc["+skip_splits_a2a", "note"]
     assert "failed run(s) left out: crashed1" in t.loc["all-cuda_graphs", "note"]
@@ -128,9 +133,12 @@ def test_flag_contributions(ab, table):
 
 def test_config_stage_means(ab):
     wide = config_stage_means(ab)
-    # Stages split each iteration in five equal parts; the baseline's rank-mean iteration:
-    b = np.mean([x for r in ("b1", "b2", "b3") for rank in RUNS[r] for x in rank])
+    # Stages split each iteration in five equal parts; over the iterations with a period (the
+    # closing one has none), the baseline's mean a rank over its runs, each run weighing the same:
+    b = np.mean([np.mean([x for rank in RUNS[r] for x in rank]) for r in ("b1", "b2", "b3")])
     assert wide.loc["baseline", "emb_fwd"] == pytest.approx(b / 5)
+    assert (wide["between_iterations"] == 0).all()
+    assert wide.loc["baseline", "period_ms"] == pytest.approx(b)
     assert list(wide.index)[:2] == ["baseline", "+cuda_graphs"]
 
 
@@ -147,7 +155,7 @@ def test_report_main_ablation_writes_everything(tmp_path, capsys):
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 2 and "<table>" in html
     csv = pd.read_csv(out / "ablation.csv")
-    assert csv.loc[csv["config"] == "all", "iter_ms"].iloc[0] == pytest.approx(8.5)
+    assert csv.loc[csv["config"] == "all", "period_ms"].iloc[0] == pytest.approx(8.5)
     printed = capsys.readouterr().out
     assert "ablation ab1" in printed and str(out / "report.html") in printed
 
@@ -181,7 +189,7 @@ def test_ablation_findings_first_and_the_final_loss_check(tmp_path):
     md = (out / "report.md").read_text()
     findings = md[md.index("## Findings"):md.index("## Setup")]
     assert md.index("## Findings") < md.index("## Configs")
-    assert f"baseline {BASE:.4g} ms" in findings
+    assert f"baseline iteration period {BASE:.4g} ms" in findings
     assert f"fastest config: all, {BASE / 8.5:.3f}x the baseline" in findings
     assert f"biggest flag effect: skip_splits_a2a alone saves {BASE - 9.5:.4g} ms an iteration" in findings
     assert f"cuda_graphs: {REASON}" in findings

@@ -4,30 +4,35 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.report.api import ReportError, load_run, report_main
-from harness.report.compare import compare_runs, write_compare_report
+from harness.report.api import ReportError, load_run, report_main, write_compare_report
+from harness.report.compare import compare_runs
 from harness.names import STAGES
 from tests.report_builders import iter_run, sequential, write_run
 
 
 def test_ratio_and_stage_deltas_by_hand(tmp_path):
-    # Job iteration = slowest rank: baseline 10, 12 -> mean 11; candidate 5, 6 -> 5.5.
-    base = iter_run(tmp_path, "base", {0: [10.0, 12.0], 1: [9.0, 11.0]}, warmup=[100.0])
-    cand = iter_run(tmp_path, "cand", {0: [5.0, 6.0], 1: [4.0, 4.0]}, warmup=[100.0])
+    # Back to back, an iteration's period is its time; the last (7 and 3 ms) has none. Job period =
+    # slowest rank: baseline 10, 12 -> mean 11; candidate 5, 6 -> 5.5.
+    base = iter_run(tmp_path, "base", {0: [10.0, 12.0, 7.0], 1: [9.0, 11.0, 7.0]}, warmup=[100.0])
+    cand = iter_run(tmp_path, "cand", {0: [5.0, 6.0, 3.0], 1: [4.0, 4.0, 3.0]}, warmup=[100.0])
     c = compare_runs({"base": [load_run(base)], "cand": [load_run(cand)]})
     assert c.labels == ("base", "cand")
-    it = c.iter_ms.set_index("label")
-    assert it.loc["base", "mean"] == pytest.approx(11.0) and it.loc["cand", "mean"] == pytest.approx(5.5)
-    assert it.loc["base", "iterations"] == 2 and it.loc["cand", "runs"] == 1
+    per = c.period_ms.set_index("label")
+    assert per.loc["base", "mean"] == pytest.approx(11.0) and per.loc["cand", "mean"] == pytest.approx(5.5)
+    assert per.loc["base", "iterations"] == 2 and per.loc["cand", "runs"] == 1
     assert c.ratio == pytest.approx(0.5)
     assert c.ratio_ci[0] <= 0.5 <= c.ratio_ci[1]
+    # The timed window of the same iterations: here the whole period.
+    assert c.iter_ms.set_index("label").loc["cand", "mean"] == pytest.approx(5.5)
     # Every stage is a fifth of each rank's iteration; a stage's ms is the mean over ranks and iterations.
     st = c.stages.set_index("stage")
-    assert list(st.index) == list(STAGES)
-    assert st.loc["emb_fwd", "baseline_ms"] == pytest.approx(np.mean([10, 12, 9, 11]) / 5)
-    assert st.loc["emb_fwd", "candidate_ms"] == pytest.approx(np.mean([5, 6, 4, 4]) / 5)
-    assert st.loc["emb_fwd", "delta_ms"] == pytest.approx((4.75 - 10.5) / 5)
-    assert st.loc["emb_fwd", "ratio"] == pytest.approx(4.75 / 10.5)
+    assert list(st.index) == [*STAGES, "between_iterations"]
+    assert st.loc["emb_fwd", "baseline_ms"] == pytest.approx(np.mean([10, 12, 7, 9, 11, 7]) / 5)
+    assert st.loc["emb_fwd", "candidate_ms"] == pytest.approx(np.mean([5, 6, 3, 4, 4, 3]) / 5)
+    assert st.loc["emb_fwd", "delta_ms"] == pytest.approx((25 / 6 - 56 / 6) / 5)
+    assert st.loc["emb_fwd", "ratio"] == pytest.approx(25 / 56)
+    assert st.loc["between_iterations", "baseline_ms"] == 0 and st.loc["between_iterations", "candidate_ms"] == 0
+    st = st.loc[list(STAGES)]
     assert (st["ratio_low"] <= st["ratio"]).all() and (st["ratio"] <= st["ratio_high"]).all()
 
 
@@ -44,7 +49,8 @@ def test_several_runs_a_label_weigh_the_same(tmp_path):
     runs = [load_run(iter_run(tmp_path, f"r{i}", {0: t})) for i, t in enumerate([[10.0] * 2, [20.0] * 8])]
     other = load_run(iter_run(tmp_path, "o", {0: [15.0, 15.0]}))
     c = compare_runs({"two": runs, "one": [other]})
-    assert c.iter_ms.set_index("label").loc["two", "mean"] == pytest.approx(15.0)  # pooled iterations would give 180 / 10 = 18
+    # Periods: the first run's one (10), the second's seven (20); pooled they would give 150 / 8.
+    assert c.period_ms.set_index("label").loc["two", "mean"] == pytest.approx(15.0)
     assert c.ratio == pytest.approx(1.0)
 
 
@@ -55,12 +61,14 @@ def test_a_stage_one_side_did_not_record_is_absent_not_zero(tmp_path):
     partial = write_run(tmp_path, "partial", [s for s in sp if s["stage"] != "dense_update"], it, world_size=1)
     c = compare_runs({"full": [load_run(full)], "partial": [load_run(partial)]})
     assert "dense_update" not in set(c.stages["stage"])
-    assert len(c.stages) == 4 and (c.stages["candidate_ms"] > 0).all()
+    stages = c.stages[c.stages["stage"] != "between_iterations"]
+    assert len(stages) == 4 and (stages["candidate_ms"] > 0).all()
+    assert "between_iterations" in set(c.stages["stage"])  # from the iteration records: both sides have it
     out = tmp_path / "rep"
     write_compare_report({"full": [full], "partial": [partial]}, out)
     md = (out / "report.md").read_text()
     assert "stage dense_update recorded only by full: not compared" in md
-    assert md.index("## Findings") < md.index("## Iteration time")
+    assert md.index("## Findings") < md.index("## Iteration period")
 
 
 def test_write_compare_report_files_and_findings(tmp_path):
@@ -73,7 +81,7 @@ def test_write_compare_report_files_and_findings(tmp_path):
     assert csv.loc["emb_bwd", "ratio"] == pytest.approx(0.8)
     md = (tmp_path / "rep" / "report.md").read_text()
     assert md.startswith("# Compare cand vs base\n\n## Findings")
-    assert "ratio 0.800 (95% CI 0.800-0.800): cand is faster" in md
+    assert "cand vs base: iteration period 8 ms vs 10 ms, ratio 0.800 (95% CI 0.800-0.800): cand is faster" in md
     assert c.ratio == pytest.approx(0.8)
 
 

@@ -48,12 +48,15 @@ def test_run_report_markdown_and_html(two_node_report):
                     "## Roofline", "## Optimizations", "## Plots"):
         assert heading in md
     assert "roofline n/a" not in md
-    # Findings first, by hand: job iteration = rank 3's, 33.75/35/36.25 ms; dense_fwd_bwd means
-    # 8.5, 9, 9.5 and 20 ms on ranks 0-3 (11.75 overall); median rank 9.25, so rank 3 is +116%.
+    # Findings first, by hand: job iteration = rank 3's, 33.75/35/36.25 ms back to back, so the
+    # periods are 33.75 and 35 (the last has none); dense_fwd_bwd means 8.5, 9, 9.5 and 20 ms on
+    # ranks 0-3 (11.75 overall); over the iterations with a period it takes 93 of the ranks'
+    # 185 ms of periods (50%); median rank 9.25, so rank 3 is +116%.
     findings = md[md.index("## Findings"):md.index("## Setup")]
     assert md.index("## Findings") < md.index("## Iterations")
-    assert "iteration 35 ms" in findings
-    assert "dominant stage: dense_fwd_bwd, 11.75 ms a rank (34% of the iteration)" in findings
+    assert "iteration period 34.38 ms" in findings and "timed window (iter_ms) 35 ms" in findings
+    assert "between iterations: 0 ms of every period (0%)" in findings
+    assert "dominant stage: dense_fwd_bwd, 11.75 ms a rank (50% of the iteration period)" in findings
     assert "straggler: worst is rank 3 (node 1) in dense_fwd_bwd, 20 ms vs the median rank's 9.25 ms (+116%)" in findings
     assert "cuda_graphs requested but inactive: CUDA only: this run is on cpu" in findings
     assert "| cuda_graphs | yes | no | CUDA only: this run is on cpu |  |" in md

@@ -10,7 +10,8 @@ from harness.report.roofline import dense_shape, roofline_table, stage_work
 from harness.config import ModelConfig
 from harness.records.manifest import RankInfo
 from model.sharding import Shard, TablePlan, grid_shard, table_wise
-from tests.report_builders import sequential, write_run
+from harness.records.manifest import RunManifest
+from tests.report_builders import rewrite_manifest, sequential, write_run
 
 
 def rank_info(rank, gemm, copy):
@@ -23,7 +24,15 @@ MODEL = ModelConfig(table_rows=(10, 20, 30), multi_hot=(2, 3, 1), num_dense=3, e
 MS = [1.0, 1.0, 2.0, 4.0, 0.5]
 
 
-def toy_run(root, *, ranks_info=True, optimizer="exact_adagrad", plan=(0, 1, 1), nodes=1, plans=None):
+def uniq(rows, draws):
+    """Expected distinct rows among `draws` ids drawn uniformly from `rows` rows (by hand: a row is
+    missed by every draw with probability (1 - 1/rows)^draws)."""
+    return rows * (1 - (1 - 1 / rows) ** draws)
+
+
+def toy_run(root, *, ranks_info=True, optimizer="exact_adagrad", plan=(0, 1, 1), nodes=1, plans=None,
+            id_exponent=0.0):
+    """The toy model's run; its ids uniform (id_exponent 0) unless asked, so unique rows have a hand value."""
     spans, iters = [], {}
     for r in (0, 1):
         sp, it = sequential(r, range(3), lambda rank, i, s: MS[s], warmup_iters=1)
@@ -35,8 +44,10 @@ def toy_run(root, *, ranks_info=True, optimizer="exact_adagrad", plan=(0, 1, 1),
         # Peaks chosen so the dense stage of rank 0 runs at exactly half of each; rank 1 measured no copy rate.
         manifest["ranks"] = (rank_info(0, 4824 / 0.002 / 1e9 * 2, 7972 / 0.002 / 1e9 * 2),
                              rank_info(1, 1.0, float("nan")))
-    return load_run(write_run(root, "toy", spans, iters, world_size=2, nodes=nodes, samples=4, warmup_iters=1,
-                              manifest=manifest))
+    d = write_run(root, "toy", spans, iters, world_size=2, nodes=nodes, samples=4, warmup_iters=1, manifest=manifest)
+    cfg = RunManifest.from_json((d / "manifest.json").read_text()).config
+    rewrite_manifest(d, config=cfg.replace(data=dataclasses.replace(cfg.data, id_exponent=id_exponent)))
+    return load_run(d)
 
 
 def test_dense_shape_by_hand():
@@ -68,8 +79,11 @@ def test_stage_work_by_hand(tmp_path):
     assert r0.loc["emb_fwd", "bytes"] == 256 + 128 + 128 + 4 * (32 + 48)
     assert r0.loc["dense_fwd_bwd", "flops"] == 1206 * 4
     assert r0.loc["dense_fwd_bwd", "bytes"] == 20 * 233 + 12 * 4 * 69
-    assert r0.loc["emb_bwd", "flops"] == 6 * 4 * 16
-    assert r0.loc["emb_bwd", "bytes"] == 320 + 256 + 512 + 512 + 128
+    # emb_bwd: the 16 ids' gradients summed (16*4 FLOPs) and read (4*16*4 bytes), but the weights and
+    # Adagrad state of each distinct row once: u of the 10 rows touched by 16 uniform ids.
+    u = uniq(10, 16)
+    assert r0.loc["emb_bwd", "flops"] == pytest.approx(64 + 6 * 4 * u)
+    assert r0.loc["emb_bwd", "bytes"] == pytest.approx(128 + 256 + 32 * u + 32 * u + 128 + 3 * 64)
     assert r0.loc["dense_update", "flops"] == 6 * 233
     assert r0.loc["dense_update", "bytes"] == 24 * 233
     # rank 1 owns tables 1 and 2 (hotness 3 + 1): ids_in 32, 2 tables.
@@ -98,10 +112,11 @@ def test_rowwise_and_sgd_state(tmp_path):
     adagrad = stage_work(toy_run(tmp_path / "a")).set_index(["rank", "stage"])
     rowwise = stage_work(toy_run(tmp_path / "b", optimizer="exact_rowwise_adagrad")).set_index(["rank", "stage"])
     sgd = stage_work(toy_run(tmp_path / "c", optimizer="exact_sgd")).set_index(["rank", "stage"])
-    # rank 0 touches 16 rows of 4: state per element (8*64 bytes), per row (8*16), none.
-    assert adagrad.loc[(0, "emb_bwd"), "bytes"] - sgd.loc[(0, "emb_bwd"), "bytes"] == 8 * 64
-    assert rowwise.loc[(0, "emb_bwd"), "bytes"] - sgd.loc[(0, "emb_bwd"), "bytes"] == 8 * 16
-    assert sgd.loc[(0, "emb_bwd"), "flops"] == 2 * 64
+    # rank 0's 16 ids touch u distinct rows of 4: state per element (8*4u bytes), per row (8u), none.
+    u = uniq(10, 16)
+    assert adagrad.loc[(0, "emb_bwd"), "bytes"] - sgd.loc[(0, "emb_bwd"), "bytes"] == pytest.approx(8 * 4 * u)
+    assert rowwise.loc[(0, "emb_bwd"), "bytes"] - sgd.loc[(0, "emb_bwd"), "bytes"] == pytest.approx(8 * u)
+    assert sgd.loc[(0, "emb_bwd"), "flops"] == pytest.approx(64 + 2 * 4 * u)
 
 
 def test_roofline_fractions(tmp_path):
@@ -155,11 +170,13 @@ def test_shard_plan_kinds_by_hand(tmp_path):
     # replicated: 16 FLOPs, 64 + 32 + 64.
     assert w.loc["emb_fwd", "flops"] == 32 + 48 + 16
     assert w.loc["emb_fwd", "bytes"] == 384 + 2 * 32 + 544 + 160
-    # emb_bwd: column-wise 6*32 FLOPs, 64 + 128 + 256 + state 256 + 128, plus 4*B*2 sent to each shard;
-    # row-wise 6*48, ring 128 + 192 + 384 + state 384 + 96; replicated 16 + 6*120 FLOPs,
-    # 64 + 480 + ring 480 + 20*120.
-    assert w.loc["emb_bwd", "flops"] == 192 + 288 + 736
-    assert w.loc["emb_bwd", "bytes"] == 832 + 2 * 32 + 1184 + 3424
+    # emb_bwd: column-wise, 16 ids over all 10 rows touch u rows: 32 + 6*2u FLOPs; 64 + 128 + rows
+    # 16u + state 16u + 128 bytes, plus 4*B*2 sent to each shard. Row-wise, the table's 24 ids over
+    # its 20 rows touch v of the shard's 10: 48 + 6*4v FLOPs; ring 128 + 192 + 32v + state 32v + 96.
+    # Replicated: 16 + 6*120 FLOPs, 64 + 480 + ring 480 + 20*120.
+    u, v = uniq(10, 16), 10 * (1 - (1 - 1 / 20) ** 24)
+    assert w.loc["emb_bwd", "flops"] == pytest.approx((32 + 12 * u) + (48 + 24 * v) + 736)
+    assert w.loc["emb_bwd", "bytes"] == pytest.approx((320 + 32 * u) + 2 * 32 + (416 + 64 * v) + 3424)
 
 
 def test_peaks_of_a_run_still_going_come_from_rank_notes(tmp_path):
@@ -203,5 +220,7 @@ def test_roofline_of_a_real_tiny_run(tmp_path, capsys):
     # Peaks were measured by every rank, so every fraction is a finite positive number.
     assert (roof["gemm_gflops"] > 0).all() and (roof["copy_gbps"] > 0).all()
     assert (roof["bytes_frac"] > 0).all() and roof["bound"].isin(["compute", "memory"]).all()
-    times = stage_stats(run).set_index("stage")["mean_ms"]
+    stats = stage_stats(run).set_index("stage")
+    # The roofline's time is a stage's duration: for input_dist its whole span, beside its exposed part.
+    times = stats["mean_ms"].where(stats["span_ms"].isna(), stats["span_ms"])
     assert roof["mean_ms"].to_numpy() == pytest.approx(times.loc[list(STAGES)].to_numpy())

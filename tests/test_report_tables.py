@@ -50,10 +50,14 @@ def iter_ms(r, i):
     return sum(dur(r, i, s) for s in range(5))
 
 
+PERIODS = (1, 2)  # iteration 3 is the last: it has no period
+
+
 def test_stage_stats_job_matches_numpy(df):
     t = stage_stats(df, "job")
-    assert list(t["stage"]) == list(STAGES)
-    mean_iter = np.mean([iter_ms(r, i) for r in range(4) for i in TIMED])
+    assert list(t["stage"]) == [*STAGES, "between_iterations"]
+    # Back to back: an iteration's period is its own duration; shares are over the periods.
+    wall = sum(iter_ms(r, i) for r in range(4) for i in PERIODS)
     for s, name in enumerate(STAGES):
         row = t.set_index("stage").loc[name]
         x = raw(range(4), s)
@@ -61,7 +65,9 @@ def test_stage_stats_job_matches_numpy(df):
         assert row["mean_ms"] == pytest.approx(np.mean(x))
         for q in (50, 90, 99):
             assert row[f"p{q}_ms"] == pytest.approx(np.percentile(x, q))
-        assert row["share"] == pytest.approx(np.mean(x) / mean_iter)
+        assert row["share"] == pytest.approx(sum(dur(r, i, s) for r in range(4) for i in PERIODS) / wall)
+    gap = t.set_index("stage").loc["between_iterations"]
+    assert gap["mean_ms"] == 0 and gap["count"] == 8 and gap["share"] == 0
     # Stages run back to back with no gaps here, so the shares sum to 1.
     assert t["share"].sum() == pytest.approx(1.0)
 
@@ -70,7 +76,7 @@ def test_stage_stats_per_rank_and_node(df):
     by_rank = stage_stats(df, "rank")
     row = by_rank[(by_rank["rank"] == 3) & (by_rank["stage"] == "dense_fwd_bwd")].iloc[0]
     assert row["mean_ms"] == pytest.approx(20.0)  # 8 + 1.5 + 10 + mean(0.25, 0.5, 0.75)
-    assert row["share"] == pytest.approx(20.0 / np.mean([iter_ms(3, i) for i in TIMED]))
+    assert row["share"] == pytest.approx(sum(dur(3, i, 2) for i in PERIODS) / sum(iter_ms(3, i) for i in PERIODS))
     by_node = stage_stats(df, "node")
     for node, ranks in ((0, [0, 1]), (1, [2, 3])):
         for s, name in enumerate(STAGES):
@@ -78,22 +84,26 @@ def test_stage_stats_per_rank_and_node(df):
             assert r["mean_ms"] == pytest.approx(np.mean(raw(ranks, s)))
             assert r["p90_ms"] == pytest.approx(np.percentile(raw(ranks, s), 90))
     wide = stage_pivot(by_node, "node")
-    assert list(wide.columns) == list(STAGES) and list(wide.index) == [0, 1]
+    assert list(wide.columns) == [*STAGES, "between_iterations"] and list(wide.index) == [0, 1]
 
 
 def test_iteration_table_job_node_rank(df):
     job = iteration_table(df, "job").iloc[0]
-    # Job iteration = slowest rank (rank 3): 32.5 + 1.25 i for i = 1, 2, 3.
-    assert job["iterations"] == 3 and job["partial"] == 0
+    # Job iteration = slowest rank (rank 3): 32.5 + 1.25 i for i = 1, 2, 3; back to back, so the
+    # periods of 1 and 2 are their times (3, the last, has none).
+    assert job["iterations"] == 3 and job["periods"] == 2 and job["partial"] == 0
     assert job["iter_ms_mean"] == pytest.approx(35.0)
     assert job["iter_ms_p99"] == pytest.approx(np.percentile([33.75, 35.0, 36.25], 99))
-    assert job["samples_per_s"] == pytest.approx(3 * 4 * 4 / 0.105)
+    assert job["period_ms_mean"] == pytest.approx(34.375) and job["between_ms_mean"] == 0
+    assert job["period_ms_p90"] == pytest.approx(np.percentile([33.75, 35.0], 90))
+    # Samples of the iterations with a period over their summed periods.
+    assert job["samples_per_s"] == pytest.approx(2 * 4 * 4 / 0.06875)
     node = iteration_table(df, "node").set_index("node")
     assert node.loc[0, "iter_ms_mean"] == pytest.approx(20.0)  # rank 1: 17.5 + 1.25 i
-    assert node.loc[0, "samples_per_s"] == pytest.approx(3 * 2 * 4 / 0.060)
+    assert node.loc[0, "samples_per_s"] == pytest.approx(2 * 2 * 4 / 0.03875)
     rank = iteration_table(df, "rank").set_index("rank")
     assert rank.loc[0, "iter_ms_mean"] == pytest.approx(17.5)
-    assert rank.loc[0, "samples_per_s"] == pytest.approx(12 / 0.0525)
+    assert rank.loc[0, "samples_per_s"] == pytest.approx(8 / 0.03375)
 
 
 def test_partial_iteration_is_left_out_of_the_job(tmp_path):
@@ -101,6 +111,8 @@ def test_partial_iteration_is_left_out_of_the_job(tmp_path):
     job = iteration_table(df, "job").iloc[0]
     assert job["iterations"] == 2 and job["partial"] == 1
     assert job["iter_ms_mean"] == pytest.approx(np.mean([33.75, 35.0]))
+    # Rank 2 has no record of iteration 3: iteration 2 has no period on it, so none for the job.
+    assert job["periods"] == 1 and job["period_ms_mean"] == pytest.approx(33.75)
     its = job_iterations(df)
     assert list(its["complete"]) == [True, True, False]
 
@@ -232,14 +244,19 @@ def test_stage_bars_stack_the_critical_path_and_total_the_iteration(tmp_path):
     run = load_run(overlapped(tmp_path))
     wide = critical_stage_means(run, "rank")
     # By hand: input_dist spans 6 + 2 = 8 ms, 6 of them under the previous compute: 2 exposed.
-    assert list(wide.columns) == [*STAGES, "iter_ms"]
+    assert list(wide.columns) == [*STAGES, "between_iterations", "iter_ms", "period_ms"]
     assert wide["input_dist"].tolist() == pytest.approx([2.0, 2.0])
     assert wide["dense_fwd_bwd"].tolist() == pytest.approx([3.0, 3.0])
     assert wide["iter_ms"].tolist() == pytest.approx([8.0, 8.0])
-    totals = wide[list(STAGES)].sum(axis=1)
-    assert ((totals - wide["iter_ms"]).abs() <= 0.05 * wide["iter_ms"]).all()
-    # The whole spans stacked (what the bars used to draw) overshoot by the hidden 6 ms.
-    naive = stage_stats(run, "rank").groupby("rank")["mean_ms"].sum()
+    assert wide["period_ms"].tolist() == pytest.approx([8.0, 8.0]) and (wide["between_iterations"] == 0).all()
+    totals = wide[[*STAGES, "between_iterations"]].sum(axis=1)
+    assert ((totals - wide["period_ms"]).abs() <= 0.05 * wide["period_ms"]).all()
+    # The stage table shows the exposed 2 ms as the stage and the whole span beside it; the spans
+    # stacked (what the bars used to draw) would overshoot by the hidden 6 ms.
+    stats = stage_stats(run, "rank")
+    idist = stats[stats["stage"] == "input_dist"]
+    assert idist["mean_ms"].tolist() == pytest.approx([2.0, 2.0]) and idist["span_ms"].tolist() == pytest.approx([8.0, 8.0])
+    naive = stats[stats["stage"].isin(STAGES)].groupby("rank")["mean_ms"].sum() + idist.set_index("rank")["span_ms"] - 2.0
     assert naive.tolist() == pytest.approx([14.0, 14.0])
 
 
@@ -271,3 +288,6 @@ def test_critical_path_of_a_plain_loop_is_every_duration(tmp_path):
     assert st["critical_ms"].tolist() == pytest.approx(st["duration_ms"].tolist())
     wide = critical_stage_means(run, "rank")
     assert wide.loc[0, list(STAGES)].sum() == pytest.approx(sum(BASE)) == wide.loc[0, "iter_ms"]
+    # The 0.5 ms between one iteration's end and the next one's start is the period's, not dropped.
+    assert wide.loc[0, "between_iterations"] == pytest.approx(0.5)
+    assert wide.loc[0, "period_ms"] == pytest.approx(sum(BASE) + 0.5)

@@ -1,7 +1,10 @@
 """Ablation report: one row per config of runs/ablations/<id>/ablation.json, with bootstrap CIs.
 
-The statistic of a config is the mean job iteration time (ms, non-warm-up iterations every
-rank recorded) with each repeat weighing the same: the mean over its runs of each run's mean.
+The statistic of a config is the mean job iteration period (ms, start to the next start, the
+slowest rank's; non-warm-up iterations every rank recorded that have a period) with each repeat
+weighing the same: the mean over its runs of each run's mean. The timed window (iter_ms) is shown
+beside it; the period is what a flag is judged by, since work moved out of the timed window (the
+next batch built before it opens) is still waited for.
 Its 95% CI is a two-level bootstrap: resample the runs with replacement, then the iterations
 within each drawn run, and take the 2.5 and 97.5 percentiles of the statistic. The generator
 is seeded from (seed, config position), so the same folders give the same report.
@@ -16,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from harness.report.load import ReportError, Run, is_plain_name, load_run, read_json, start_key
-from harness.report.tables import critical_stages, job_iterations, rank_iterations
-from harness.names import STAGES
+from harness.report.tables import critical_stage_means, critical_stages, job_iterations
+from harness.names import BETWEEN_ITERATIONS, STAGES
 
 N_BOOT = 2000
 
@@ -110,8 +113,9 @@ def bootstrap_mean_ci(groups: list[np.ndarray], *, n_boot: int = N_BOOT, level: 
     return point, float(low), float(high), boot
 
 
-def _config_times(ab: Ablation, cfg: dict) -> tuple[list[np.ndarray], list[str]]:
-    """Per readable run of the config: its complete non-warm-up job iteration times; and notes."""
+def _config_times(ab: Ablation, cfg: dict, col: str = "period_ms") -> tuple[list[np.ndarray], list[str]]:
+    """Per readable run of the config: `col` of its complete non-warm-up job iterations that have a
+    period; and notes."""
     groups, notes = [], []
     for run_id in cfg.get("runs") or []:
         if run_id in ab.missing:
@@ -121,11 +125,11 @@ def _config_times(ab: Ablation, cfg: dict) -> tuple[list[np.ndarray], list[str]]
         if run.status != "completed":
             notes.append(f"run {run_id} {run.status}")
         its = job_iterations(run)
-        times = its.loc[its["complete"], "iter_ms"].to_numpy()
+        times = its.loc[its["complete"] & its["period_ms"].notna(), col].to_numpy(float)
         if len(times):
             groups.append(times)
         else:
-            notes.append(f"run {run_id} has no complete non-warm-up iterations")
+            notes.append(f"run {run_id} has no complete non-warm-up iteration followed by another")
     return groups, notes
 
 
@@ -135,10 +139,11 @@ def _inactive_note(cfg: dict) -> str:
 
 
 def ablation_table(ab: Ablation, *, n_boot: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
-    """One row per config, manifest order: iteration ms with its 95% CI, speedup vs baseline.
+    """One row per config, manifest order: the iteration period with its 95% CI, speedup vs baseline.
 
-    Columns: config, kind, flag, runs, iterations, iter_ms, ci_low, ci_high, speedup,
-    speedup_low, speedup_high, note. speedup = baseline iter_ms / config iter_ms, its CI from
+    Columns: config, kind, flag, runs, iterations (with a period), period_ms, ci_low, ci_high,
+    speedup, speedup_low, speedup_high, iter_ms (the timed window's mean, the same iterations),
+    note. speedup = baseline period_ms / config period_ms, its CI from
     the ratio of the two configs' bootstrap samples; n/a (NaN) for a config whose requested
     flags were all inactive (the note gives the manifest's reason) and for the baseline.
     The bootstrap samples are kept in .attrs["boot"] (config -> array) for the contributions.
@@ -147,6 +152,8 @@ def ablation_table(ab: Ablation, *, n_boot: int = N_BOOT, seed: int = 0) -> pd.D
     for i, cfg in enumerate(ab.configs):
         groups, notes = _config_times(ab, cfg)
         point, lo, hi, boot = bootstrap_mean_ci(groups, n_boot=n_boot, rng=np.random.default_rng([seed, i]))
+        window = _config_times(ab, cfg, "iter_ms")[0]
+        window_ms = float(np.mean([g.mean() for g in window])) if window else np.nan
         boots[cfg["name"]] = boot
         if cfg.get("failed_runs"):
             notes.append(f"failed run(s) left out: {', '.join(map(str, cfg['failed_runs']))}")
@@ -158,7 +165,7 @@ def ablation_table(ab: Ablation, *, n_boot: int = N_BOOT, seed: int = 0) -> pd.D
             notes.insert(0, _inactive_note(cfg))
         rows.append({"config": cfg["name"], "kind": cfg.get("kind"), "flag": cfg.get("flag") or "",
                      "runs": len(groups), "iterations": int(sum(len(g) for g in groups)),
-                     "iter_ms": point, "ci_low": lo, "ci_high": hi, "note": "; ".join(notes)})
+                     "period_ms": point, "ci_low": lo, "ci_high": hi, "iter_ms": window_ms, "note": "; ".join(notes)})
     out = pd.DataFrame(rows)
     base = _by_kind(ab, "baseline")
     for c in ("speedup", "speedup_low", "speedup_high"):
@@ -169,10 +176,10 @@ def ablation_table(ab: Ablation, *, n_boot: int = N_BOOT, seed: int = 0) -> pd.D
             if cfg["name"] == base or cfg.get("all_inactive") or not len(b):
                 continue
             ratio = boots[base] / b
-            out.loc[i, "speedup"] = out.loc[out["config"] == base, "iter_ms"].iloc[0] / out.loc[i, "iter_ms"]
+            out.loc[i, "speedup"] = out.loc[out["config"] == base, "period_ms"].iloc[0] / out.loc[i, "period_ms"]
             out.loc[i, ["speedup_low", "speedup_high"]] = np.percentile(ratio, [2.5, 97.5])
-    out = out[["config", "kind", "flag", "runs", "iterations", "iter_ms", "ci_low", "ci_high",
-               "speedup", "speedup_low", "speedup_high", "note"]]
+    out = out[["config", "kind", "flag", "runs", "iterations", "period_ms", "ci_low", "ci_high",
+               "speedup", "speedup_low", "speedup_high", "iter_ms", "note"]]
     out.attrs["boot"] = boots
     return out
 
@@ -196,14 +203,14 @@ def _inactive(cfg: dict, flag: str) -> str | None:
 
 
 def flag_contributions(ab: Ablation, table: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Each flag's marginal contribution in ms of iteration time saved (positive = faster).
+    """Each flag's marginal contribution in ms of iteration period saved (positive = faster).
 
     alone_ms = baseline - (+flag); removal_ms = (all - flag) - all, i.e. what removing the flag
     from everything-on costs. CIs from the bootstrap samples of the two configs. n/a (NaN) where
     a config is missing, or where the flag was inactive in it (reason in note_alone/note_removal).
     """
     table = ablation_table(ab) if table is None else table
-    boots, ms = table.attrs["boot"], table.set_index("config")["iter_ms"]
+    boots, ms = table.attrs["boot"], table.set_index("config")["period_ms"]
     cfgs = {c["name"]: c for c in ab.configs}
     base, full = _by_kind(ab, "baseline"), _by_kind(ab, "all")
 
@@ -232,20 +239,31 @@ def flag_contributions(ab: Ablation, table: pd.DataFrame | None = None) -> pd.Da
     return pd.DataFrame(rows)
 
 
+def mean_breakdown(runs: list[Run]) -> pd.Series | None:
+    """The runs' breakdown of their period: critical_stage_means over ranks, averaged over the runs
+    (each weighing the same); None when none has stage records."""
+    means = [critical_stage_means(run, "rank").mean() for run in runs if not critical_stages(run).empty]
+    return pd.concat(means, axis=1).mean(axis=1) if means else None
+
+
+def breakdown_columns(wide: pd.DataFrame) -> pd.DataFrame:
+    """Stages in STAGES order, between_iterations, its parts (other last), iter_ms, period_ms."""
+    first = [c for c in (*STAGES, BETWEEN_ITERATIONS) if c in wide.columns]
+    last = [c for c in ("iter_ms", "period_ms") if c in wide.columns]
+    parts = sorted((c for c in wide.columns if c not in first + last), key=lambda c: (c.endswith("/other"), c))
+    return wide[first + parts + last]
+
+
 def config_stage_means(ab: Ablation) -> pd.DataFrame:
-    """Mean critical-path stage time (ms, all ranks and repeats, non-warm-up; input_dist: its exposed
-    part) per config: a row per config in manifest order, a column per stage, then iter_ms, the
-    mean iteration time of a rank over the same records. Configs without stage records have no row."""
+    """Each config's own breakdown of its period: a row per config in manifest order, a column per
+    stage (mean critical-path ms a rank; input_dist: its exposed part), between_iterations and its
+    parts where recorded, then iter_ms and period_ms (a rank's means): mean_breakdown of the
+    config's runs. Configs without stage records have no row."""
     rows = {}
     for cfg in ab.configs:
-        runs = [ab.runs[r] for r in cfg.get("runs") or [] if r in ab.runs]
-        if not runs:
-            continue
-        st = critical_stages(runs)
-        if not st.empty:
-            rows[cfg["name"]] = pd.concat([st.groupby("stage")["critical_ms"].mean(),
-                                           pd.Series({"iter_ms": rank_iterations(runs)["iter_ms"].mean()})])
+        means = mean_breakdown([ab.runs[r] for r in cfg.get("runs") or [] if r in ab.runs])
+        if means is not None:
+            rows[cfg["name"]] = means
     if not rows:
-        return pd.DataFrame(columns=[*STAGES, "iter_ms"])
-    wide = pd.DataFrame(rows).T.rename_axis("config")
-    return wide[[s for s in STAGES if s in wide.columns] + ["iter_ms"]]
+        return pd.DataFrame(columns=[*STAGES, BETWEEN_ITERATIONS, "iter_ms", "period_ms"])
+    return breakdown_columns(pd.DataFrame(rows).T.rename_axis("config"))

@@ -6,8 +6,8 @@ read but never summarised.
 Notebook API (all pandas, every table takes the frame of `load_runs`, a `Run` or a list of them):
 
     df = load_runs(["runs/<id1>", "runs/<id2>"])       # flat stage records + run/flag columns
-    stage_stats(df, "job" | "rank" | "node")            # mean/p50/p90/p99 ms, share of iteration
-    iteration_table(df, "job" | "rank" | "node")        # iter_ms stats, samples_per_s
+    stage_stats(df, "job" | "rank" | "node")            # mean/p50/p90/p99 ms, share of the period
+    iteration_table(df, "job" | "rank" | "node")        # period and iter_ms stats, samples_per_s
     straggler_table(df); input_dist_overlap(df); completeness(df)
     roofline_table(load_run(path))                      # analytic FLOPs/bytes vs measured peaks
     ab = load_ablation(resolve_ablation(runs_root, id), runs_root)
@@ -34,26 +34,30 @@ from harness.report.load import (  # noqa: F401  (re-exported API)
     FLAGS, ITERATION_COLUMNS, STAGE_COLUMNS, ReportError, Run, load_run, load_runs, records, resolve_run,
     run_error, run_status,
 )
-from harness.report.compare import Comparison, compare_runs, write_compare_report  # noqa: F401
+from harness.report.compare import Comparison, compare_runs, stages_absent  # noqa: F401
+from harness.report.findings import between_line
 from harness.report.html import cells
 from harness.report.roofline import roofline_table, stage_work  # noqa: F401
 from harness.report.tables import (  # noqa: F401
-    completeness, critical_stage_means, critical_stages, input_dist_overlap, input_dist_spans, iteration_table,
-    evaluation, evaluation_lines, job_iterations, rank_table, splits_exchanged, stage_stats, straggler_table,
-    subspan_table,
+    between_parts, completeness, critical_stage_means, critical_stages, input_dist_overlap,
+    input_dist_spans, iteration_table, evaluation, evaluation_lines, job_iterations, rank_table, splits_exchanged,
+    stage_stats, straggler_table, subspan_table,
 )
 # The five stages of one iteration, in execution order (design.md, "The five stages").
 from harness.names import STAGES  # noqa: F401
 
 # The stage table the terminal summary prints (stage_stats' columns, fewer of them).
-SUMMARY_COLUMNS = ("stage", "mean_ms", "p50_ms", "p90_ms", "count", "share")
+SUMMARY_COLUMNS = ("stage", "mean_ms", "p50_ms", "p90_ms", "count", "share", "span_ms")
 
 
 def iteration_summary(run: Run) -> dict:
     """Job-level iteration stats over non-warm-up iterations every rank recorded (job_iterations).
 
-    Keys: iterations, warmup_iterations, partial_iterations, iter_ms_mean, iter_ms_p50, iter_ms_p90,
-    samples_per_s. Raises ReportError (one line) when there is no such iteration.
+    Keys: iterations, warmup_iterations, partial_iterations; periods (iterations with a period),
+    period_ms_mean, period_ms_p50, period_ms_p90, between_ms_mean (the iteration as a benchmark
+    times it: start to the next start, and the gap after the timed window; NaN without a period);
+    iter_ms_mean, iter_ms_p50, iter_ms_p90 (the timed window); samples_per_s (over the summed
+    periods). Raises ReportError (one line) when there is no such iteration.
     """
     its = job_iterations(run, warmup=True)
     if its.empty:
@@ -71,10 +75,11 @@ def iteration_summary(run: Run) -> dict:
                           f"({warmup_iterations} warm-up iteration(s) excluded); run more iterations than the "
                           "warm-up count")
     row = iteration_table(run, "job").iloc[0]
+    figures = ("period_ms_mean", "period_ms_p50", "period_ms_p90", "between_ms_mean", "iter_ms_mean", "iter_ms_p50",
+               "iter_ms_p90", "samples_per_s")
     return {"iterations": int(row["iterations"]), "warmup_iterations": warmup_iterations,
-            "partial_iterations": int(row["partial"]), "iter_ms_mean": float(row["iter_ms_mean"]),
-            "iter_ms_p50": float(row["iter_ms_p50"]), "iter_ms_p90": float(row["iter_ms_p90"]),
-            "samples_per_s": float(row["samples_per_s"])}
+            "partial_iterations": int(row["partial"]), "periods": int(row["periods"]),
+            **{k: float(row[k]) for k in figures}}
 
 
 # --- the terminal summary ---------------------------------------------------------
@@ -119,8 +124,15 @@ def _header_lines(run: Run, its: dict) -> list[str]:
 
 
 def _iteration_line(its: dict) -> str:
-    return (f"iteration: iter_ms mean {its['iter_ms_mean']:.3f}  p50 {its['iter_ms_p50']:.3f}  "
-            f"p90 {its['iter_ms_p90']:.3f}  samples_per_s {_rate(its['samples_per_s'])}")
+    """The period first (what a user waits for an iteration), then the timed window inside it."""
+    window = (f"timed window iter_ms mean {its['iter_ms_mean']:.3f}  p50 {its['iter_ms_p50']:.3f}  "
+              f"p90 {its['iter_ms_p90']:.3f}")
+    if not its["periods"]:
+        return (f"iteration: period n/a (no timed iteration is followed by another: the last of a run has no "
+                f"period)  samples_per_s n/a  ({window})")
+    return (f"iteration: period mean {its['period_ms_mean']:.3f}  p50 {its['period_ms_p50']:.3f}  "
+            f"p90 {its['period_ms_p90']:.3f}  samples_per_s {_rate(its['samples_per_s'])}  ({window}; "
+            f"between iterations, slowest rank, mean {its['between_ms_mean']:.3f})")
 
 
 def _rate(samples_per_s: float) -> str:
@@ -135,8 +147,23 @@ def _pipeline_line(run: Run) -> str:
     if row.empty:
         return "pipelined: no input_dist spans to measure"
     r = row.iloc[0]
-    return (f"pipelined: input_dist spans launch (previous iteration) to wait; exposed {r['exposed_ms']:.3f} ms "
-            f"a span, {100 * r['hidden_frac']:.1f}% hidden behind other stages")
+    return (f"pipelined: an input_dist span (launch, in the previous iteration, to wait) {r['input_dist_ms']:.3f} ms: "
+            f"{r['hidden_ms']:.3f} hidden behind other stages, {r['critical_ms']:.3f} exposed in the iteration (its row "
+            f"above), the other {r['exposed_ms'] - r['critical_ms']:.3f} between iterations or already waited for")
+
+
+def untimed_line(run: Run, stats: pd.DataFrame, its: dict) -> str | None:
+    """The part of the period the stage table leaves: inside the iteration, outside every timed
+    stage (a whole engine's loop where it times only some stages). None when under 1%."""
+    top = stats[~stats["stage"].str.contains("/", regex=False)]
+    rest = 1.0 - float(top["share"].sum())
+    if not its["periods"] or not rest >= 0.01:
+        return None
+    m = run.manifest
+    what = (f"not broken down: engine {m.engine} times only {', '.join(m.timed_stages) or 'no stage'}"
+            if m and tuple(m.timed_stages) != STAGES else "host work and waits between the timed stages")
+    return (f"in the iteration, outside every timed stage: {rest * its['period_ms_mean']:.3f} ms a period "
+            f"({100 * rest:.1f}%), {what}")
 
 
 def _stages_off(run: Run) -> bool:
@@ -151,11 +178,15 @@ def format_summary(run: Run) -> str:
     if _stages_off(run):
         stage_text = "stages not timed (run with --no-timeline): iteration times only"
     else:
-        stage_text = _text_table(*cells(stage_stats(run, "job")[list(SUMMARY_COLUMNS)]))
+        stats = stage_stats(run, "job")
+        stage_text = _text_table(*cells(stats[list(SUMMARY_COLUMNS)]))
     parts = [*_header_lines(run, its), "", stage_text]
-    if run.manifest and run.manifest.optimizations.pipeline and not run.stages.empty:
+    if not _stages_off(run) and not run.stages.empty:
+        parts += [line for line in [between_line(run), untimed_line(run, stats, its)] if line]
+    if run.manifest and run.manifest.optimizations.pipeline and "input_dist" in set(run.stages["stage"]):
         parts.append(_pipeline_line(run))
     subs = subspan_table(run)
+    subs = subs[subs["stage"].isin(STAGES)]  # what runs between iterations is in the stage table
     if not subs.empty:
         parts += ["", "inside the stages:", _text_table(*cells(subs))]
     parts += ["", _iteration_line(its)]
@@ -165,7 +196,10 @@ def format_summary(run: Run) -> str:
         parts.append("evaluation: " + "; ".join(evaluation_lines(ev, target)))
     ranks = rank_table(run)
     if not ranks.empty:
+        # A probe-defect note is a sentence: under the table, not in a column of it.
+        notes = ranks.pop("peak_note") if "peak_note" in ranks else pd.Series(dtype=str)
         parts += ["", _text_table(*cells(ranks))]
+        parts += [f"rank {r}: {n}" for r, n in zip(ranks["rank"], notes) if n]
     return "\n".join(parts)
 
 
@@ -201,13 +235,24 @@ def _report_run(run: Run, reports_root: Path, name: str, source: Path | str) -> 
     return written
 
 
+def write_compare_report(groups: dict[str, list[Path]], out_dir: Path) -> Comparison:
+    """Load the run folders of each label, compare them, and write out_dir/report.md, report.html,
+    compare_iterations.csv, compare_stages.csv and plots, findings first. Returns the comparison."""
+    from harness.report.build import compare_report  # matplotlib loads only when a report is written
+
+    loaded = {label: [load_run(Path(p)) for p in paths] for label, paths in groups.items()}
+    comparison = compare_runs(loaded)
+    compare_report(loaded, comparison, Path(out_dir), absent=stages_absent(loaded))
+    return comparison
+
+
 def _report_ablation(ablation: str, runs_root: Path, reports_root: Path) -> list[Path]:
     from harness.report.build import ablation_report
 
     ab = load_ablation(resolve_ablation(runs_root, ablation), runs_root)
     out = claim_report_folder(Path(reports_root) / f"ablation-{ab.ablation_id}", resolve_ablation(runs_root, ablation))
     written, table = ablation_report(ab, out)
-    cols = ["config", "runs", "iterations", "iter_ms", "ci_low", "ci_high", "speedup"]
+    cols = ["config", "runs", "iterations", "period_ms", "ci_low", "ci_high", "speedup"]
     print(f"ablation {ab.ablation_id}  status {ab.manifest.get('status', '?')}")
     # Notes are long sentences: printed under the table, numbered, so the columns stay narrow.
     noted = table.assign(config=[f"{c} [{i}]" if n else c for i, (c, n) in enumerate(zip(table["config"], table["note"]), 1)])
@@ -229,9 +274,9 @@ def _report_compare(spec: str, runs_root: Path, reports_root: Path) -> list[Path
     out = claim_report_folder(Path(reports_root) / f"compare-{dirs[0].name}-vs-{dirs[1].name}",
                               " vs ".join(str(d.resolve()) for d in dirs))
     c = write_compare_report({dirs[0].name: [dirs[0]], dirs[1].name: [dirs[1]]}, out)
-    it = c.iter_ms.set_index("label")
-    print(f"compare {c.labels[1]} vs {c.labels[0]}: iteration {it['mean'].iloc[1]:.4g} vs {it['mean'].iloc[0]:.4g} ms, "
-          f"ratio {c.ratio:.3f} (95% CI {c.ratio_ci[0]:.3f}-{c.ratio_ci[1]:.3f})")
+    it = c.period_ms.set_index("label")
+    print(f"compare {c.labels[1]} vs {c.labels[0]}: iteration period {it['mean'].iloc[1]:.4g} vs "
+          f"{it['mean'].iloc[0]:.4g} ms, ratio {c.ratio:.3f} (95% CI {c.ratio_ci[0]:.3f}-{c.ratio_ci[1]:.3f})")
     print(_text_table(*cells(c.stages[["stage", "baseline_ms", "candidate_ms", "delta_ms", "ratio", "ratio_low",
                                        "ratio_high"]])))
     return sorted(p for p in out.iterdir() if p.name != SOURCE_FILE)

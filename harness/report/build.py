@@ -14,10 +14,11 @@ from harness.report import ablation as abl
 from harness.report import plots
 from harness.report import findings
 from harness.report import tables
-from harness.report.compare import Comparison
+from harness.report.compare import Comparison, breakdowns
 from harness.report.html import Doc
 from harness.report.load import FLAGS, ReportError, Run, records, run_pipelined
 from harness.report.roofline import roofline_table
+from harness.names import BETWEEN_ITERATIONS, STAGES
 
 MAX_TIMELINE_ITERS = 3
 
@@ -62,24 +63,44 @@ def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
     df = records(run)
     doc = Doc(f"Run {run.run_id}")
     csvs: dict[str, pd.DataFrame] = {}
-    roof = _roofline_or_none(run)
-    doc.findings(findings.run_findings(run, roof))
+    pngs: list = []
+    doc.findings(findings.run_findings(run, _roofline_or_none(run)))
     # "!! " lines (failed or incomplete run, ranks or stages without records) become warnings.
     for line in header:
         if line.startswith("!! "):
             doc.warn(line[3:])
     doc.h2("Setup")
     doc.bullets([line for line in header if not line.startswith("!! ")])
-    multi_node = df["node"].nunique() > 1
+    hosts = _node_hosts(run) if df["node"].nunique() > 1 else None
+    _iterations(df, hosts, doc, csvs)
+    if tables.timed_stages(df).empty:
+        doc.h2("Stages")
+        doc.p("No stage records (a run made with --no-timeline, or none flushed): iteration times only.")
+    else:
+        _stage_tables(run, hosts, doc, csvs)
+        _exchanges(run, df, doc, csvs)
+        _roofline(run, doc, csvs)
+        _stage_plots(run, df, csvs, pngs)
+    _run_details(run, doc, csvs)
+    pngs.append((plots.plot_iteration_time, (df,), dict(title=f"Iteration period, run {run.run_id}"),
+                 "iteration_time.png", "Iteration period over the run, with the timed window beneath it (warm-up "
+                 "shaded)"))
+    _evaluation(run, doc, csvs, pngs)
+    return _write(out, doc, csvs, pngs)
 
+
+def _iterations(df: pd.DataFrame, hosts: dict[int, str] | None, doc: Doc, csvs: dict) -> None:
+    """Job, node (hosts: a multi-node run's, else None) and rank iteration tables."""
     doc.h2("Iterations")
-    doc.p("Job iteration = slowest rank (ranks step together); only iterations every rank recorded count. "
-          "samples_per_s = samples / summed iteration time.")
+    doc.p("An iteration's time is its period: from its start to the next iteration's start (the last iteration of "
+          "a run, and one followed by an evaluation, have none); iter_ms is the timed window inside it, and "
+          "between_ms the gap from the window's end to the next start. Job iteration = slowest rank (ranks step "
+          "together); only iterations every rank recorded count. samples_per_s = the samples of the iterations "
+          "with a period over their summed periods (the timed wall time).")
     it_job, it_rank = tables.iteration_table(df, "job"), tables.iteration_table(df, "rank")
     doc.table(_drop_run_id(it_job))
     scopes = [it_job.assign(scope="job"), it_rank.assign(scope="rank")]
-    hosts = _node_hosts(run)
-    if multi_node:
+    if hosts is not None:
         it_node = _with_hosts(tables.iteration_table(df, "node"), hosts)
         doc.p("Per node (node iteration = its slowest rank), with the host each node's ranks ran on:")
         doc.table(_drop_run_id(it_node))
@@ -89,58 +110,89 @@ def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
     csvs["iteration_stats"] = pd.concat(scopes, ignore_index=True)
     csvs["iterations"] = tables.job_iterations(df, warmup=True)
 
-    staged = not tables.timed_stages(df).empty
-    pngs = []
-    if staged:
-        st_job, st_rank = tables.stage_stats(df, "job"), tables.stage_stats(df, "rank")
-        csvs["stages"], csvs["stages_by_rank"] = st_job, st_rank
-        doc.h2("Stages, all ranks")
-        doc.p("Duration stats of non-warm-up records (ms); share = mean stage time / mean iteration time "
-              "(a sum above 100% means overlap, below it untimed gaps).")
-        doc.table(_drop_run_id(st_job))
-        doc.h2("Stages per rank (mean ms)")
-        doc.table(tables.stage_pivot(st_rank, "rank"), index=True)
-        if multi_node:
-            st_node = tables.stage_stats(df, "node")
-            csvs["stages_by_node"] = st_node
-            doc.h2("Stages per node (mean ms)")
-            pivot = tables.stage_pivot(st_node, "node")
-            pivot.insert(0, "host", [hosts.get(n, "") for n in pivot.index])
-            doc.table(pivot, index=True)
-        moved = tables.bytes_moved_table(run.stages)
-        if not moved.empty:
-            csvs["bytes_moved"] = moved
-            doc.h2("Bytes moved")
-            doc.p("What each rank's collectives sent to and received from other ranks an iteration, by the stage "
-                  "each exchange belongs to (counted at launch; collectives the library runs its own way counted as "
-                  "a ring moves them), and the rate over the stage's time: for a stage that overlaps other work "
-                  "that rate is a floor of the link's.")
-            doc.table(moved)
+
+def _stage_tables(run: Run, hosts: dict[int, str] | None, doc: Doc, csvs: dict) -> None:
+    """Stage stats over all ranks, per rank and (hosts: a multi-node run's, else None) per node."""
+    st_job, st_rank = tables.stage_stats(run, "job"), tables.stage_stats(run, "rank")
+    csvs["stages"], csvs["stages_by_rank"] = st_job, st_rank
+    doc.h2("Stages, all ranks")
+    doc.p("ms a rank of non-warm-up records, on the critical path: a stage's duration, but input_dist's exposed "
+          "part inside the iteration (span_ms: its whole span, launch to wait). between_iterations: the gap from "
+          "an iteration's end to the next one's start; rows between_iterations/<part> split it by what ran there "
+          "(other: what they leave) and are not added to it again. share = time over the iteration period, both "
+          "summed over the iterations that have a period, so the stages and between_iterations sum to at most "
+          "about 100%; the rest ran inside the iteration outside every timed stage.")
+    doc.table(_drop_run_id(st_job))
+    line = findings.between_line(run)
+    if line:
+        doc.p(line)
+    doc.h2("Stages per rank (mean ms)")
+    doc.table(tables.stage_pivot(st_rank, "rank"), index=True)
+    if hosts is not None:
+        st_node = tables.stage_stats(run, "node")
+        csvs["stages_by_node"] = st_node
+        doc.h2("Stages per node (mean ms)")
+        pivot = tables.stage_pivot(st_node, "node")
+        pivot.insert(0, "host", [hosts.get(n, "") for n in pivot.index])
+        doc.table(pivot, index=True)
+
+
+def _exchanges(run: Run, df: pd.DataFrame, doc: Doc, csvs: dict) -> None:
+    """What the ranks sent each other, who straggled, and how much input_dist the pipeline hid."""
+    one_rank = df["rank"].nunique() < 2 and (run.world_size or 1) < 2
+    moved = tables.bytes_moved_table(run.stages)
+    if one_rank:
+        doc.h2("Bytes moved")
+        doc.p("One rank: nothing crossed a link (no collective had another rank to send to).")
+    elif not moved.empty:
+        csvs["bytes_moved"] = moved
+        doc.h2("Bytes moved")
+        doc.p("What each rank's collectives sent to and received from other ranks an iteration, by the stage "
+              "each exchange belongs to (counted at launch; collectives the library runs its own way counted as "
+              "a ring moves them), and the rate over the stage's time: for a stage that overlaps other work "
+              "that rate is a floor of the link's.")
+        doc.table(moved)
+    doc.h2("Stragglers")
+    if one_rank:
+        doc.p("One rank: there is no other rank to straggle against.")
+    else:
         strag = tables.straggler_table(df)
         csvs["stragglers"] = strag
-        doc.h2("Stragglers")
         doc.p("Per stage, the rank with the largest mean time and its gap to the median rank's mean. "
               "Ranks wait for each other inside collectives, so look at compute-heavy stages first.")
         doc.table(_drop_run_id(strag))
-        overlap = tables.input_dist_overlap(df)
-        csvs["input_dist_overlap"] = overlap
-        doc.h2("Input distribution hidden by the pipeline")
-        pipe = run_pipelined(run)
-        doc.p(f"pipeline: {'on' if pipe else 'off' if pipe is False else 'not recorded'}. hidden = time of each "
-              "input_dist span that overlaps the same rank's other stages (from start/end times).")
-        doc.table(_drop_run_id(overlap))
-        _roofline(run, doc, csvs)
-        critical = tables.critical_stage_means(df, "rank")
-        csvs["critical_path_by_rank"] = critical.reset_index()
-        pngs.append((plots.plot_stage_bars, (critical,),
-                     dict(title=f"Stage time per rank, run {run.run_id}", row_label="rank"),
-                     "stage_bars.png", "Mean stage time on the critical path per rank (stacked, ms; input_dist: "
-                     "its exposed part); the bar ends at the measured mean iteration time"))
-        pngs.append((plots.plot_timeline, (df,), dict(iterations=MAX_TIMELINE_ITERS), "timeline.png",
-                     "Per-rank timeline of a few non-warm-up iterations"))
-    else:
-        doc.h2("Stages")
-        doc.p("No stage records (a run made with --no-timeline, or none flushed): iteration times only.")
+    overlap = tables.input_dist_overlap(df)
+    if overlap.empty:
+        return
+    csvs["input_dist_overlap"] = overlap
+    doc.h2("Input distribution hidden by the pipeline")
+    pipe = run_pipelined(run)
+    doc.p(f"pipeline: {'on' if pipe else 'off' if pipe is False else 'not recorded'}. input_dist_ms = a span from "
+          "its launch to its wait; hidden = its time while the same rank ran other stages (from start/end times); "
+          "exposed = the rest, of which critical_ms lay inside the iteration (the stage tables' input_dist) and "
+          "the remainder between iterations (counted in between_iterations) or in a wait an earlier span "
+          "already counted.")
+    doc.table(_drop_run_id(overlap))
+
+
+def _stage_plots(run: Run, df: pd.DataFrame, csvs: dict, pngs: list) -> None:
+    """The critical-path stage bars per rank and the timeline of a few iterations."""
+    critical = tables.critical_stage_means(run, "rank")
+    csvs["critical_path_by_rank"] = critical.reset_index()
+    partial = run.manifest is not None and tuple(run.manifest.timed_stages) != STAGES
+    between = run.subspans[run.subspans["stage"] == BETWEEN_ITERATIONS] if not run.subspans.empty else None
+    pngs.append((plots.plot_stage_bars, (critical,),
+                 dict(title=f"Iteration period per rank, run {run.run_id}", row_label="rank",
+                      not_broken_down=list(critical.index) if partial else []),
+                 "stage_bars.png", "Mean iteration period per rank, broken down: the stages on the critical path "
+                 "(input_dist: its exposed part), then what runs between iterations; the bar ends at the measured "
+                 "mean period"))
+    pngs.append((plots.plot_timeline, (df,), dict(iterations=MAX_TIMELINE_ITERS, between=between), "timeline.png",
+                 "Per-rank timeline of a few non-warm-up iterations (grey: between iterations)"))
+
+
+def _run_details(run: Run, doc: Doc, csvs: dict) -> None:
+    """Flags, splits exchanges, the named pieces inside stages and the ranks, where recorded."""
     opt = optimizations_table(run)
     if opt is not None:
         doc.h2("Optimizations")
@@ -153,6 +205,7 @@ def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
               "off the fixed hotness falls back to the exchange and counts here.")
         doc.table(splits)
     subs = tables.subspan_table(run)
+    subs = subs[subs["stage"].isin(STAGES)]  # what runs between iterations is in the stage tables
     if not subs.empty:
         csvs["subspans"] = subs
         doc.h2("Inside the stages")
@@ -163,10 +216,6 @@ def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
     if not ranks.empty:
         doc.h2("Ranks")
         doc.table(ranks)
-    pngs.append((plots.plot_iteration_time, (df,), dict(title=f"Iteration time, run {run.run_id}"),
-                 "iteration_time.png", "Iteration time over the run (warm-up shaded)"))
-    _evaluation(run, doc, csvs, pngs)
-    return _write(out, doc, csvs, pngs)
 
 
 def _evaluation(run: Run, doc: Doc, csvs: dict, pngs: list) -> None:
@@ -201,10 +250,13 @@ def _roofline(run: Run, doc: Doc, csvs: dict) -> None:
         return
     csvs["roofline"], csvs["roofline_by_rank"] = roof, by_rank
     doc.p("Analytic work of one iteration on one rank (mean over ranks) against measured peaks "
-          "(gemm_gflops: torch.mm; copy_gbps: device memory copy, read + write); n/a: peak not measured; "
-          "a fraction above 100% means the peak was measured low (e.g. on a busy machine). "
-          "Formulas: harness/report/roofline.py.")
+          "(gemm_gflops: torch.mm; copy_gbps: device memory copy, read + write); n/a: peak not measured, or the "
+          "achieved figure stands above it: then the probe measured the peak wrong (its precision, TF32 setting "
+          "or shapes are not the stage's; a busy machine), or the analytic count is above what moved, and "
+          "no efficiency is stated (the notes below say which). Formulas: harness/report/roofline.py.")
+    notes = [n for n in roof.pop("peak_note") if n]
     doc.table(roof)
+    doc.bullets(notes)
 
 
 def _write(out: Path, doc: Doc, csvs: dict[str, pd.DataFrame], pngs: list) -> list[Path]:
@@ -244,11 +296,12 @@ def ablation_report(ab: abl.Ablation, out: Path) -> tuple[list[Path], pd.DataFra
     for run_id, why in ab.missing.items():
         doc.warn(f"run {run_id} not read: {why}")
     doc.h2("Configs")
-    doc.p("iter_ms: mean job iteration time, each repeat weighing the same; 95% CI by bootstrap over "
-          "repeats, then iterations within them (seeded). speedup = baseline / config. n/a: the "
-          "config's requested flags were all inactive (reason in note).")
+    doc.p("period_ms: mean job iteration period (start to the next start), each repeat weighing the same; 95% CI "
+          "by bootstrap over repeats, then iterations within them (seeded). speedup = baseline / config, by "
+          "period. iter_ms: the timed window inside the period, for reference (a flag that moves work out of "
+          "it is not faster for that). n/a: the config's requested flags were all inactive (reason in note).")
     doc.table(table)
-    doc.h2("Marginal contribution of each flag (ms saved per iteration)")
+    doc.h2("Marginal contribution of each flag (ms of iteration period saved)")
     doc.p("alone = baseline - (+flag); removal = (all - flag) - all. Positive = the flag makes it faster.")
     doc.table(contrib)
     doc.h2("Did a flag change the math?")
@@ -260,13 +313,15 @@ def ablation_report(ab: abl.Ablation, out: Path) -> tuple[list[Path], pd.DataFra
             "stages_by_config": stage_means.reset_index(names="config")}
     pngs = []
     if not stage_means.empty:
-        doc.h2("Mean stage time per config (ms, critical path: input_dist's exposed part)")
+        doc.h2("Mean iteration period per config, broken down (ms a rank)")
+        doc.p("The stages on the critical path (input_dist: its exposed part), what runs between iterations, "
+              "the timed window (iter_ms) and the period (period_ms), means of a rank.")
         doc.table(stage_means, index=True)
-        pngs.append((plots.plot_stage_bars, (stage_means,), dict(title=f"Stage time per config, ablation {ab.ablation_id}",
-                     row_label="config"), "stage_bars.png",
-                     "Mean stage time on the critical path per config (stacked, ms); the bar ends at the mean "
-                     "iteration time of a rank"))
-    ms = table.set_index("config")["iter_ms"]
+        pngs.append((plots.plot_stage_bars, (stage_means,), dict(title=f"Iteration period per config, ablation "
+                     f"{ab.ablation_id}", row_label="config"), "stage_bars.png",
+                     "Mean iteration period per config, broken down: stages on the critical path, then what runs "
+                     "between iterations; the bar ends at the mean period of a rank"))
+    ms = table.set_index("config")["period_ms"]
     full = abl._by_kind(ab, "all")
     if base is not None and not pd.isna(ms.get(base)):
         pngs.append((plots.plot_waterfall, (contrib, float(ms[base]), float(ms.get(full, float("nan")))),
@@ -278,7 +333,7 @@ def ablation_report(ab: abl.Ablation, out: Path) -> tuple[list[Path], pd.DataFra
 
 
 def compare_report(groups: dict[str, list[Run]], c: Comparison, out: Path, *, absent: list[str]) -> list[Path]:
-    """Write the report of a Comparison (report_compare) of two labelled groups of runs into `out`."""
+    """Write the report of a Comparison (compare.compare_runs) of two labelled groups of runs into `out`."""
     base, cand = c.labels
     doc = Doc(f"Compare {cand} vs {base}")
     doc.findings(findings.compare_findings(c, absent) + findings.numerics_findings(groups))
@@ -289,20 +344,32 @@ def compare_report(groups: dict[str, list[Run]], c: Comparison, out: Path, *, ab
         for run in runs:
             for line in findings.caveat_findings(run, tables.completeness(run)):
                 doc.warn(f"{label} run {run.run_id}: {line}")
-    doc.h2("Iteration time (ms, job = slowest rank)")
-    doc.p("mean with each run weighing the same; 95% CI by bootstrap over runs, then iterations within them. "
+    doc.h2("Iteration period (ms, job = slowest rank)")
+    doc.p("The period: from an iteration's start to the next one's start. Mean with each run weighing the same; 95% "
+          "CI by bootstrap over runs, then iterations within them. "
           f"ratio = {cand} / {base}: {c.ratio:.4f} (95% CI {c.ratio_ci[0]:.4f}-{c.ratio_ci[1]:.4f}).")
+    doc.table(c.period_ms)
+    doc.p("The timed window inside it (iter_ms), over the same iterations:")
     doc.table(c.iter_ms)
     doc.h2("Stages (ms a rank, critical path; input_dist: its exposed part)")
-    doc.p("Only stages both sides recorded; delta = candidate - baseline; ratio = candidate / baseline.")
+    doc.p("Only stages both sides recorded, then between_iterations (from the iteration records, so both sides "
+          "have it); delta = candidate - baseline; ratio = candidate / baseline.")
     doc.table(c.stages)
-    csvs = {"compare_iterations": c.iter_ms, "compare_stages": c.stages}
+    wide, partial = breakdowns(groups)
+    csvs = {"compare_iterations": pd.concat([c.period_ms.assign(figure="period_ms"),
+                                             c.iter_ms.assign(figure="iter_ms")], ignore_index=True),
+            "compare_stages": c.stages}
     pngs = []
-    if not c.stages.empty:
-        wide = c.stages.set_index("stage")[["baseline_ms", "candidate_ms"]].T
-        wide.index = [base, cand]
-        wide["iter_ms"] = c.iter_ms.set_index("label")["mean"].reindex([base, cand]).to_numpy()
-        pngs.append((plots.plot_stage_bars, (wide,), dict(title=f"{cand} vs {base}", row_label="label"),
-                     "stage_bars.png", "Mean critical-path stage time (stacked, ms); the bar ends at the mean "
-                     "job iteration time"))
+    if not wide.empty:
+        csvs["compare_breakdown"] = wide.reset_index()
+        doc.h2("Each side's own breakdown of its period (ms a rank)")
+        doc.p("Every stage each side times (n/a: a stage it does not time), what runs between iterations, the timed "
+              "window and the period. " + "".join(
+                  f"{label}: not broken down: its engine times only some stages, so the rest of its timed window "
+                  "is one segment it does not break down, not time spent idle. " for label in partial))
+        doc.table(wide, index=True)
+        pngs.append((plots.plot_stage_bars, (wide,), dict(title=f"{cand} vs {base}: iteration period",
+                     row_label="label", not_broken_down=partial), "stage_bars.png",
+                     "Each side's mean iteration period, broken down by what it times (stacked, ms a rank); the "
+                     "bar ends at the side's mean period"))
     return _write(out, doc, csvs, pngs)

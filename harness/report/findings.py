@@ -9,10 +9,16 @@ import pandas as pd
 from harness.report.ablation import N_BOOT, bootstrap_mean_ci
 from harness.report.compare import Comparison
 from harness.report.load import Run, inactive_flags, numerics_note, run_error, run_status
-from harness.report.tables import critical_stages, job_iterations, straggler_table
+from harness.report.peaks import above_copy_note, above_gemm_note, is_above
+from harness.report.tables import (
+    NOT_BROKEN_DOWN, between_parts, job_iterations, period_iterations, stage_stats, straggler_table,
+)
+from harness.names import BETWEEN_ITERATIONS, STAGES
 
 # A rank this much slower than the median rank in a stage is called out as a straggler.
 STRAGGLER_PCT = 10.0
+# A stage under this fraction of both roofs is bound by neither: by latency (launches, syncs).
+LATENCY_FRAC = 0.05
 
 
 def _ms(v: float) -> str:
@@ -20,41 +26,93 @@ def _ms(v: float) -> str:
 
 
 def iteration_finding(run: Run) -> str:
-    """Mean job iteration time and samples/s, each with its bootstrap 95% CI over iterations."""
+    """The mean job iteration period and samples/s, each with its bootstrap 95% CI over iterations,
+    then the timed window inside the period."""
     its = job_iterations(run)
     its = its[its["complete"]]
     if its.empty:
         return "no complete non-warm-up iteration: nothing measured"
-    t = its["iter_ms"].to_numpy(float)
+    window = f"timed window (iter_ms) {_ms(float(its['iter_ms'].mean()))}"
+    timed = its[its["period_ms"].notna()]
+    if timed.empty:
+        return (f"no iteration period: no timed iteration is followed by another (the last of a run has no period); "
+                f"{window} over {len(its)} iteration(s)")
+    t = timed["period_ms"].to_numpy(float)
     mean, lo, hi, boot = bootstrap_mean_ci([t], n_boot=N_BOOT, rng=np.random.default_rng(0))
-    line = f"iteration {_ms(mean)} (95% CI {lo:.4g}-{hi:.4g}) over {len(t)} iterations"
-    samples = its["samples"].astype(float)
+    line = f"iteration period {_ms(mean)} (95% CI {lo:.4g}-{hi:.4g}) over {len(t)} iterations"
+    samples = timed["samples"].astype(float)
     if samples.notna().all():
-        # samples/s = samples an iteration / mean iteration time; its CI maps the mean's bootstrap.
+        # samples/s = samples an iteration / mean period (samples over the timed wall time); its CI
+        # maps the mean's bootstrap.
         per_iter = float(samples.mean())
         rate = 1e3 * per_iter / boot
         rlo, rhi = np.percentile(rate, [2.5, 97.5])
         line += f"; {1e3 * per_iter / mean:,.0f} samples/s (95% CI {rlo:,.0f}-{rhi:,.0f})"
+    return line + f"; {window} of it"
+
+
+def between_finding(run: Run) -> str | None:
+    """How much of the period lies between iterations (over every rank's timed iterations that
+    have a period), and what runs there."""
+    per = period_iterations(run)
+    if per.empty or not per["period_ms"].sum() > 0:
+        return None
+    line = (f"between iterations: {_ms(float(per['between_ms'].mean()))} of every period "
+            f"({100 * per['between_ms'].sum() / per['period_ms'].sum():.0f}%) lies between one iteration's end and "
+            "the next one's start, outside every timed stage")
+    parts = between_parts(run)
+    if (parts["part"] == NOT_BROKEN_DOWN).all():
+        return line + "; not broken down: this run was recorded before what runs there was"
+    means = parts.groupby("part", sort=False)["ms"].mean()
+    return line + ": " + ", ".join(f"{part} {_ms(float(ms))}" for part, ms in means.items())
+
+
+def between_line(run: Run) -> str | None:
+    """What the stage table's between_iterations row holds, in words; None when it has no row."""
+    parts = between_parts(run)
+    if parts.empty:
+        return None
+    if (parts["part"] == NOT_BROKEN_DOWN).all():
+        return ("between_iterations: the gap from one iteration's end to the next one's start, outside every timed "
+                "stage; not broken down: this run was recorded before what runs there was")
+    return ("between_iterations: the gap from one iteration's end to the next one's start; its parts (rows "
+            "between_iterations/...) are what the run recorded running there, `other` what they leave")
+
+
+def _peak_words(r: pd.Series, stage: str) -> str:
+    """The bounding roof, and the fraction of it reached or the probe-defect sentence."""
+    if r["bound"] == "n/a":
+        return ""
+    compute = r["bound"] == "compute"
+    frac = r["flops_frac"] if compute else r["bytes_frac"]
+    achieved, peak = ((r["achieved_gflops"], r["gemm_gflops"]) if compute else (r["achieved_gbps"], r["copy_gbps"]))
+    if is_above(float(achieved), float(peak)):
+        note = (above_gemm_note(stage, float(achieved), float(peak)) if compute
+                else above_copy_note(stage, float(achieved), float(peak)))
+        return f"; {r['bound']}-bound by its intensity, but {note}"
+    if pd.isna(frac):
+        return ""
+    roof = "GEMM FLOP/s" if compute else "memory copy bandwidth"
+    line = f"; {r['bound']}-bound, at {100 * frac:.1f}% of the measured {roof}"
+    if max(r["flops_frac"], r["bytes_frac"]) < LATENCY_FRAC:
+        line += " (far below both roofs: latency-bound, e.g. kernel launches and syncs)"
     return line
 
 
 def dominant_stage_finding(run: Run, roofline: pd.DataFrame | None) -> str | None:
-    """The stage with the largest mean critical-path time, its share of the iteration and, when the
-    roofline has it, the fraction of the bounding peak it reached."""
-    st = critical_stages(run)
-    if st.empty:
+    """The stage with the largest mean critical-path time, its share of the iteration period and,
+    when the roofline has it, the fraction of the bounding peak it reached (a figure above its peak
+    is a probe defect, said as such)."""
+    stats = stage_stats(run, "job")
+    stats = stats[stats["stage"].isin(STAGES)]
+    if stats.empty:
         return None
-    means = st.groupby("stage")["critical_ms"].mean()
-    stage = str(means.idxmax())
-    its = job_iterations(run)
-    it_ms = float(its.loc[its["complete"], "iter_ms"].mean())
-    line = f"dominant stage: {stage}, {_ms(float(means[stage]))} a rank ({100 * means[stage] / it_ms:.0f}% of the iteration)"
+    r = stats.loc[stats["mean_ms"].idxmax()]
+    stage = str(r["stage"])
+    share = f" ({100 * r['share']:.0f}% of the iteration period)" if pd.notna(r["share"]) else ""
+    line = f"dominant stage: {stage}, {_ms(float(r['mean_ms']))} a rank{share}"
     if roofline is not None and stage in set(roofline["stage"]):
-        r = roofline.set_index("stage").loc[stage]
-        frac = r["flops_frac"] if r["bound"] == "compute" else r["bytes_frac"]
-        if r["bound"] != "n/a" and pd.notna(frac):
-            peak = "GEMM FLOP/s" if r["bound"] == "compute" else "memory copy bandwidth"
-            line += f"; {r['bound']}-bound, at {100 * frac:.1f}% of the measured {peak}"
+        line += _peak_words(roofline.set_index("stage").loc[stage], stage)
     return line
 
 
@@ -85,9 +143,11 @@ def caveat_findings(run: Run, notes: list[str]) -> list[str]:
 
 
 def run_findings(run: Run, roofline: pd.DataFrame | None) -> list[str]:
-    """Iteration time and rate, the dominant stage, the worst straggler, inactive flags. (A failed
-    or partial run is flagged by the report's warnings right under these.)"""
-    lines = [iteration_finding(run), dominant_stage_finding(run, roofline), straggler_finding(run)]
+    """Iteration period and rate, what lies between iterations, the dominant stage, the worst
+    straggler, inactive flags. (A failed or partial run is flagged by the report's warnings right
+    under these.)"""
+    lines = [iteration_finding(run), between_finding(run), dominant_stage_finding(run, roofline),
+             straggler_finding(run)]
     inactive = [f"{flag} requested but inactive: {why}" for flag, why in inactive_flags(run).items()]
     return [line for line in lines if line] + inactive + [n for n in [numerics_note(run)] if n]
 
@@ -100,13 +160,15 @@ def numerics_findings(groups: dict[str, list[Run]]) -> list[str]:
 
 
 def ablation_findings(table: pd.DataFrame, contrib: pd.DataFrame, final_loss: pd.DataFrame) -> list[str]:
-    """Baseline and best config, the biggest flag effect alone with its CI, inactive configs, and
-    whether every config's final loss equals the baseline's (a flag must not change the math)."""
+    """Baseline and best config (by the iteration period), the biggest flag effect alone with its CI,
+    inactive configs, and whether every config's final loss equals the baseline's (a flag must not
+    change the math)."""
     out = []
     base = table[table["kind"] == "baseline"]
-    if not base.empty and pd.notna(base["iter_ms"].iloc[0]):
+    if not base.empty and pd.notna(base["period_ms"].iloc[0]):
         b = base.iloc[0]
-        out.append(f"baseline {_ms(b['iter_ms'])} (95% CI {b['ci_low']:.4g}-{b['ci_high']:.4g})")
+        out.append(f"baseline iteration period {_ms(b['period_ms'])} (95% CI {b['ci_low']:.4g}-{b['ci_high']:.4g}; "
+                   f"timed window {_ms(b['iter_ms'])})")
     timed = table.dropna(subset=["speedup"])
     if not timed.empty:
         best = timed.loc[timed["speedup"].idxmax()]
@@ -131,15 +193,26 @@ def ablation_findings(table: pd.DataFrame, contrib: pd.DataFrame, final_loss: pd
 
 
 def compare_findings(c: Comparison, absent: list[str]) -> list[str]:
-    """The ratio with its CI, the stage that moved most, stages only one side recorded."""
-    (base, cand), it = c.labels, c.iter_ms.set_index("label")
+    """The iteration period's ratio with its CI first; then where the period changed (the timed
+    window, the gap between iterations); then the stage that moved most of those both sides time;
+    stages only one side recorded."""
+    (base, cand), per, win = c.labels, c.period_ms.set_index("label"), c.iter_ms.set_index("label")
     lo, hi = c.ratio_ci
     verdict = ("faster" if hi < 1 else "slower" if lo > 1 else "not distinguishable from the baseline (CI includes 1)")
-    out = [f"{cand} vs {base}: iteration {_ms(it.loc[cand, 'mean'])} vs {_ms(it.loc[base, 'mean'])}, ratio "
+    out = [f"{cand} vs {base}: iteration period {_ms(per.loc[cand, 'mean'])} vs {_ms(per.loc[base, 'mean'])}, ratio "
            f"{c.ratio:.3f} (95% CI {lo:.3f}-{hi:.3f}): {cand} is {verdict}"]
-    if not c.stages.empty:
-        s = c.stages.loc[c.stages["delta_ms"].abs().idxmax()]
-        out.append(f"largest stage change: {s['stage']} {s['delta_ms']:+.4g} ms (ratio {s['ratio']:.3f}, "
+    st = c.stages.set_index("stage")
+    change = [f"timed window (iter_ms) {_ms(win.loc[base, 'mean'])} -> {_ms(win.loc[cand, 'mean'])} "
+              f"({win.loc[cand, 'mean'] - win.loc[base, 'mean']:+.4g} ms)"]
+    if BETWEEN_ITERATIONS in st.index:
+        b = st.loc[BETWEEN_ITERATIONS]
+        change.append(f"between iterations {_ms(b['baseline_ms'])} -> {_ms(b['candidate_ms'])} ({b['delta_ms']:+.4g} ms)")
+    out.append(f"where the period changed: {'; '.join(change)}")
+    stages = c.stages[c.stages["stage"].isin(STAGES)]
+    if not stages.empty:
+        s = stages.loc[stages["delta_ms"].abs().idxmax()]
+        scope = "" if len(stages) == len(STAGES) else f" of the stages both sides time ({', '.join(stages['stage'])})"
+        out.append(f"largest stage change{scope}: {s['stage']} {s['delta_ms']:+.4g} ms (ratio {s['ratio']:.3f}, "
                    f"95% CI {s['ratio_low']:.3f}-{s['ratio_high']:.3f})")
     return out + list(absent)
 

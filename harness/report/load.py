@@ -19,7 +19,7 @@ import pandas as pd
 
 from harness.records.manifest import RankInfo, RunManifest
 # The stage and flag names, in order (design.md); torch-free, as is the manifest.
-from harness.names import COMPACTED
+from harness.names import BETWEEN_ITERATIONS, COMPACTED
 from harness.names import OPTIMIZATION_FLAGS as FLAGS
 from harness.names import STAGES
 
@@ -33,7 +33,7 @@ SUBSPAN_COLUMNS = ("run_id", "rank", "node", "iteration", "stage", "name", "star
 # Columns of the flat frame besides the flags, in order.
 RUN_COLUMNS = ("run_id", "preset", "world_size", "nodes", "device", "status", "pipeline", "collective_wait")
 RECORD_COLUMNS = ("rank", "node", "iteration", "warmup", "stage", "start_ns", "end_ns", "duration_ms",
-                  "iter_start_ns", "iter_end_ns", "iter_ms", "samples", "loss")
+                  "iter_start_ns", "iter_end_ns", "iter_ms", "period_ms", "between_ms", "samples", "loss")
 
 
 class ReportError(Exception):
@@ -173,13 +173,13 @@ def _read_parts(run_dir: Path, pattern: str, columns: tuple[str, ...], unreadabl
     return df
 
 
-def check_stage_names(run_id: str, stages: pd.DataFrame) -> None:
-    unknown = sorted(set(stages["stage"].dropna()) - set(STAGES))
+def check_stage_names(run_id: str, stages: pd.DataFrame, allowed: tuple[str, ...] = STAGES) -> None:
+    unknown = sorted(set(stages["stage"].dropna()) - set(allowed))
     if unknown:
         # Stage names are a contract with the writer; a report that silently dropped
         # records would mislead, so say which names are wrong.
         raise ReportError(f"run {run_id}: unknown stage name(s) {', '.join(map(str, unknown))}; "
-                          f"expected {', '.join(STAGES)}")
+                          f"expected {', '.join(allowed)}")
 
 
 def load_run(run_dir: Path) -> Run:
@@ -204,7 +204,8 @@ def load_run(run_dir: Path) -> Run:
     iterations = _read_parts(run_dir, "iterations-*.parquet", ITERATION_COLUMNS, unreadable)
     evals = _read_parts(run_dir, "evals-*.parquet", EVAL_COLUMNS, unreadable)
     subspans = _read_parts(run_dir, "subspans-*.parquet", SUBSPAN_COLUMNS, unreadable)
-    check_stage_names(manifest.run_id, subspans)
+    # Sub-spans also name what runs between iterations (names.BETWEEN_ITERATIONS), which is no stage.
+    check_stage_names(manifest.run_id, subspans, (*STAGES, BETWEEN_ITERATIONS))
     for note in unreadable:
         print(f"report: warning: run {manifest.run_id}: left out unreadable part {note}", file=sys.stderr)
     return Run(run_id=manifest.run_id, manifest=manifest, stages=stages, iterations=iterations,
@@ -212,6 +213,28 @@ def load_run(run_dir: Path) -> Run:
 
 
 # --- the flat frame -----------------------------------------------------------
+
+def iteration_periods(iterations: pd.DataFrame, evals: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per (rank, iteration): period_ms = start of iteration i+1 - start of i, and between_ms =
+    start of i+1 - end of i (the gap after i's timed window), from one rank's own clock. NaN where
+    the rank has no record of i+1 (a run's last iteration, a rank that stopped) and where an
+    evaluation ran after i (evals' after_iteration on any rank): an evaluation's time is no
+    iteration's. Columns: rank, iteration, period_ms, between_ms."""
+    cols = ["rank", "iteration", "period_ms", "between_ms"]
+    if iterations.empty:
+        return pd.DataFrame({c: pd.Series(dtype="int64" if c in ("rank", "iteration") else float) for c in cols})
+    its = (iterations[["rank", "iteration", "start_ns", "end_ns"]].astype("int64")
+           .drop_duplicates(["rank", "iteration"]).sort_values(["rank", "iteration"]))
+    nxt = its.assign(iteration=its["iteration"] - 1)[["rank", "iteration", "start_ns"]].rename(
+        columns={"start_ns": "next_ns"})
+    its = its.merge(nxt, on=["rank", "iteration"], how="left")
+    its["period_ms"] = (its["next_ns"] - its["start_ns"]) / 1e6
+    its["between_ms"] = (its["next_ns"] - its["end_ns"]) / 1e6
+    if evals is not None and not evals.empty and "after_iteration" in evals:
+        evaluated = its["iteration"].isin(set(evals["after_iteration"].dropna().astype("int64")))
+        its.loc[evaluated, ["period_ms", "between_ms"]] = float("nan")
+    return its[cols].reset_index(drop=True)
+
 
 def effective_flags(run: Run) -> dict[str, object]:
     """Flag -> effective bool; pd.NA for every flag when the run has no manifest (an nsys trace)."""
@@ -243,7 +266,8 @@ def records(run: Run) -> pd.DataFrame:
     block; None for a trace), one boolean column per
     optimization flag (effective value; NA for records without a manifest), then rank, node,
     iteration, warmup, stage, start_ns, end_ns, duration_ms, and from the iteration record
-    iter_start_ns, iter_end_ns, iter_ms, samples, loss. An iteration without stage records
+    iter_start_ns, iter_end_ns, iter_ms, samples, loss, with period_ms and between_ms from the
+    next iteration's start (`iteration_periods`). An iteration without stage records
     (a run made with --no-timeline) is one row with stage NA; a stage record without an
     iteration record has NA iteration figures. Nothing is dropped here.
     """
@@ -254,6 +278,10 @@ def records(run: Run) -> pd.DataFrame:
         columns={"start_ns": "iter_start_ns", "end_ns": "iter_end_ns", "node": "iter_node",
                  "warmup": "iter_warmup"})
     # Nullable ints: the outer merge would otherwise turn times with a missing side into floats.
+    if not it.empty:
+        it = it.merge(iteration_periods(run.iterations, run.evals), on=keys, how="left")
+    else:
+        it = it.assign(period_ms=pd.Series(dtype=float), between_ms=pd.Series(dtype=float))
     for df, cols in ((st, ("start_ns", "end_ns")), (it, ("iter_start_ns", "iter_end_ns"))):
         for k in keys:
             df[k] = df[k].astype("int64")
@@ -302,8 +330,8 @@ def as_records(runs: pd.DataFrame | Run | Sequence[Run]) -> pd.DataFrame:
 
 
 # --- manifest accessors -------------------------------------------------------
-# The report's newer code reads manifest values only through these, so the switch from the
-# manifest dict to a typed manifest is an edit here, not in every table.
+# Tables and findings read manifest values through these, so a change in the manifest's shape
+# is an edit here, not in every table.
 
 def run_status(run: Run) -> str:
     """"completed", "failed", "running" (a trace counts as completed)."""

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from harness.report.tables import job_iterations, rank_iterations  # noqa: E402
-from harness.names import STAGES  # noqa: E402
+from harness.names import BETWEEN_ITERATIONS, STAGES  # noqa: E402
 
 COLORS = dict(zip(STAGES, ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3")))
 DPI = 110
@@ -25,61 +25,122 @@ def _save(fig: Figure, path: Path) -> Path:
     return Path(path)
 
 
-def plot_stage_bars(wide: pd.DataFrame, path: Path, *, title: str, row_label: str) -> Path:
-    """Horizontal stacked bars: a bar per row of `wide` (rank, config, label), a segment per stage
-    (ms, critical-path times, so segments never count overlapped time twice). With an `iter_ms`
-    column, a grey segment fills the rest up to the measured iteration time (untimed work, waiting)
-    and the label gives that measured time; stages adding up past it get a warning mark."""
+BETWEEN_COLOR = "#8c8c8c"
+PART_COLORS = ("#a6a6a6", "#bfbfbf", "#737373", "#595959", "#d0d0d0")
+REST_COLORS = {"untimed": "#e6e6e6", "unbroken": "#f2e6c9"}
+REST_LABELS = {"untimed": "in the iteration, outside the timed stages",
+               "unbroken": "not broken down (the engine does not time these stages)"}
+
+
+def _segments(wide: pd.DataFrame) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
+    """(column, legend label, colour) of the stacked segments: the stages; then what runs between
+    iterations (its parts where the rows have them, else the whole gap)."""
+    stages = [(s, s, COLORS[s]) for s in STAGES if s in wide.columns]
+    parts = [c for c in wide.columns if str(c).startswith(f"{BETWEEN_ITERATIONS}/")]
+    if parts:
+        between = [(c, f"between iterations: {c.split('/', 1)[1]}", PART_COLORS[i % len(PART_COLORS)])
+                   for i, c in enumerate(parts)]
+    else:
+        between = [(BETWEEN_ITERATIONS, "between iterations", BETWEEN_COLOR)] if BETWEEN_ITERATIONS in wide.columns else []
+    return stages, between
+
+
+def plot_stage_bars(wide: pd.DataFrame, path: Path, *, title: str, row_label: str,
+                    not_broken_down: tuple[str, ...] | list[str] = ()) -> Path:
+    """Horizontal stacked bars: a bar per row of `wide` (rank, config, label) in the order of an
+    iteration: a segment per stage (ms, critical-path times, so segments never count overlapped time
+    twice), then what the stages leave of the iteration, then what runs between iterations (its parts
+    where recorded). The bar ends at the row's measured period (`period_ms`; `iter_ms` where there is
+    none). What the stages leave is drawn as work inside the iteration outside the timed stages, or,
+    for rows in `not_broken_down` (an engine that times only some stages), as not broken down.
+    Segments adding up past the period get a warning mark."""
     labels = [str(i) for i in wide.index]
-    stages = [s for s in STAGES if s in wide.columns]
+    unbroken = np.array([str(i) in set(map(str, not_broken_down)) for i in wide.index])
+    stages, between = _segments(wide)
     fig = Figure(figsize=(9, 1.8 + 0.45 * len(labels)), layout="constrained")
     ax = fig.add_subplot()
     left = np.zeros(len(labels))
     y = np.arange(len(labels))
-    for stage in stages:
-        vals = wide[stage].fillna(0).to_numpy(float)
-        ax.barh(y, vals, left=left, color=COLORS[stage], label=stage, height=0.7)
+    end = pd.Series(np.nan, index=wide.index)
+    for col in ("iter_ms", "period_ms"):  # the period where there is one
+        if col in wide.columns:
+            end = wide[col].where(wide[col].notna(), end)
+    gap = sum((wide[c].fillna(0).to_numpy(float) for c, _, _ in between), np.zeros(len(labels)))
+    for col, label, color in stages:
+        vals = wide[col].fillna(0).to_numpy(float)
+        ax.barh(y, vals, left=left, color=color, label=label, height=0.7)
         left += vals
-    measured = wide["iter_ms"].to_numpy(float) if "iter_ms" in wide.columns else left
-    rest = np.clip(np.nan_to_num(measured - left), 0, None)
-    if rest.any():
-        ax.barh(y, rest, left=left, color="#d9d9d9", label="untimed / waiting", height=0.7)
+    measured = np.where(end.isna(), left + gap, end.to_numpy(float))
+    rest = np.clip(np.nan_to_num(measured - left - gap), 0, None)
+    for kind, rows in (("untimed", ~unbroken), ("unbroken", unbroken)):
+        if (rest * rows).any():
+            ax.barh(y, rest * rows, left=left, color=REST_COLORS[kind], label=REST_LABELS[kind], height=0.7,
+                    hatch="//" if kind == "unbroken" else None, edgecolor="#b8a06a" if kind == "unbroken" else None)
+    left += rest
+    for col, label, color in between:
+        vals = wide[col].fillna(0).to_numpy(float)
+        ax.barh(y, vals, left=left, color=color, label=label, height=0.7)
+        left += vals
     for yi, total, meas in zip(y, left, measured):
-        over = " (stages exceed it)" if total > 1.05 * meas else ""
+        over = " (segments exceed it)" if total > 1.05 * meas else ""
         ax.text(max(total, meas), yi, f" {meas:.3g} ms{over}", va="center", fontsize=8)
     ax.set_yticks(y, labels)
     ax.invert_yaxis()  # first row on top, as in the tables
     top = float(np.nanmax(np.maximum(left, measured))) if len(left) else 0.0
     ax.set_xlim(0, top * 1.25 if top > 0 else 1)
-    ax.set_xlabel("mean time per iteration (ms, non-warm-up; input_dist: exposed part)")
+    ax.set_xlabel("mean time per iteration period (ms, non-warm-up; input_dist: exposed part)")
     ax.set_ylabel(row_label)
     ax.set_title(title)
-    fig.legend(loc="outside lower center", ncols=len(stages) + 1, fontsize=8, frameon=False)
+    fig.legend(loc="outside lower center", ncols=4, fontsize=8, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     return _save(fig, path)
 
 
-def plot_timeline(df: pd.DataFrame, path: Path, *, iterations: int = 3, title: str = "") -> Path:
+def _gaps(df: pd.DataFrame, shown: list, t0: int) -> pd.DataFrame:
+    """The between-iterations gap after each shown iteration, per rank: rank, iteration, a, b (ms from t0)."""
+    its = df[df["iteration"].isin(shown) & df["between_ms"].notna()].drop_duplicates(["rank", "iteration"])
+    a = (its["iter_end_ns"].astype("int64") - t0) / 1e6
+    return pd.DataFrame({"rank": its["rank"], "iteration": its["iteration"], "a": a, "b": a + its["between_ms"]})
+
+
+def plot_timeline(df: pd.DataFrame, path: Path, *, iterations: int = 3, title: str = "",
+                  between: pd.DataFrame | None = None) -> Path:
     """Per-rank Gantt of a few non-warm-up iterations: a lane per rank for the compute stages and a
     thin lane above it for input_dist, so a pipelined input_dist shows under the compute it hides
-    behind, and a straggler shows as a rank whose bars end late. Times from the earliest shown start."""
+    behind, and a straggler shows as a rank whose bars end late. The gap from an iteration's end to
+    the next one's start is drawn in grey (between iterations), with what ran there where `between`
+    (the run's between-iterations sub-spans) names it. Times from the earliest shown start."""
     st = df[df["stage"].notna()]
     timed = st[~st["warmup"] & (st["stage"] != "input_dist")]
     its = sorted(timed["iteration"].unique())
     # Skip the first timed iteration when there are enough: it often still carries warm-up effects.
     shown = its[1:1 + iterations] if len(its) > iterations else its[:iterations]
     win = timed[timed["iteration"].isin(shown)]
-    t0, t1 = int(win["start_ns"].min()), int(win["end_ns"].max())
+    # Iteration starts from the iteration records where there are (a stage may start later).
+    starts = df[df["iteration"].isin(shown)].groupby(["rank", "iteration"])["iter_start_ns"].first().dropna()
+    t0, t1 = int(min([win["start_ns"].min(), *starts.astype("int64")])), int(win["end_ns"].max())
+    gaps = _gaps(df, shown, t0)
+    t1 = max(t1, t0 + int(1e6 * gaps["b"].max())) if len(gaps) else t1
     spans = st[(st["end_ns"] > t0) & (st["start_ns"] < t1)]
     ranks = sorted(st["rank"].unique())
     fig = Figure(figsize=(11, 1.8 + 0.55 * len(ranks)), layout="constrained")
     ax = fig.add_subplot()
+    for _, g in gaps.iterrows():
+        ax.broken_barh([(g["a"], g["b"] - g["a"])], (g["rank"] - 0.1, 0.45), facecolors=BETWEEN_COLOR, alpha=0.35)
+    parts = between[(between["end_ns"] > t0) & (between["start_ns"] < t1)] if between is not None else []
+    names = sorted(set(parts["name"])) if len(parts) else []
+    for _, sub in (parts.iterrows() if len(parts) else []):
+        a, b = (max(int(sub["start_ns"]), t0) - t0) / 1e6, (min(int(sub["end_ns"]), t1) - t0) / 1e6
+        ax.broken_barh([(a, b - a)], (sub["rank"] - 0.1, 0.45), edgecolor="white", linewidth=0.3,
+                       facecolors=PART_COLORS[names.index(sub["name"]) % len(PART_COLORS)])
     for _, s in spans.iterrows():
         a, b = (max(int(s["start_ns"]), t0) - t0) / 1e6, (min(int(s["end_ns"]), t1) - t0) / 1e6
         y, h = (s["rank"] - 0.36, 0.2) if s["stage"] == "input_dist" else (s["rank"] - 0.1, 0.45)
         ax.broken_barh([(a, b - a)], (y, h), facecolors=COLORS[s["stage"]], edgecolor="white", linewidth=0.3)
     # Iteration starts on the lowest rank, labelled at the top.
     first = timed[(timed["rank"] == ranks[0]) & timed["iteration"].isin(shown)].groupby("iteration")["start_ns"].min()
+    if len(starts) and ranks[0] in starts.index.get_level_values("rank"):
+        first = starts.loc[ranks[0]]
     for it, t in first.items():
         x = (int(t) - t0) / 1e6
         ax.axvline(x, color="grey", linestyle=":", linewidth=0.8)
@@ -90,43 +151,54 @@ def plot_timeline(df: pd.DataFrame, path: Path, *, iterations: int = 3, title: s
     ax.set_xlabel("time since the first shown stage started (ms)")
     ax.set_title(title or f"Stage timeline, iterations {shown[0]}-{shown[-1]} (thin bars: input_dist)")
     present = [s for s in STAGES if s in set(spans["stage"])]
-    fig.legend(handles=[Patch(color=COLORS[s], label=s) for s in present], ncols=len(present), fontsize=8,
-               loc="outside lower center", frameon=False)
+    handles = [Patch(color=COLORS[s], label=s) for s in present]
+    if len(gaps):
+        handles.append(Patch(color=BETWEEN_COLOR, alpha=0.35, label="between iterations"))
+    handles += [Patch(color=PART_COLORS[i % len(PART_COLORS)], label=f"between: {n}") for i, n in enumerate(names)]
+    fig.legend(handles=handles, ncols=min(len(handles), 6), fontsize=8, loc="outside lower center", frameon=False)
     return _save(fig, path)
 
 
 def plot_iteration_time(df: pd.DataFrame, path: Path, *, title: str = "") -> Path:
-    """iter_ms over the run: each rank, and the job (slowest rank); warm-up shaded. Warm-up
-    iterations far above the rest are clipped so the timed iterations' jitter stays visible."""
+    """The iteration period over the run (start to the next start): each rank, and the job (slowest
+    rank), with the job's timed window (iter_ms) beneath it; warm-up shaded. Runs without a period
+    (a single iteration) plot iter_ms. Warm-up iterations far above the rest are clipped so the
+    timed iterations' jitter stays visible."""
     ri = rank_iterations(df, warmup=True)
-    job = job_iterations(df, warmup=True)
+    job = job_iterations(df, warmup=True).sort_values("iteration")
+    col = "period_ms" if ri["period_ms"].notna().any() else "iter_ms"
     fig = Figure(figsize=(10, 4.2), layout="constrained")
     ax = fig.add_subplot()
     ranks = sorted(ri["rank"].unique())
     for r in ranks:
         g = ri[ri["rank"] == r].sort_values("iteration")
-        ax.plot(g["iteration"], g["iter_ms"], linewidth=0.7, alpha=0.6, marker=".", markersize=3,
+        ax.plot(g["iteration"], g[col], linewidth=0.7, alpha=0.6, marker=".", markersize=3,
                 label=f"rank {r}" if len(ranks) <= 8 else ("ranks" if r == ranks[0] else None))
-    job = job.sort_values("iteration")
-    ax.plot(job["iteration"], job["iter_ms"], color="black", linewidth=1.4, label="job (slowest rank)")
+    what = "period" if col == "period_ms" else "iter_ms"
+    ax.plot(job["iteration"], job[col], color="black", linewidth=1.4, label=f"job {what} (slowest rank)")
+    if col == "period_ms":
+        ax.plot(job["iteration"], job["iter_ms"], color="tab:blue", linewidth=1.0, linestyle="--",
+                label="job timed window (iter_ms)")
     warm = job.loc[job["warmup"], "iteration"]
-    timed = job.loc[~job["warmup"], "iter_ms"]
+    timed = job.loc[~job["warmup"], col].dropna()
     if len(warm):
         ax.axvspan(warm.min() - 0.5, warm.max() + 0.5, color="orange", alpha=0.15, label="warm-up (excluded)")
     if len(timed):
-        ax.axhline(timed.median(), color="grey", linestyle="--", linewidth=0.8,
-                   label=f"median {timed.median():.4g} ms")
+        ax.axhline(timed.median(), color="grey", linestyle=":", linewidth=0.8,
+                   label=f"median {what} {timed.median():.4g} ms")
         # Zoom on the timed iterations (jitter is the point); warm-up peaks far above are clipped.
-        lo, hi = ri.loc[~ri["warmup"], "iter_ms"].min(), ri.loc[~ri["warmup"], "iter_ms"].max()
+        shown = pd.concat([ri.loc[~ri["warmup"], c] for c in {col, "iter_ms"}]).dropna()
+        lo, hi = shown.min(), shown.max()
         pad = max(hi - lo, 0.05 * hi)
         top = hi + pad
-        if ri["iter_ms"].max() > top:
-            ax.text(0.01, 0.97, f"y clipped: warm-up peaks up to {ri['iter_ms'].max():.4g} ms",
+        peak = ri[col].max()
+        if peak > top:
+            ax.text(0.01, 0.97, f"y clipped: warm-up peaks up to {peak:.4g} ms",
                     transform=ax.transAxes, fontsize=8, va="top", color="dimgrey")
         ax.set_ylim(max(0.0, lo - pad), top)
     ax.set_xlabel("iteration")
-    ax.set_ylabel("iteration time (ms)")
-    ax.set_title(title or "Iteration time over the run")
+    ax.set_ylabel("iteration period (ms)" if col == "period_ms" else "iteration time (ms)")
+    ax.set_title(title or "Iteration period over the run")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.grid(alpha=0.3)
     return _save(fig, path)

@@ -1,4 +1,4 @@
-"""The per-stage tables of one or many runs, computed from the flat frame of report_load.
+"""The per-stage tables of one or many runs, computed from the flat frame of load.py.
 
 Every function takes loaded runs: the frame `load_runs` returns, one `Run`, or a list of
 them, and returns a DataFrame keyed by run_id (so one call serves a comparison of runs).
@@ -8,22 +8,18 @@ interpolation (numpy.percentile's default).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import pandas as pd
 
+from harness.report.iterations import (  # noqa: F401  (re-exported: the iteration tables live there)
+    NOT_BROKEN_DOWN, OTHER, Runs, between_parts, group_keys, held_runs, iteration_table, job_iterations, part_label,
+    period_iterations, rank_iterations,
+)
 from harness.report.load import Run, as_records, rank_notes
-from harness.names import STAGES
+from harness.report.peaks import above_gemm_note, is_above, within_peak
+from harness.names import BETWEEN_ITERATIONS, STAGES
 
-Runs = pd.DataFrame | Run | Sequence[Run]
-_GROUPS = {"job": [], "rank": ["rank"], "node": ["node"]}
-
-
-def _by(by: str) -> list[str]:
-    if by not in _GROUPS:
-        raise ValueError(f"by must be one of {', '.join(_GROUPS)}, got {by!r}")
-    return _GROUPS[by]
+_by = group_keys
 
 
 def timed_stages(runs: Runs) -> pd.DataFrame:
@@ -32,57 +28,64 @@ def timed_stages(runs: Runs) -> pd.DataFrame:
     return df[df["stage"].notna() & ~df["warmup"]]
 
 
-def rank_iterations(runs: Runs, *, warmup: bool = False) -> pd.DataFrame:
-    """One row per (run_id, rank, iteration) that has an iteration record; warm-up ones only if asked."""
-    df = as_records(runs)
-    df = df[df["iter_ms"].notna() & (warmup | ~df["warmup"])]
-    cols = ["run_id", "world_size", "rank", "node", "iteration", "warmup",
-            "iter_start_ns", "iter_end_ns", "iter_ms", "samples", "loss"]
-    return df.drop_duplicates(["run_id", "rank", "iteration"])[cols].reset_index(drop=True)
-
-
-def job_iterations(runs: Runs, *, warmup: bool = False) -> pd.DataFrame:
-    """The job's iterations: iter_ms = slowest rank (ranks step together through collectives),
-    samples = sum over ranks; `complete` says every rank of world_size recorded it.
-
-    Columns: run_id, iteration, warmup, iter_ms, samples, ranks, complete.
-    """
-    its = rank_iterations(runs, warmup=warmup)
-    out = its.groupby(["run_id", "iteration"], as_index=False).agg(
-        warmup=("warmup", "first"), iter_ms=("iter_ms", "max"),
-        samples=("samples", lambda s: s.sum(min_count=1)), ranks=("rank", "nunique"),
-        world_size=("world_size", "first"))
-    # Ranks that wrote no records at all are reported by completeness(); counting them here would
-    # leave no complete iteration. world_size unknown (an nsys trace): the ranks seen are the world.
-    seen = out["run_id"].map(its.groupby("run_id")["rank"].nunique())
-    world = pd.concat([pd.to_numeric(out["world_size"], errors="coerce").fillna(seen), seen], axis=1).min(axis=1)
-    out["complete"] = out["ranks"] >= world
-    return out.drop(columns="world_size")
-
-
 def _quantiles(g, col: str) -> pd.DataFrame:
     return g[col].agg(mean_ms="mean", p50_ms=lambda s: s.quantile(0.5), p90_ms=lambda s: s.quantile(0.9),
                       p99_ms=lambda s: s.quantile(0.99), count="count")
 
 
-def stage_stats(runs: Runs, by: str = "job") -> pd.DataFrame:
-    """Per stage duration mean/p50/p90/p99 (ms), record count and share of iteration time.
+STAGE_STAT_COLUMNS = ("stage", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "count", "share", "span_ms")
 
-    by: "job" (all ranks together), "rank" or "node". share = the stage's mean duration over
-    the group's mean iter_ms (each rank's own iteration time, over the same non-warm-up
-    iterations). Shares summing below 1 show untimed gaps; above 1, overlap (pipelining).
-    Stages come in STAGES order; absent stages have no row.
+
+def _row_order(stage: str) -> int:
+    if stage in STAGES:
+        return STAGES.index(stage)
+    return len(STAGES) + (0 if stage == BETWEEN_ITERATIONS else 2 if stage == part_label(OTHER) else 1)
+
+
+def stage_stats(runs: Runs, by: str = "job") -> pd.DataFrame:
+    """Per stage, then what runs between iterations: ms a rank (mean/p50/p90/p99 over the non-warm-up
+    records), count and share of the iteration period.
+
+    by: "job" (all ranks together), "rank" or "node". A stage's time is its part on the critical path
+    (critical_stages): its duration, but input_dist's exposed part inside the iteration; span_ms is
+    input_dist's whole span (launch to wait, part of it hidden or between iterations), NaN for the
+    others. Row `between_iterations`: the gap from an iteration's end to the next one's start
+    (iterations with a period); rows `between_iterations/<part>` split it by what ran there
+    (between_parts, counts: the gaps it ran in), and are not to be added to it again; a run that
+    recorded nothing of the gap (or a bare frame) has no part rows. share = the row's time over the
+    iteration period, both summed over the group's iterations that have a period, so the stages and
+    the between_iterations row of a run sum to at most about 100%; what is left ran inside the
+    iteration, outside every timed stage. Absent stages have no row.
     """
     keys = ["run_id", *_by(by)]
-    st = timed_stages(runs)
+    st = critical_stages(runs)
     if st.empty:
-        return pd.DataFrame(columns=[*keys, "stage", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "count", "share"])
-    out = _quantiles(st.groupby([*keys, "stage"]), "duration_ms").reset_index()
-    it_ms = rank_iterations(runs).groupby(keys)["iter_ms"].mean().rename("_it")
-    out = out.join(it_ms, on=keys)
-    out["share"] = out["mean_ms"] / out["_it"]
-    out["_o"] = out["stage"].map({s: i for i, s in enumerate(STAGES)})
-    return out.sort_values([*keys, "_o"]).drop(columns=["_it", "_o"]).reset_index(drop=True)
+        return pd.DataFrame(columns=[*keys, *STAGE_STAT_COLUMNS])
+    per = period_iterations(runs)
+    wall = per.groupby(keys)["period_ms"].sum()
+    rows = _quantiles(st.groupby([*keys, "stage"]), "critical_ms").reset_index()
+    inside = st.merge(per[["run_id", "rank", "iteration"]], on=["run_id", "rank", "iteration"])
+    rows = rows.join(inside.groupby([*keys, "stage"])["critical_ms"].sum().rename("_sum"), on=[*keys, "stage"])
+    rows = rows.join(st[st["stage"] == "input_dist"].groupby([*keys, "stage"])["duration_ms"].mean()
+                     .rename("span_ms"), on=[*keys, "stage"])
+    frames = [rows]
+    if not per.empty:
+        gap = _quantiles(per.groupby(keys), "between_ms").reset_index()
+        gap = gap.join(per.groupby(keys)["between_ms"].sum().rename("_sum"), on=keys)
+        frames.append(gap.assign(stage=BETWEEN_ITERATIONS))
+        parts = between_parts(runs)
+        parts = parts[parts["part"] != NOT_BROKEN_DOWN]
+        if not parts.empty:
+            g = parts.groupby([*keys, "part"])
+            named = _quantiles(g, "ms").join(g["ms"].sum().rename("_sum"))
+            named["count"] = g["ms"].agg(lambda x: int((x > 0).sum()))
+            named = named.reset_index()
+            frames.append(named.assign(stage=named.pop("part").map(part_label)))
+    out = pd.concat(frames, ignore_index=True)
+    out["share"] = out["_sum"] / out.join(wall.rename("_wall"), on=keys)["_wall"]
+    out["_o"] = out["stage"].map(_row_order)
+    out = out.sort_values([*keys, "_o", "stage"]).reset_index(drop=True)
+    return out[[*keys, *STAGE_STAT_COLUMNS]].astype({"count": "int64"})
 
 
 def bytes_moved_table(stages: pd.DataFrame) -> pd.DataFrame:
@@ -110,45 +113,10 @@ def bytes_moved_table(stages: pd.DataFrame) -> pd.DataFrame:
 
 
 def stage_pivot(stats: pd.DataFrame, by: str, value: str = "mean_ms") -> pd.DataFrame:
-    """stage_stats of one run as a wide table: a row per rank/node, a column per stage."""
+    """stage_stats of one run as a wide table: a row per rank/node, a column per stage, then
+    between_iterations (its parts are left to stage_stats)."""
     wide = stats.pivot_table(index=_by(by), columns="stage", values=value, aggfunc="first")
-    return wide[[s for s in STAGES if s in wide.columns]]
-
-
-def iteration_table(runs: Runs, by: str = "job") -> pd.DataFrame:
-    """Iteration time (ms) mean/p50/p90/p99 and samples/s per run, rank or node.
-
-    job: a job iteration takes as long as its slowest rank; only iterations every rank
-    recorded count (`partial` says how many were left out). node: likewise over the node's
-    ranks. rank: the rank's own times. samples_per_s = samples / summed iteration time, not a
-    mean of rates (that would over-weight fast iterations); NaN when samples are unknown.
-    """
-    keys = _by(by)
-    if by == "job":
-        its = job_iterations(runs)
-        partial = its[~its["complete"]].groupby("run_id").size()
-        its = its[its["complete"]]
-    else:
-        ri = rank_iterations(runs)
-        if by == "rank":
-            its = ri
-        else:
-            its = ri.groupby(["run_id", "node", "iteration"], as_index=False).agg(
-                iter_ms=("iter_ms", "max"), samples=("samples", lambda s: s.sum(min_count=1)),
-                ranks=("rank", "nunique"))
-            full = ri.groupby(["run_id", "node"])["rank"].nunique().rename("_n")
-            its = its.join(full, on=["run_id", "node"])
-            its = its[its["ranks"] >= its["_n"]]
-        partial = None
-    g = its.groupby(["run_id", *keys])
-    out = g["iter_ms"].agg(iterations="count", iter_ms_mean="mean", iter_ms_p50=lambda s: s.quantile(0.5),
-                           iter_ms_p90=lambda s: s.quantile(0.9), iter_ms_p99=lambda s: s.quantile(0.99))
-    total_s = g["iter_ms"].sum() / 1e3
-    out["samples_per_s"] = g["samples"].sum(min_count=1) / total_s
-    out = out.reset_index()
-    if partial is not None:
-        out["partial"] = out["run_id"].map(partial).fillna(0).astype("int64")
-    return out
+    return wide[[s for s in (*STAGES, BETWEEN_ITERATIONS) if s in wide.columns]]
 
 
 def straggler_table(runs: Runs) -> pd.DataFrame:
@@ -235,20 +203,26 @@ def _input_dist_ns(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def input_dist_spans(runs: Runs) -> pd.DataFrame:
-    """Each non-warm-up input_dist record with hidden_ms: how much of it ran while the same rank
-    ran another stage (any iteration's, from start_ns/end_ns). 0 when stages run one after another.
+    """Each non-warm-up input_dist record: its span (duration_ms), hidden_ms, how much of it ran while
+    the same rank ran another stage (any iteration's, from start_ns/end_ns; 0 when stages run one
+    after another), exposed_ms, the rest, and critical_ms, the part of that on the iteration's
+    critical path (critical_stages: inside an iteration record, not already waited for in an
+    earlier span), which is what the stage tables count as input_dist. exposed - critical lay
+    between iterations (the between_iterations row counts it) or was waited for in an earlier span.
 
-    Columns: run_id, rank, node, iteration, duration_ms, hidden_ms, exposed_ms.
+    Columns: run_id, rank, node, iteration, duration_ms, hidden_ms, exposed_ms, critical_ms.
     """
     df = as_records(runs)
-    hidden = _input_dist_ns(df)["hidden_ns"]
-    cols = ["run_id", "rank", "node", "iteration", "duration_ms", "hidden_ms", "exposed_ms"]
-    if hidden.empty:
+    parts = _input_dist_ns(df)
+    cols = ["run_id", "rank", "node", "iteration", "duration_ms", "hidden_ms", "exposed_ms", "critical_ms"]
+    if parts.empty:
         return pd.DataFrame(columns=cols)
-    rows = df.loc[hidden.index]
+    rows = df.loc[parts.index]
     span_ns = rows["end_ns"].astype("int64") - rows["start_ns"].astype("int64")
+    hidden = parts["hidden_ns"]
     out = rows[["run_id", "rank", "node", "iteration"]].assign(
-        duration_ms=span_ns / 1e6, hidden_ms=hidden / 1e6, exposed_ms=(span_ns - hidden) / 1e6)
+        duration_ms=span_ns / 1e6, hidden_ms=hidden / 1e6, exposed_ms=(span_ns - hidden) / 1e6,
+        critical_ms=parts["critical_ns"] / 1e6)
     return out.sort_values(["run_id", "rank"], kind="stable").reset_index(drop=True)[cols]
 
 
@@ -268,33 +242,47 @@ def critical_stages(runs: Runs) -> pd.DataFrame:
 
 
 def critical_stage_means(runs: Runs, by: str = "rank") -> pd.DataFrame:
-    """One run's mean critical_ms per stage, wide: a row per rank or node, a column per stage
-    (STAGES order), then iter_ms, the row's measured mean iteration time over the same
-    non-warm-up iterations (a node's: its slowest rank's). A row's stages sum to about its
-    iter_ms; what is left is untimed work."""
+    """One run's iteration period broken down, wide: a row per rank or node; a column per stage
+    (STAGES order, mean critical_ms: input_dist's exposed part), then between_iterations (the mean
+    gap) and, where the run recorded what runs there, a column per part of it
+    (`between_iterations/<part>`, summing to the gap), then iter_ms and period_ms (the mean timed
+    window and period). All over the same iterations, those with a period (all timed ones when none
+    has), means over the row's ranks: a row's stages and gap sum to about its period; what is left
+    ran inside the iteration outside every timed stage."""
     if by not in ("rank", "node"):
         raise ValueError(f"by must be rank or node, got {by!r}")
-    wide = critical_stages(runs).groupby([by, "stage"])["critical_ms"].mean().unstack("stage")
+    st, per = critical_stages(runs), period_iterations(runs)
+    if not per.empty:
+        st = st.merge(per[["run_id", "rank", "iteration"]], on=["run_id", "rank", "iteration"])
+    wide = st.groupby([by, "stage"])["critical_ms"].mean().unstack("stage")
     wide = wide[[s for s in STAGES if s in wide.columns]]
-    it = iteration_table(runs, by).set_index(by)["iter_ms_mean"]
-    return wide.join(it.rename("iter_ms"))
+    wide[BETWEEN_ITERATIONS] = per.groupby(by)["between_ms"].mean()
+    parts = between_parts(runs)
+    parts = parts[parts["part"] != NOT_BROKEN_DOWN]
+    if not parts.empty:
+        named = parts.groupby([by, "part"])["ms"].mean().unstack("part")
+        order = sorted(named.columns, key=lambda p: (p == OTHER, p))
+        wide = wide.join(named[order].rename(columns=part_label))
+    its = per if not per.empty else rank_iterations(runs)
+    return wide.join(its.groupby(by)[["iter_ms", "period_ms"]].mean())
 
 
 def input_dist_overlap(runs: Runs) -> pd.DataFrame:
     """How much of input_dist the pipeline hid, per rank and over all ranks (rank "all").
 
-    Columns: run_id, rank, spans, input_dist_ms (mean a span), hidden_ms, exposed_ms (means),
-    hidden_frac (summed hidden over summed input_dist time).
+    Columns: run_id, rank, spans, input_dist_ms (mean a span), hidden_ms, exposed_ms, critical_ms
+    (means; input_dist_spans), hidden_frac (summed hidden over summed input_dist time).
     """
     spans = input_dist_spans(runs)
-    cols = ["run_id", "rank", "spans", "input_dist_ms", "hidden_ms", "exposed_ms", "hidden_frac"]
+    cols = ["run_id", "rank", "spans", "input_dist_ms", "hidden_ms", "exposed_ms", "critical_ms", "hidden_frac"]
     if spans.empty:
         return pd.DataFrame(columns=cols)
 
     def agg(g: pd.DataFrame) -> dict:
         total = g["duration_ms"].sum()
         return {"spans": len(g), "input_dist_ms": g["duration_ms"].mean(), "hidden_ms": g["hidden_ms"].mean(),
-                "exposed_ms": g["exposed_ms"].mean(), "hidden_frac": g["hidden_ms"].sum() / total if total > 0 else 0.0}
+                "exposed_ms": g["exposed_ms"].mean(), "critical_ms": g["critical_ms"].mean(),
+                "hidden_frac": g["hidden_ms"].sum() / total if total > 0 else 0.0}
 
     rows = []
     for run_id, g in spans.groupby("run_id", sort=True):
@@ -310,8 +298,7 @@ def completeness(runs: Runs) -> list[str]:
     df = as_records(runs)
     # A manifest's timed_stages names what its engine records (the torchrec engine times fewer
     # stages, by design); only those count as missing. A bare frame carries no manifest.
-    held = [runs] if isinstance(runs, Run) else [] if isinstance(runs, pd.DataFrame) else list(runs)
-    expected = {r.run_id: r.manifest.timed_stages if r.manifest else STAGES for r in held}
+    expected = {r.run_id: r.manifest.timed_stages if r.manifest else STAGES for r in held_runs(runs)}
     notes = []
     for run_id, g in df.groupby("run_id", sort=True):
         stages = expected.get(str(run_id), STAGES)
@@ -349,7 +336,9 @@ def rank_table(run: Run) -> pd.DataFrame:
     dense_gflops = dense FLOPs of the rank's local batch (manifest: dense_flops_per_sample)
     over its median non-warm-up dense_fwd_bwd time; dense_vs_gemm is that over the plain
     torch.mm rate the same rank measured at start. The stage also holds the gradient
-    all-reduce, so the fraction is a lower bound on the GEMMs' own efficiency.
+    all-reduce, so the fraction is a lower bound on the GEMMs' own efficiency. Where the dense step
+    ran faster than the probe, the probe measured the peak wrong: dense_vs_gemm is n/a and
+    peak_note says so (peaks.above_gemm_note), never a fraction above 1.
     """
     ranks = rank_notes(run)
     if ranks.empty or "rank" not in ranks:
@@ -363,13 +352,19 @@ def rank_table(run: Run) -> pd.DataFrame:
         p50 = dense.groupby("rank")["duration_ms"].median()
         samples = run.iterations[~run.iterations["warmup"]].groupby("rank")["samples"].median()
         ranks["dense_gflops"] = ranks["rank"].map(flops * samples / (p50 / 1e3) / 1e9)
-        ranks["dense_vs_gemm"] = ranks["dense_gflops"] / ranks["gemm_gflops"]
+        ranks["dense_vs_gemm"] = within_peak(ranks["dense_gflops"], ranks["gemm_gflops"])
+        notes = [above_gemm_note("the dense step", d, g) if is_above(d, g) else ""
+                 for d, g in zip(ranks["dense_gflops"].astype(float), ranks["gemm_gflops"].astype(float))]
+        if any(notes):
+            ranks["peak_note"] = notes
     return ranks
 
 
 def subspan_table(run: Run) -> pd.DataFrame:
     """Per (stage, sub-span name), over every rank's non-warm-up iterations: mean and p50 ms a
-    record, records, and the share of its stage's mean duration. Empty when no sub-span ran."""
+    record, records, and the share of its stage's mean duration. Empty when no sub-span ran. Stage
+    between_iterations names what ran between iterations: its share is of the mean gap (over the
+    iterations that have one; stage_stats gives those parts a gap, zeros included)."""
     sub = run.subspans
     if sub.empty:
         return pd.DataFrame(columns=["stage", "name", "mean_ms", "p50_ms", "count", "share_of_stage"])
@@ -377,9 +372,10 @@ def subspan_table(run: Run) -> pd.DataFrame:
     out = sub.groupby(["stage", "name"])["duration_ms"].agg(mean_ms="mean", p50_ms="median", count="count").reset_index()
     st = run.stages[~run.stages["warmup"].astype(bool)] if not run.stages.empty else run.stages
     stage_ms = st.groupby("stage")["duration_ms"].mean() if not st.empty else pd.Series(dtype=float)
+    stage_ms[BETWEEN_ITERATIONS] = period_iterations(run)["between_ms"].mean()
     out["share_of_stage"] = [m / stage_ms[s] if s in stage_ms and stage_ms[s] > 0 else np.nan
                              for s, m in zip(out["stage"], out["mean_ms"])]
-    out["_o"] = out["stage"].map({s: i for i, s in enumerate(STAGES)})
+    out["_o"] = out["stage"].map(_row_order)
     return out.sort_values(["_o", "name"]).drop(columns="_o").reset_index(drop=True)
 
 
@@ -404,8 +400,9 @@ def evaluation(run: Run) -> tuple[pd.DataFrame, dict[str, object]]:
     - time_to_target_s: from the start of iteration 0 to the end of the first evaluation that
       reached --target-auc (both on rank 0's clock; what MLPerf times from run_start to run_stop);
     - samples_to_target: training samples seen by then;
-    - train_samples_per_s: training samples over the job's summed iteration times (evaluations,
-      which run between iterations, left out);
+    - train_samples_per_s: training samples over the job's summed iteration periods (an iteration
+      followed by an evaluation, which has no period, counts its timed window: evaluations, which
+      run between iterations, are left out);
     - eval_s: the evaluations' summed time.
     Empty without evaluation records."""
     ev = run.evals
@@ -421,7 +418,8 @@ def evaluation(run: Run) -> tuple[pd.DataFrame, dict[str, object]]:
         "evaluations": len(ev),
         "best_auc": float(ev["auc"].max()),
         "eval_s": float(ev["eval_ms"].sum() / 1e3),
-        "train_samples_per_s": float(int(ev["trained_samples"].iloc[-1]) / (trained["iter_ms"].sum() / 1e3)),
+        "train_samples_per_s": float(int(ev["trained_samples"].iloc[-1])
+                                     / (trained["period_ms"].fillna(trained["iter_ms"]).sum() / 1e3)),
     }
     hit = ev[ev["reached_target"]]
     if len(hit) and len(first):
