@@ -47,6 +47,11 @@ class DynamicSettings:
     """Where evicted rows go (this rank's: a dynamic table lives on one rank)."""
     span: Callable[[str], AbstractContextManager] = lambda name: nullcontext()
     """Times a named piece of the work (the harness records it as a sub-span of input_dist)."""
+    before_slots: Callable[[], None] = lambda: None
+    """Called before a batch's ids are turned into slots, which reads and writes slot rows and
+    their optimizer state. The harness runs that on its input stream, and makes it wait there for
+    the compute stream: the iterations queued before still update those rows (fused backward), and
+    a row written back early would miss their updates, a reassigned slot take the evicted id's."""
 
 
 @dataclass

@@ -85,6 +85,15 @@ def _init_values_torch(rows: torch.Tensor, *, col_start: int, cols: int, table_d
     return (u * (2 * b) - b).to(torch.float32)
 
 
+def tbe_placement(device: torch.device) -> tuple[EmbeddingLocation, ComputeDevice]:
+    """Where fbgemm keeps a fused table's weights and runs its kernels: in GPU memory with CUDA
+    kernels on a GPU (not managed/UVM memory: the tables fit, and UVM would page), on the host with
+    CPU kernels elsewhere."""
+    if device.type == "cuda":
+        return EmbeddingLocation.DEVICE, ComputeDevice.CUDA
+    return EmbeddingLocation.HOST, ComputeDevice.CPU
+
+
 def build_fused_tbe(
     *, rows: Sequence[int], dims: Sequence[int], device: torch.device, optimizer: str, learning_rate: float, eps: float,
     precision: str = "fp32",
@@ -92,10 +101,7 @@ def build_fused_tbe(
     """Sum-pooled tables whose backward() updates the weights in place (optimizer fused):
     the embedding gradients never exist as tensors. precision: the weights' (fp32 or fp16); the
     optimizer state stays fp32 and the pooled output is fp32 either way."""
-    if device.type == "cuda":
-        location, compute = EmbeddingLocation.DEVICE, ComputeDevice.CUDA
-    else:
-        location, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
+    location, compute = tbe_placement(device)
     return SplitTableBatchedEmbeddingBagsCodegen(
         [(r, d, location, compute) for r, d in zip(rows, dims)],
         optimizer=EMBEDDING_OPTIMIZERS[optimizer],

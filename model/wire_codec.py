@@ -62,10 +62,13 @@ class RowwiseFp8Codec:
             return torch.empty(n, 0, dtype=torch.uint8, device=rows.device)
         rows = rows.float()
         amax = rows.abs().amax(dim=1, keepdim=True)
-        # An all-zero row keeps scale 1 (its values are zeros whatever the scale).
-        scale = torch.where(amax > 0, amax / torch.finfo(self.fp8).max, torch.ones_like(amax))
-        # |rows / scale| <= max up to fp32 rounding, which the clamp takes back before the cast.
         fmax = torch.finfo(self.fp8).max
+        # The divisor is a tensor on the rows' device, not a Python number: CUDA divides by a host
+        # scalar as a product with its rounded reciprocal (amax * fl(1/448) is one ulp off amax / 448
+        # for some amax), the CPU divides; a device tensor gets a correctly rounded division on both.
+        # An all-zero row keeps scale 1 (its values are zeros whatever the scale).
+        scale = torch.where(amax > 0, amax / amax.new_full((), fmax), torch.ones_like(amax))
+        # |rows / scale| <= max up to fp32 rounding, which the clamp takes back before the cast.
         values = (rows / scale).clamp_(-fmax, fmax).to(self.fp8)
         return torch.cat([values.view(torch.uint8), scale.view(torch.uint8)], dim=1)
 

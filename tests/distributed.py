@@ -14,12 +14,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from harness.run.device import process_group_options
 
-START_METHOD = "forkserver"
-"""Ranks fork from a server that has imported torch and the harness once for the whole session:
-a fresh interpreter a rank ('spawn') spent about 3 s of this 2-core machine's time on imports for
-every pair of ranks, a third of `make test`. Nothing runs in the server but imports (no threads,
-no process group), so a fork of it is as clean as a spawned interpreter."""
+
+START_METHODS = {"cpu": "forkserver", "cuda": "spawn"}
+"""How ranks start, by device. CPU ranks fork from a server that has imported torch and the
+harness once for the whole session: a fresh interpreter a rank ('spawn') spent about 3 s of this
+2-core machine's time on imports for every pair of ranks, a third of `make test`. CUDA ranks
+start as fresh interpreters: a process forked after CUDA was initialised cannot use it ("Cannot
+re-initialize CUDA in forked subprocess", the first H100 run), and the test process and the
+server's imports (fbgemm_gpu) may initialise it; spawn touches nothing of the parent's."""
 
 PRELOAD = ["torch", "torch.distributed", "harness.run.train", "tests.distributed", "tests.reference"]
 """What the server imports before its first fork (the modules every rank of the tests needs)."""
@@ -38,9 +42,10 @@ def _rank_main(rank: int, world: int, fn: Callable[..., Any], args: tuple, out: 
     if device == "cuda":
         torch.cuda.set_device(rank)
     backend = "nccl" if device == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=f"file://{out}/store", rank=rank, world_size=world)
+    dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
+    dist.init_process_group(backend, init_method=f"file://{out}/store", rank=rank, world_size=world,
+                            **process_group_options(dev))
     try:
-        dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
         result = fn(rank, world, dev, *args)
         torch.save(result, os.path.join(out, f"rank{rank}.pt.part"))
         os.replace(os.path.join(out, f"rank{rank}.pt.part"), os.path.join(out, f"rank{rank}.pt"))
@@ -50,14 +55,23 @@ def _rank_main(rank: int, world: int, fn: Callable[..., Any], args: tuple, out: 
         dist.destroy_process_group()
 
 
+def start_method(device: str) -> str:
+    """The multiprocessing start method of ranks on `device` ("cpu" or "cuda")."""
+    if device not in START_METHODS:
+        raise ValueError(f"device {device!r}: ranks run on {' or '.join(START_METHODS)}")
+    return START_METHODS[device]
+
+
 def spawn_ranks(fn: Callable[..., Any], world: int, tmp_path: Path, *args: Any, device: str = "cpu") -> list[Any]:
     """fn(rank, world, device, *args) on `world` processes in one process group (gloo on CPU,
     NCCL with one GPU a rank on CUDA); their return values in rank order. fn must be a
     module-level function (it is pickled)."""
+    method = start_method(device)
     try:
-        multiprocessing.get_context(START_METHOD).set_forkserver_preload(PRELOAD)  # before the server starts
+        if method == "forkserver":
+            multiprocessing.get_context(method).set_forkserver_preload(PRELOAD)  # before the server starts
         mp.start_processes(_rank_main, args=(world, fn, args, str(tmp_path), device, dict(os.environ)), nprocs=world,
-                           join=True, start_method=START_METHOD)
+                           join=True, start_method=method)
     except mp.ProcessExitedException as exc:
         # Once every rank has saved its result and passed the barrier after it, what is left is
         # process teardown (destroy_process_group, interpreter exit), which is not what a test

@@ -177,8 +177,10 @@ def test_a_completed_run_leaves_one_records_file_a_rank_and_no_temp_folder(tmp_p
     assert main([*TINY[:-4], "--iters", "6", "--warmup", "0", "--flush-every", "2", "--runs-root", str(runs)]) == 0
     (run_dir,) = runs.iterdir()
     for rank in ("rank00000", "rank00001"):
+        # Sub-spans: what ran between iterations (the next batch, the records' flush).
         assert sorted(p.name for p in (run_dir / rank).glob("*.parquet")) == ["iterations-all.parquet",
-                                                                              "stages-all.parquet"]
+                                                                              "stages-all.parquet",
+                                                                              "subspans-all.parquet"]
     assert list((tmp_path / "tmp").iterdir()) == []
     from harness.report.api import load_run
 

@@ -49,6 +49,19 @@ class WaitEntry:
 
 
 @dataclass(kw_only=True, frozen=True)
+class DenseOptimizerEntry:
+    """Which of torch's Adagrad implementations updates the dense parameters on the run's device:
+    not a flag (every run has one, same math to the last bits), but device-dependent, so recorded."""
+
+    impl: str = "not recorded"
+    """fused (one kernel over the flat parameter), foreach (torch's multi-tensor kernels, where
+    torch has no fused Adagrad for the device) or default (torch's own pick: the torchrec engine);
+    manifests written before it was recorded read "not recorded"."""
+    reason: str = ""
+    """Why that one, for reports."""
+
+
+@dataclass(kw_only=True, frozen=True)
 class ResolvedFlags:
     """The optimization flags asked for and what takes effect on the run's device (harness/run/optimizations.py)."""
 
@@ -66,6 +79,8 @@ class ResolvedFlags:
     """The numeric precision, recorded with the flags (not itself a flag)."""
     collective_wait: WaitEntry = field(default_factory=WaitEntry)
     """How hosts wait for collectives (not a flag); manifests written before it existed read as block."""
+    dense_optimizer: DenseOptimizerEntry = field(default_factory=DenseOptimizerEntry)
+    """The dense Adagrad's implementation on the run's device (not a flag)."""
 
     def __post_init__(self) -> None:
         for name in ("requested", "effective"):
@@ -203,13 +218,17 @@ class RankInfo:
     threads: int
     """torch intra-op threads it used."""
     gemm_gflops: float
-    """A brief 1024^3 matmul rate measured at start."""
+    """A brief matmul rate measured at start: the dense step's widest GEMM at its precision
+    (`gemm_probe`; before that was recorded, a 1024^3 fp32 matmul)."""
     copy_gbps: float
     """A brief memory-copy rate measured at start."""
     peak_rss_gib: float | None = None
     """Peak resident memory; None until the rank finished training."""
     peak_gpu_mem_gib: float | None = None
     """Peak CUDA memory allocated; None on CPU or until the rank finished."""
+    gemm_probe: str = "float32 1024x1024x1024"
+    """What gemm_gflops measured: dtype, m x k x n, fp32's matmul precision (rank.json files
+    written before it was recorded: the 1024^3 fp32 matmul they measured)."""
 
     def to_json(self) -> str:
         return typed_json.dumps(self)

@@ -15,6 +15,8 @@ bits; a fixed bucket size gives the same bits run after run, whatever the optimi
 
 from __future__ import annotations
 
+import contextlib
+
 import itertools
 from collections.abc import Callable
 
@@ -76,6 +78,7 @@ class FlatGradients:
     ) -> None:
         """bytes_moved: where each bucket's all-reduce is counted (the records' bytes moved)."""
         self.bytes_moved = bytes_moved
+        self._counting = True
         if not bucket_mib > 0:
             raise ValueError(f"bucket_mib must be > 0, got {bucket_mib}")
         params = [p for p in module.parameters() if p.requires_grad]
@@ -114,12 +117,32 @@ class FlatGradients:
         return hook
 
     def _launch(self, bucket: int) -> None:
+        self._count(bucket)
         start, end = self.buckets[bucket]
-        if self.bytes_moved is not None:
-            self.bytes_moved.ring("dense_grads", nbytes=(end - start) * self.buffer.element_size(),
-                                  world_size=self.world_size, passes=2)
         self._works.append(dist.all_reduce(self.buffer[start:end], group=self.group, async_op=True))
         self._next = bucket + 1
+
+    def _count(self, bucket: int) -> None:
+        start, end = self.buckets[bucket]
+        if self.bytes_moved is not None and self._counting:
+            self.bytes_moved.ring("dense_grads", nbytes=(end - start) * self.buffer.element_size(),
+                                  world_size=self.world_size, passes=2)
+
+    def count_step(self) -> None:
+        """Count one step's all-reduces as launched: a CUDA graph's replay runs the buckets captured
+        once, without passing through `_launch` again, so each replayed step counts here."""
+        if self.world_size > 1:
+            for bucket in range(len(self.buckets)):
+                self._count(bucket)
+
+    @contextlib.contextmanager
+    def uncounted(self):
+        """Launches inside are no training step's (a CUDA graph's warm-up and capture)."""
+        self._counting = False
+        try:
+            yield
+        finally:
+            self._counting = True
 
     def flat_parameter(self) -> nn.Parameter:
         """The parameters as one: each becomes a view of one buffer laid out as the gradients are,

@@ -106,6 +106,7 @@ class DenseStep:
         self._check_shapes(dense_x=dense_x, pooled=pooled, labels=labels)
         if self.graphed:
             loss, pooled_grad = self._replay(dense_x, pooled, labels)
+            self.grads.count_step()  # the replay ran the captured all-reduces
             if on_pooled_grad is not None:
                 on_pooled_grad(pooled_grad)
             return loss, pooled_grad
@@ -166,6 +167,10 @@ class DenseStep:
     # ---- CUDA only below: reached only when graphed=True, which the constructor limits to CUDA.
 
     def _capture(self) -> None:
+        with self.grads.uncounted():  # warm-up and capture are no training step: their bytes count nowhere
+            self._warm_up_and_capture()
+
+    def _warm_up_and_capture(self) -> None:
         dtype = self.grads.buffer.dtype
         static = {name: torch.zeros(shape, device=self.device, dtype=dtype) for name, shape in self.shapes.items()}
         self._static_dense_x, self._static_labels = static["dense_x"], static["labels"]

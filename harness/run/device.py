@@ -52,3 +52,10 @@ def resolve_device(requested: str, local_rank: int) -> tuple[torch.device, str]:
 def describe_device(requested: str) -> str:
     """What the ranks will run on, for the manifest (the launcher's view; ranks record their own)."""
     return f"cuda ({torch.cuda.get_device_name(0)})" if uses_cuda(requested) else "cpu"
+
+
+def process_group_options(device: torch.device) -> dict[str, object]:
+    """init_process_group's device binding: on CUDA the rank's GPU (`device_id`), so NCCL makes its
+    communicators there and then, at start, not lazily inside iteration 0's first timed collective
+    (and new groups split from the bound one); on CPU nothing (gloo has no device to bind)."""
+    return {"device_id": device} if device.type == "cuda" else {}

@@ -24,14 +24,16 @@ GIB = 2**30
 
 
 def dynamic_setup(cfg: BenchConfig, plan: Sequence[TablePlan], *, rank: int, recorder: RankRecorder | None,
-                  span: Callable[[str], AbstractContextManager]) -> tuple[DynamicSettings | None, Callable[[], None]]:
+                  span: Callable[[str], AbstractContextManager],
+                  before_slots: Callable[[], None] = lambda: None) -> tuple[DynamicSettings | None, Callable[[], None]]:
     """(settings, close) for this rank; (None, a no-op) when the plan has no dynamic table.
 
     The embedded store spills under the rank's folder of the run (rankNNNNN/ps/); without a run
     folder (a test calling train directly) under a temporary folder that close() removes. Redis
     keys are prefixed with the run id and the rank, so runs sharing a server never mix rows.
     span(name): times a piece of a dynamic table's work (the transform runs as the ids are waited
-    for, inside input_dist)."""
+    for, inside input_dist); before_slots: called before a batch's ids turn into slots (the input
+    stream waits for the compute stream there: model/dynamic_table.py DynamicSettings.before_slots)."""
     if not any(tp.kind in DYNAMIC_KINDS for tp in plan):
         return None, lambda: None
     d = cfg.dynamic
@@ -49,7 +51,8 @@ def dynamic_setup(cfg: BenchConfig, plan: Sequence[TablePlan], *, rank: int, rec
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
 
-    return DynamicSettings(policy=d.policy, half_life=d.half_life, store=store, span=span), close
+    return DynamicSettings(policy=d.policy, half_life=d.half_life, store=store, span=span,
+                           before_slots=before_slots), close
 
 
 def write_counts(recorder: RankRecorder | None, counts: dict[int, DynamicCounts]) -> None:

@@ -178,28 +178,48 @@ def _local_shards(dmp: nn.Module, num_tables: int) -> list[tuple[int, int, int, 
     return out
 
 
-def build(cfg: BenchConfig, *, device: torch.device, plan: list[TablePlan], timeline: Timeline):
-    """(DMP model, timed dense optimizer, TorchRec -> harness dense parameter names), built on the
-    harness's plan and initial weights, with the embedding optimizer fused into backward."""
-    _quiet_library_notices()
-    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.sharding_plan import (
-        column_wise, construct_module_sharding_plan, data_parallel, row_wise, table_wise,
-    )
-    from torchrec.distributed.types import ShardingEnv, ShardingPlan
-    from torchrec.distributed.comm_ops import set_gradient_division
-    from torchrec.models.dlrm import DLRM_DCN, DLRMTrain
+def embedding_bags(model: ModelConfig) -> nn.Module:
+    """TorchRec's EmbeddingBagCollection of the config's tables, on the meta device (the real
+    weights are the harness's, copied into the shards once they are placed)."""
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    m, world = cfg.model, cfg.run.world_size
-    ebc = EmbeddingBagCollection(
-        tables=[EmbeddingBagConfig(name=table_name(t), embedding_dim=m.embedding_dim, num_embeddings=rows,
-                                   feature_names=[feature_name(t)]) for t, rows in enumerate(m.table_rows)],
-        device=torch.device("meta"),  # the real weights are the harness's, copied into the shards below
+    return EmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name=table_name(t), embedding_dim=model.embedding_dim, num_embeddings=rows,
+                                   feature_names=[feature_name(t)]) for t, rows in enumerate(model.table_rows)],
+        device=torch.device("meta"),
     )
+
+
+def module_plan(cfg: BenchConfig, plan: list[TablePlan], ebc: nn.Module, device_type: str):
+    """TorchRec's sharding plan of `ebc` with the harness plan's placement exactly (ranks of table-
+    and column-wise shards; row-wise blocks are ceil(rows / world) in both) and the fused kernel
+    (the optimizer runs inside backward). A shard on rank r sits on its node's GPU r % gpus_per_node:
+    `local_size` is the ranks of a node, not of the world."""
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+    from torchrec.distributed.sharding_plan import (
+        column_wise, construct_module_sharding_plan, data_parallel, row_wise, table_wise,
+    )
+
+    fused = EmbeddingComputeKernel.FUSED.value
+    generators = {
+        ShardingType.TABLE_WISE: lambda tp: table_wise(rank=tp.shards[0].rank, compute_kernel=fused),
+        ShardingType.COLUMN_WISE: lambda tp: column_wise(ranks=[s.rank for s in tp.shards], compute_kernel=fused),
+        ShardingType.ROW_WISE: lambda tp: row_wise(compute_kernel=fused),
+        ShardingType.DATA_PARALLEL: lambda tp: data_parallel(),  # dense kernel: replicas, gradients through DDP
+    }
+    return construct_module_sharding_plan(
+        ebc, {table_name(t): generators[tp.kind](tp) for t, tp in enumerate(plan)},
+        world_size=cfg.run.world_size, local_size=cfg.run.gpus_per_node, device_type=device_type,
+    )
+
+
+def _dlrm_train(cfg: BenchConfig, ebc: nn.Module, device: torch.device) -> tuple[nn.Module, dict[str, str]]:
+    """(DLRMTrain over DLRM_DCN with the harness's initial dense weights, harness -> TorchRec names)."""
+    from torchrec.distributed.comm_ops import set_gradient_division
+    from torchrec.models.dlrm import DLRM_DCN, DLRMTrain
+
+    m = cfg.model
     dlrm = DLRM_DCN(
         embedding_bag_collection=ebc, dense_in_features=m.num_dense, dense_arch_layer_sizes=list(m.bottom_mlp),
         over_arch_layer_sizes=list(m.top_mlp), dcn_num_layers=m.cross_layers, dcn_low_rank_dim=m.cross_rank,
@@ -219,28 +239,30 @@ def build(cfg: BenchConfig, *, device: torch.device, plan: list[TablePlan], time
     with torch.no_grad():
         for h, v in build_dense(cfg, device).state_dict().items():
             own[names[h]].copy_(v)
-    dense_params = [own[n] for n in names.values()]
+    return net, names
 
-    # The harness plan's placement exactly (ranks of table- and column-wise shards; row-wise blocks
-    # are ceil(rows / world) in both), and the fused kernel: the optimizer runs inside backward.
-    fused = EmbeddingComputeKernel.FUSED.value
-    generators = {
-        ShardingType.TABLE_WISE: lambda tp: table_wise(rank=tp.shards[0].rank, compute_kernel=fused),
-        ShardingType.COLUMN_WISE: lambda tp: column_wise(ranks=[s.rank for s in tp.shards], compute_kernel=fused),
-        ShardingType.ROW_WISE: lambda tp: row_wise(compute_kernel=fused),
-        ShardingType.DATA_PARALLEL: lambda tp: data_parallel(),  # dense kernel: replicas, gradients through DDP
-    }
-    module_plan = construct_module_sharding_plan(
-        ebc, {table_name(t): generators[tp.kind](tp) for t, tp in enumerate(plan)},
-        world_size=world, local_size=world, device_type=device.type,
-    )
+
+def build(cfg: BenchConfig, *, device: torch.device, plan: list[TablePlan], timeline: Timeline):
+    """(DMP model, timed dense optimizer, TorchRec -> harness dense parameter names), built on the
+    harness's plan and initial weights, with the embedding optimizer fused into backward."""
+    _quiet_library_notices()
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv, ShardingPlan
+
+    m = cfg.model
+    ebc = embedding_bags(m)
+    net, names = _dlrm_train(cfg, ebc, device)
+    own = dict(net.named_parameters())
+    dense_params = [own[n] for n in names.values()]
     sharder = EmbeddingBagCollectionSharder(fused_params={
         "optimizer": EMBEDDING_OPTIMIZERS[cfg.optimizer.embedding_optimizer],
         "learning_rate": cfg.optimizer.learning_rate, "eps": cfg.optimizer.eps,
     })
     dmp = DistributedModelParallel(
         net, env=ShardingEnv.from_process_group(dist.group.WORLD), device=device,
-        plan=ShardingPlan({"model.sparse_arch.embedding_bag_collection": module_plan}), sharders=[sharder],
+        plan=ShardingPlan({"model.sparse_arch.embedding_bag_collection": module_plan(cfg, plan, ebc, device.type)}),
+        sharders=[sharder],
     )
     with torch.no_grad():
         for t, row, col, w in _local_shards(dmp, m.num_sparse):

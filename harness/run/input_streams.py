@@ -39,6 +39,11 @@ class InputStreams(Protocol):
         and `tensors`, made on the input stream, are marked as used by the compute stream."""
         ...
 
+    def wait_for_compute(self) -> None:
+        """Input dist's stream waits for what the compute stream issued so far (before it reads or
+        writes what the compute stream updates: a dynamic table's slots)."""
+        ...
+
 
 class SameStream:
     """No stream of its own (CPU: ops run when called): both calls cost a Python call, no more."""
@@ -51,6 +56,9 @@ class SameStream:
     def hand_over(self, tensors: Iterable[torch.Tensor]) -> None:
         pass
 
+    def wait_for_compute(self) -> None:
+        pass
+
 
 class CudaInputStream:
     """Input dist's own CUDA stream on the rank's device."""
@@ -58,9 +66,11 @@ class CudaInputStream:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device=device)
+        self.compute = torch.cuda.current_stream(device)
+        """The main thread's stream, where the iterations' compute goes (made before any thread enters `input`)."""
         # The embeddings' index tensors (send slots, feature orders) were copied to the device on
         # the compute stream when built; input dist reads them from now on.
-        self.stream.wait_stream(torch.cuda.current_stream(device))
+        self.stream.wait_stream(self.compute)
 
     def input(self) -> contextlib.AbstractContextManager:
         return torch.cuda.stream(self.stream)
@@ -72,6 +82,10 @@ class CudaInputStream:
         compute.wait_stream(self.stream)
         for t in tensors:
             t.record_stream(compute)
+
+
+    def wait_for_compute(self) -> None:
+        self.stream.wait_stream(self.compute)
 
 
 def input_streams(device: torch.device) -> InputStreams:

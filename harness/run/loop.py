@@ -98,12 +98,14 @@ class Loop:
         progress = Progress(total=self.total, first=first) if self.rank == 0 else None
         epoch = first * self.global_batch / self.parts.data.train_rows if self.evals_after else 0.0
         self.log.block_start(samples=first * self.global_batch, epoch=epoch)
+        tl = parts.timeline
         for it in range(first, last + 1):
-            step.prepare(it)
+            with tl.between(it - 1 if it > first else None, "next_batch"):
+                step.prepare(it)
             maybe_inject_fault(self.cfg, self.rank, it, self.recorder)
-            parts.timeline.begin_iteration(it)
+            tl.begin_iteration(it)
             out = step.run(it)
-            parts.timeline.end_iteration()
+            tl.end_iteration()
             records.pending[it] = out.loss.clone()  # a graphed step's loss is a static buffer the next replay overwrites
             if out.splits_exchanged is not None:
                 records.exchanged[it] = out.splits_exchanged
@@ -113,7 +115,8 @@ class Loop:
             if progress is not None:
                 progress.done(it)
             if (it + 1) % self.cfg.run.flush_every == 0:
-                records.flush()
+                with tl.between(it if it < last else None, "flush_records"):
+                    records.flush()
         step.end_segment()
 
     def _evaluate(self, last: int) -> EvalRecord:

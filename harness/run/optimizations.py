@@ -7,11 +7,11 @@ one reading site and nothing is dropped silently.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 
 from harness.config import OptimizationsConfig, PrecisionConfig
-from harness.records.manifest import PrecisionEntry, ResolvedFlags, WaitEntry
+from harness.records.manifest import DenseOptimizerEntry, PrecisionEntry, ResolvedFlags, WaitEntry
 from harness.names import OPTIMIZATION_FLAGS
 from model.names import KNOWN_SPLITS_KINDS, ROW_BLOCKED_KINDS, ShardingType
 
@@ -34,6 +34,30 @@ def input_thread_launches(cuda: bool) -> bool:
     """Whether the threaded input dist's thread launches collectives: on gloo only, whose process
     groups each keep their own order; NCCL needs one order over all (harness/run/input_pipeline.py)."""
     return not cuda
+
+
+def fused_adagrad_registered(device_type: str) -> bool:
+    """Whether the installed torch has a fused Adagrad kernel for `device_type` (asked of the
+    dispatcher: no device is touched, so the launcher may ask before any rank starts). torch's
+    fused Adagrad is CPU-only up to at least torch 2.11: `fused=True` raises at the first step on
+    CUDA there, which is what killed every CUDA run of the first H100 session."""
+    import torch
+
+    key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
+    return key is not None and torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_adagrad_", key)
+
+
+def dense_adagrad(device_type: str, *, engine: str = "harness",
+                  has_kernel: Callable[[str], bool] = fused_adagrad_registered) -> DenseOptimizerEntry:
+    """The harness's dense Adagrad on `device_type`: fused where torch has the kernel, else foreach,
+    both on the one flat parameter (FlatGradients.flat_parameter), so one or a few kernels a step.
+    has_kernel: stands in for torch's answer (tests)."""
+    if engine != "harness":
+        return DenseOptimizerEntry(impl="default", reason=f"the {engine} engine builds torch.optim.Adagrad as "
+                                   "stock (torch picks: foreach on CUDA, the for-loop on CPU)")
+    if has_kernel(device_type):
+        return DenseOptimizerEntry(impl="fused", reason=f"torch's fused Adagrad kernel for {device_type}")
+    return DenseOptimizerEntry(impl="foreach", reason=f"this torch has no fused Adagrad kernel for {device_type}")
 
 
 def resolve(
@@ -71,7 +95,8 @@ def resolve(
     effective = {f: requested[f] and f not in reasons for f in OPTIMIZATION_FLAGS}
     return ResolvedFlags(pipeline=opts.pipeline, requested=requested, effective=effective,
                          inactive_reasons=reasons, notes=notes, precision=_precision_entry(precision, plan_kinds),
-                         collective_wait=_wait_entry(opts.collective_wait, cuda=cuda, engine=engine))
+                         collective_wait=_wait_entry(opts.collective_wait, cuda=cuda, engine=engine),
+                         dense_optimizer=dense_adagrad("cuda" if cuda else "cpu", engine=engine))
 
 
 def _wait_entry(requested: str, *, cuda: bool, engine: str) -> WaitEntry:
@@ -128,6 +153,8 @@ def describe(res: ResolvedFlags) -> str:
         lines.append("optimization flags: none requested")
     wait = res.collective_wait
     lines.append(f"collective wait: {wait.effective}" + (f" (requested {wait.requested}: {wait.reason})" if wait.reason else ""))
+    dense_opt = res.dense_optimizer
+    lines.append(f"dense optimizer: Adagrad {dense_opt.impl}" + (f" ({dense_opt.reason})" if dense_opt.reason else ""))
     prec = res.precision
     lines.append(f"precision: dense {prec.dense}, tables {prec.tables}, comm {prec.comm}/{prec.comm_bwd}"
                  + (f": NUMERICS CHANGED, {prec.note}" if prec.numerics_changed

@@ -7,8 +7,11 @@ against what this process, on this core share, could do at best.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
+
+from harness.config import ModelConfig
 
 
 def _timed(device: torch.device, fn, reps: int) -> float:
@@ -23,11 +26,40 @@ def _timed(device: torch.device, fn, reps: int) -> float:
     return (time.perf_counter_ns() - start) / 1e9
 
 
-def measure_gemm_gflops(device: torch.device, n: int = 1024, reps: int = 5) -> float:
-    """fp32 GFLOP/s of a plain n x n torch.mm."""
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
-    return 2 * n**3 * reps / _timed(device, lambda: torch.mm(a, b), reps) / 1e9
+@dataclass(frozen=True)
+class GemmProbe:
+    """The GEMM the peak is measured on: the dense step's widest, at its precision."""
+
+    m: int
+    k: int
+    n: int
+    dtype: torch.dtype
+
+    def describe(self) -> str:
+        """What was measured, for rank.json: shape, dtype, and fp32's matmul precision (TF32 or not)."""
+        return (f"{str(self.dtype).removeprefix('torch.')} {self.m}x{self.k}x{self.n}, "
+                f"fp32 matmul precision {torch.get_float32_matmul_precision()}")
+
+
+def dense_gemm_probe(model: ModelConfig, local_batch: int, precision: str) -> GemmProbe:
+    """The top MLP's first layer, (local batch x the cross net's width) @ (width x top_mlp[0]): the
+    dense step's widest GEMM, in its precision (bf16 runs its matmuls in bf16 under autocast; fp32
+    in fp32 as torch's float32 matmul precision says, TF32 on "high"). A plain 1024^3 fp32 matmul
+    measured 26.5 TFLOP/s on an H100 where the dense step ran at 39.8: a peak below what it
+    bounds."""
+    width = (model.num_sparse + 1) * model.embedding_dim
+    return GemmProbe(m=local_batch, k=width, n=model.top_mlp[0],
+                     dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
+
+
+def measure_gemm_gflops(device: torch.device, probe: GemmProbe | None = None, reps: int | None = None) -> float:
+    """GFLOP/s of `probe`'s torch.mm on `device` (default: a 1024^3 fp32 matmul). reps: more on a
+    GPU, where one GEMM takes a millisecond or less."""
+    probe = probe or GemmProbe(1024, 1024, 1024, torch.float32)
+    reps = reps or (20 if device.type == "cuda" else 5)
+    a = torch.randn(probe.m, probe.k, device=device).to(probe.dtype)
+    b = torch.randn(probe.k, probe.n, device=device).to(probe.dtype)
+    return 2 * probe.m * probe.k * probe.n * reps / _timed(device, lambda: torch.mm(a, b), reps) / 1e9
 
 
 def measure_copy_gbps(device: torch.device, mib: int = 64, reps: int = 5) -> float:

@@ -5,11 +5,13 @@ the host until the whole device queue has drained up to the copy. A non-blocking
 page-locked memory lets the host go on queueing work, and waiting on an event recorded right
 after the copy blocks only until that copy is done.
 
-Reuse: a buffer is reused by later copies of the same (shape, dtype), `depth` buffers per key
-in a ring. Before a buffer is overwritten, the copy still owning it (issued but never waited
-on) is resolved: the host waits on its event and moves its values out. So a slow reader never
-sees another copy's values; the cost is a host wait only when the ring wraps onto a copy that
-is still in flight, which with depth 2 means one issued a full round earlier.
+Reuse: a buffer is reused by later copies of the same (shape, dtype), in a ring per key. Before a
+buffer is overwritten, the copy still owning it (issued but never waited on) is resolved: its
+values are moved out, so a slow reader never sees another copy's values. A ring that would wrap
+onto a copy still in flight grows by a buffer instead of waiting for it: several shardings'
+splits of one batch, two batches pipelined, share a key, and a wait there would stall the host
+inside the timed iteration (`feeder.next`). Rings stop growing at MAX_RING buffers a key, and
+only then does the host wait.
 """
 
 from __future__ import annotations
@@ -27,10 +29,18 @@ def buffer_key(t: torch.Tensor) -> BufferKey:
     return tuple(t.shape), t.dtype
 
 
+MAX_RING = 64
+"""The most host buffers a key's ring grows to (copies in flight at once, of one shape and dtype)."""
+
+
 class CopyDone(Protocol):
     """What a copy's completion is waited on with: a torch.cuda.Event on CUDA."""
 
     def synchronize(self) -> None: ...
+
+    def query(self) -> bool:
+        """Whether the copy has completed (no wait)."""
+        ...
 
 
 class _Slot:
@@ -89,13 +99,18 @@ class BufferRings:
         self._rings: dict[BufferKey, list[_Slot]] = {}
         self._next: dict[BufferKey, int] = {}
 
+        self.waits = 0
+        """Times the host waited for a copy in flight to reuse its buffer (a full ring of MAX_RING)."""
+
     def buffers(self, key: BufferKey) -> list[torch.Tensor]:
-        """The host buffers allocated so far for a key (at most `depth`)."""
+        """The host buffers allocated so far for a key."""
         return [slot.buffer for slot in self._rings.get(key, [])]
 
     def copy(self, t: torch.Tensor) -> HostCopy:
         slot = self._take_slot(buffer_key(t))
         if slot.owner is not None:
+            if not slot.owner._done.query():
+                self.waits += 1
             slot.owner._resolve()
         slot.buffer.copy_(t, non_blocking=True)
         handle = HostCopy(slot=slot, done=self._record(t))
@@ -105,9 +120,12 @@ class BufferRings:
     def _take_slot(self, key: BufferKey) -> _Slot:
         ring = self._rings.setdefault(key, [])
         i = self._next.get(key, 0)
-        self._next[key] = (i + 1) % self.depth
-        if i == len(ring):  # buffers are allocated lazily, up to depth, then only reused
-            ring.append(_Slot(self._allocate(*key)))
+        in_flight = i < len(ring) and ring[i].owner is not None and not ring[i].owner._done.query()
+        if i == len(ring) or (in_flight and len(ring) < MAX_RING):
+            # Lazily up to depth; beyond it only in place of a wait. The new buffer takes the place
+            # the ring was about to reuse, so the copy in flight there is reached last again.
+            ring.insert(i, _Slot(self._allocate(*key)))
+        self._next[key] = (i + 1) % max(len(ring), self.depth)
         return ring[i]
 
 

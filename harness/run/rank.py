@@ -25,7 +25,7 @@ from harness.run.dynamic_setup import dynamic_setup
 from harness.run.evaluate import EvalResult, evaluate
 from harness.run.flush import RecordFlusher
 from harness.run.input_pipeline import InputFeeder
-from harness.run.input_streams import input_streams
+from harness.run.input_streams import InputStreams, input_streams
 from harness.run.optimizations import input_thread_launches, resolve
 from harness.run.pinned_d2h import HostCopies
 from harness.run.step import HarnessStep, Step
@@ -79,12 +79,15 @@ def build_dense(cfg: BenchConfig, device: torch.device) -> DenseArch:
         return DenseArch(**cfg.model.dense_arch_kwargs()).to(device)
 
 
-def dense_optimizer(grads: FlatGradients, cfg: BenchConfig) -> torch.optim.Optimizer:
-    """Adagrad on the one flat dense parameter (FlatGradients.flat_parameter): one kernel call.
-    fused: one pass over each tensor (the for-loop Adagrad makes several over 64 MB on small); it
-    differs from that loop in the last bits only (measured), and every run uses it, flags or not."""
+def dense_optimizer(grads: FlatGradients, cfg: BenchConfig, impl: str) -> torch.optim.Optimizer:
+    """Adagrad on the one flat dense parameter (FlatGradients.flat_parameter), as `impl` (the
+    manifest's choice for the device, harness/run/optimizations.py dense_adagrad): fused, one pass
+    over the tensor, or foreach, a few. Either differs from the for-loop Adagrad in the last bits
+    only, and every run on a device uses the same one, flags or not."""
+    if impl not in ("fused", "foreach"):
+        raise ValueError(f"dense optimizer implementation {impl!r}: the harness engine runs fused or foreach")
     return torch.optim.Adagrad([grads.flat_parameter()], lr=cfg.optimizer.learning_rate, eps=cfg.optimizer.eps,
-                               fused=True)
+                               fused=impl == "fused", foreach=impl == "foreach")
 
 
 def process_groups(env: RankEnv) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
@@ -143,18 +146,21 @@ def build_rank(env: RankEnv, data: BatchSource, flags: ResolvedFlags | None = No
     dense = build_dense(cfg, device)
     moved = CollectiveBytes()  # every collective counts the bytes it moves here; each iteration's go to its records
     grads = FlatGradients(dense, world_size=world, group=env.group, wait=wait, bytes_moved=moved)
-    dense_opt = dense_optimizer(grads, cfg)
+    dense_opt = dense_optimizer(grads, cfg, flags.dense_optimizer.impl)
     host = HostCopies(device=device, pinned=on["pinned_d2h"])
     timeline = Timeline(cuda=device.type == "cuda", stages=cfg.run.timeline, device=device)
+    streams = input_streams(device)
     dynamic, close_store = dynamic_setup(cfg, env.plan, rank=env.rank, recorder=env.recorder,
-                                         span=lambda name: timeline.sub_span("input_dist", name))
+                                         span=lambda name: timeline.sub_span("input_dist", name),
+                                         before_slots=streams.wait_for_compute)
     embeddings = build_embeddings(env, host=host, wait=wait, moved=moved, dynamic=dynamic)
     dense_step = DenseStep(
         dense=dense, grads=grads, world_size=world, local_batch=cfg.local_batch_size, num_dense=cfg.model.num_dense,
         pooled_width=cfg.model.num_sparse * cfg.model.embedding_dim, device=device, graphed=on["cuda_graphs"],
         precision=cfg.precision.dense,
     )
-    feeder_for = partial(_feeder, env, embeddings=embeddings, data=data, timeline=timeline, flags=flags)
+    feeder_for = partial(_feeder, env, embeddings=embeddings, data=data, timeline=timeline, flags=flags,
+                         streams=streams)
     step = HarnessStep(embeddings=embeddings, dense=dense, dense_step=dense_step, grads=grads, dense_opt=dense_opt,
                        timeline=timeline, moved=moved, local_batch=cfg.local_batch_size, feeder_for=feeder_for)
     scores = None
@@ -167,12 +173,12 @@ def build_rank(env: RankEnv, data: BatchSource, flags: ResolvedFlags | None = No
 
 
 def _feeder(env: RankEnv, first: int, end: int, *, embeddings: ShardedEmbeddingCollection, data: BatchSource,
-            timeline: Timeline, flags: ResolvedFlags) -> InputFeeder:
+            timeline: Timeline, flags: ResolvedFlags, streams: InputStreams) -> InputFeeder:
     """The input feeder of iterations first .. end-1 (a segment of the run)."""
     cuda = env.device.type == "cuda"
     return InputFeeder(
         embeddings=embeddings, data=data, rank=env.rank, world_size=env.cfg.run.world_size, device=env.device,
         total=end, first=first, pipeline=env.cfg.optimizations.pipeline, threaded=flags.effective["threaded_input_dist"],
         skip_splits=flags.effective["skip_splits_a2a"], timeline=timeline, thread_launches=input_thread_launches(cuda),
-        streams=input_streams(env.device),
+        streams=streams,
     )

@@ -11,6 +11,7 @@ offsets stay as short as a flush interval however long the run.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -20,7 +21,7 @@ from typing import Protocol
 import nvtx
 import torch
 
-from harness.names import STAGES
+from harness.names import BETWEEN_ITERATIONS, STAGES
 
 
 @dataclass
@@ -156,16 +157,25 @@ class Timeline:
             self._stage_marks.append((self._iter, name, start, self.clock.mark()))
             nvtx.pop_range()
 
-    @contextmanager
-    def sub_span(self, stage: str, name: str):
+    def sub_span(self, stage: str, name: str) -> contextlib.AbstractContextManager:
         """Time `name`, a piece of `stage`, in the iteration under way (nothing outside one: an
         evaluation's work is no iteration's). Its NVTX range is `stage:name`, nested in the stage's."""
         if stage not in STAGES:
             raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
-        if not self.stages_on or self._iter is None:
+        return self._sub_mark(self._iter, stage, name)
+
+    def between(self, after: int | None, name: str) -> contextlib.AbstractContextManager:
+        """Time `name`, work the loop does between iteration `after`'s end and the next one's start
+        (a sub-span of BETWEEN_ITERATIONS on iteration `after`: an iteration's time is the period
+        between starts, so this belongs to it). after=None (before a segment's first iteration,
+        which no iteration of the segment precedes): not recorded."""
+        return self._sub_mark(after, BETWEEN_ITERATIONS, name)
+
+    @contextmanager
+    def _sub_mark(self, iteration: int | None, stage: str, name: str):
+        if not self.stages_on or iteration is None:
             yield
             return
-        iteration = self._iter
         nvtx.push_range(f"{stage}:{name}")
         start = self.clock.mark()
         try:

@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from harness.run.device import resolve_device
+from harness.run.device import process_group_options, resolve_device
 from harness.records.manifest import RankInfo
-from harness.run.peaks import measure_copy_gbps, measure_gemm_gflops
+from harness.run.peaks import dense_gemm_probe, measure_copy_gbps, measure_gemm_gflops
 from harness.records.writer import RankRecorder, read_manifest
 from harness.run.train import train
 
@@ -57,11 +57,14 @@ def run_rank(run_dir: str) -> dict:
         device, backend = resolve_device(cfg.run.device, local_rank)
         flags = manifest.optimizations
         maybe_avoid_record_streams(flags.effective["avoid_record_streams"])
-        dist.init_process_group(backend, timeout=dt.timedelta(seconds=cfg.run.collective_timeout_s))
+        dist.init_process_group(backend, timeout=dt.timedelta(seconds=cfg.run.collective_timeout_s),
+                                **process_group_options(device))
+        probe = dense_gemm_probe(cfg.model, cfg.local_batch_size, cfg.precision.dense)
         info = RankInfo(
             run_id=manifest.run_id, rank=rank, node=node, host=socket.gethostname(), pid=os.getpid(),
             device=str(device), backend=backend, threads=torch.get_num_threads(),
-            gemm_gflops=measure_gemm_gflops(device), copy_gbps=measure_copy_gbps(device),
+            gemm_gflops=measure_gemm_gflops(device, probe), gemm_probe=probe.describe(),
+            copy_gbps=measure_copy_gbps(device),
         )
         recorder.write_info(info)
         result = train(cfg, rank=rank, device=device, recorder=recorder, plan=list(manifest.plan), flags=flags)

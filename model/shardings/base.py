@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from model.collective_ops import reduce_scatter_single
 from model.collective_bytes import CollectiveBytes
 from model.collective_wait import WaitFn, block
 from model.dynamic_table import DynamicSettings
@@ -117,7 +118,7 @@ class ShardingContext:
         if codec.sums_on_wire:
             out = torch.empty(b, wire.shape[1], device=self.device, dtype=wire.dtype)
             self.count_ring(phase, wire, ranks, passes=1)
-            dist.reduce_scatter_single(out, wire, group=group)
+            reduce_scatter_single(out, wire, group=group)
             return codec.decode(out, width)
         # Encoded rows cannot be summed in flight: every rank's block for this rank comes whole
         # (the bytes a ring reduce-scatter would move), decoded and summed here in fp32.

@@ -79,6 +79,7 @@ class DynamicSlots:
     def _to_slots(self, local: SparseFeatures) -> SparseFeatures:
         if not self.tables:
             return local
+        self.ctx.dynamic.before_slots()  # queued updates of the slots land first (DynamicSettings.before_slots)
         # The transformer runs on the host: on a GPU this reads the ids back (a sync), as
         # TorchRec's dynamic embedding does.
         counts = local.lengths.sum(dim=1).tolist()

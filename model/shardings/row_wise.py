@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from model.collective_ops import all_gather_single
 from model.features import SparseFeatures
 from model.ids_all_to_all import IdsAllToAll, PendingIds
 from model.sharding import Shard, TablePlan, row_block
@@ -60,7 +61,7 @@ class RowWiseSharding:
         full = torch.empty(self.ctx.world_size * fwd.local_batch, send.shape[1], device=self.ctx.device,
                            dtype=send.dtype)
         self.ctx.count_ring("pooled_bwd", full, self.ctx.world_size, passes=1)
-        work = dist.all_gather_single(full, send, group=self.ctx.pg, async_op=True)
+        work = all_gather_single(full, send, group=self.ctx.pg, async_op=True)
         return BackwardInFlight(fwd, full, work)
 
     def finish_backward(self, flight: BackwardInFlight) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from model.collective_ops import all_gather_single
 from model.features import FeatureOrder, SparseFeatures
 from model.ids_all_to_all import IdsAllToAll, PendingIds
 from model.names import ShardingType
@@ -172,7 +173,7 @@ class TableRowWiseSharding:
         rows = flight.received.view(-1, codec.units(pooled.shape[1]))
         full = torch.empty(pooled.shape[0], rows.shape[1], device=self.ctx.device, dtype=rows.dtype)
         self.ctx.count_ring("pooled_bwd", full, self.per_node, passes=1)
-        dist.all_gather_single(full, rows, group=self.ctx.node_pg)
+        all_gather_single(full, rows, group=self.ctx.node_pg)
         pooled.backward(codec.decode(full, pooled.shape[1]))
 
     def shard_weights(self) -> list[tuple[int, Shard, torch.Tensor]]:
