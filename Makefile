@@ -33,14 +33,22 @@ VALID_PRESETS  := $(call NAMES,PRESET_NAMES)
 VALID_SHARDING := $(call NAMES,SHARDING_KINDS)
 VALID_ENGINES  := $(call NAMES,ENGINES)
 VENV          := .venv
-PY            := $(VENV)/bin/python
 # A working NVIDIA driver picks the CUDA torch/fbgemm pair; anything else the CPU pair.
 HAS_CUDA      := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_REQS    := $(if $(HAS_CUDA),requirements-cuda.txt,requirements-cpu.txt)
 STAMP         := $(VENV)/.installed-$(basename $(TORCH_REQS))
+# PY=<interpreter> on the command line (say a GPU node's container python, with CUDA torch and no
+# package index): nothing is installed; host-packages checks that interpreter's torch and fbgemm
+# instead, a pair other than the pinned one a warning. Otherwise .venv, made and checked by $(STAMP).
+ifeq ($(origin PY),command line)
+DEPS          := host-packages
+else
+PY            := $(VENV)/bin/python
+DEPS          := $(STAMP)
+endif
 
 .PHONY: help bench ablation report test test-cluster cluster-packages perf precision-perf check-bench-knobs venv clean-venv browser compare plan-compare gpu-check \
-        dataset data-perf check-dataset-out mlperf check-mlperf-data ext perf-dynamic redis-server
+        dataset data-perf check-dataset-out mlperf check-mlperf-data ext perf-dynamic redis-server host-packages gpu-bench
 
 help:
 	@echo "make bench  [PRESET=$(subst $() ,|,$(VALID_PRESETS))] [NODES=n] [GPUS_PER_NODE=n] [ITERS=n] [WARMUP=n]"
@@ -65,6 +73,8 @@ help:
 	@echo "make ext  (the C++ extensions in csrc/; every target that trains builds them)"
 	@echo "make perf-dynamic [REPEATS=2]  (ID transformer: M ids/s vs a Python dict (median of 3 runs a case) and torch.unique; hit rate vs slots, a plot; mlperf-ids vs small)"
 	@echo "make gpu-check  (on a GPU host: the CUDA battery, a line a check and a verdict; elsewhere one line)"
+	@echo "make gpu-bench  (on a GPU host, first: battery, compare small at 8192 a GPU and --opts all, each flag alone, tiny)"
+	@echo "PY=python3      (any target: that interpreter and its packages, nothing installed; e.g. a GPU node's container)"
 	@echo "OPTS passes extra flags to 'python -m harness bench' (see: $(PY) -m harness bench --help)"
 
 # Knobs the user set are checked before anything is installed or started.
@@ -101,12 +111,16 @@ $(STAMP): requirements.txt $(TORCH_REQS) requirements-torchrec.txt requirements-
 
 venv: $(STAMP)
 
+host-packages:
+	$(PY) -m harness.tools.check_install --host $(if $(HAS_CUDA),--cuda)
+
 # The C++ extensions (csrc/), built by torch's extension tooling with the machine's compiler into
 # model/ and harness/run/, beside the Python that loads them; rebuilt when a source changes.
-EXT_SUFFIX    := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+# The suffix of the interpreter that will load them: the host's own with PY=..., else .venv's (made from PYTHON).
+EXT_SUFFIX    := $(shell $(if $(filter host-packages,$(DEPS)),$(PY),$(PYTHON)) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 EXT           := model/_id_transformer$(EXT_SUFFIX) model/_row_init$(EXT_SUFFIX) harness/run/_row_index$(EXT_SUFFIX)
 # One rule makes them all (a grouped target: one run of setup.py, not one a module).
-$(EXT) &: $(STAMP) $(wildcard csrc/*.cpp csrc/*.h) csrc/setup.py
+$(EXT) &: $(filter-out host-packages,$(DEPS)) $(wildcard csrc/*.cpp csrc/*.h) csrc/setup.py | $(filter host-packages,$(DEPS))
 	$(PY) csrc/setup.py -q build_ext --inplace --build-temp build/csrc
 	@touch $(EXT)
 
@@ -118,19 +132,19 @@ KNOB_ARGS = $(if $(PRESET),--preset $(PRESET)) $(if $(NODES),--nodes $(NODES)) \
   $(if $(WARMUP),--warmup $(WARMUP)) $(if $(SHARDING),--sharding $(SHARDING))
 BENCH_ARGS = $(KNOB_ARGS) $(if $(ENGINE),--engine $(ENGINE)) $(if $(DATA),--data $(DATA))
 
-bench: check-bench-knobs $(STAMP) $(EXT)
+bench: check-bench-knobs $(DEPS) $(EXT)
 	$(PY) -m harness bench $(BENCH_ARGS) \
 	  $(if $(filter 1,$(DRY_RUN)),--dry-run) $(if $(RUN_ID),--run-id $(RUN_ID)) $(OPTS)
 
 # Baseline, each flag alone, all, all-but-one; REPEATS runs each (inactive-only configs once).
-ablation: check-bench-knobs $(STAMP) $(EXT)
+ablation: check-bench-knobs $(DEPS) $(EXT)
 	$(PY) -m harness ablation $(KNOB_ARGS) $(if $(REPEATS),--repeats $(REPEATS)) $(OPTS)
 
 # TorchRec vs harness on one config: REPEATS runs each, interleaved; PRESET defaults to tiny here.
-compare: check-bench-knobs $(STAMP) $(EXT)
+compare: check-bench-knobs $(DEPS) $(EXT)
 	$(PY) -m harness compare $(KNOB_ARGS) $(if $(PRESET),,--preset tiny) $(if $(REPEATS),--repeats $(REPEATS)) $(OPTS)
 
-report: $(STAMP)
+report: $(DEPS)
 	$(PY) -m harness report $(if $(ABLATION),--ablation $(ABLATION),$(if $(NSYS),--nsys $(NSYS),--run $(RUN)))
 
 # The report's HTML is checked in a real headless Chromium (tests/test_report_browser.py): the
@@ -147,13 +161,13 @@ redis-server:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null; \
 	else echo "make: no redis-server and no apt-get: the Redis parameter-store tests will be skipped" >&2; fi
 
-test: $(STAMP) $(EXT) browser redis-server
+test: $(DEPS) $(EXT) browser redis-server
 	$(PY) -m pytest
 
 # Real hosts on this machine (network namespaces), torchrun on each, a real Slurm (tests/cluster/).
 # Needs root: elsewhere one line says why and nothing runs (exit 0). The packages come from the
 # distribution (as root, with apt-get); the check runs on the system python, before any install.
-test-cluster: $(STAMP) $(EXT)
+test-cluster: $(DEPS) $(EXT)
 	@test "$$(id -u)" != 0 || $(MAKE) --no-print-directory cluster-packages
 	@$(PYTHON) -m tests.cluster.testhosts check; rc=$$?; test $$rc -ne 3 || exit 0; test $$rc -eq 0 && \
 	  echo "$(PY) -m pytest -m cluster tests/cluster" && $(PY) -m pytest -m cluster tests/cluster
@@ -167,31 +181,37 @@ cluster-packages:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$pkgs >/dev/null; fi
 
 # The instrumentation's own cost: timeline on vs off, interleaved runs (PRESET=tiny|small).
-perf: $(STAMP) $(EXT)
+perf: $(DEPS) $(EXT)
 	$(PY) -m harness.tools.perf --preset $(or $(PRESET),tiny) $(if $(GPUS_PER_NODE),--gpus-per-node $(GPUS_PER_NODE))
 
 # fp16 tables against fp32 (PRESET=tiny|small, small by default): memory planned and measured, and
 # interleaved runs (iteration-time ratio, loss difference).
-precision-perf: check-bench-knobs $(STAMP) $(EXT)
+precision-perf: check-bench-knobs $(DEPS) $(EXT)
 	$(PY) -m harness.tools.precision_perf --preset $(or $(PRESET),small) $(if $(REPEATS),--repeats $(REPEATS)) \
 	  $(if $(GPUS_PER_NODE),--gpus-per-node $(GPUS_PER_NODE))
 
 # The ID transformer (csrc/): transform throughput against a Python dict and torch.unique, hit rate
 # against slots for power-law ids under each policy (a plot in reports/perf-dynamic/), then REPEATS
 # interleaved pairs of mlperf-ids and static small runs (iteration time, peak RSS against the budget).
-perf-dynamic: $(STAMP) $(EXT)
+perf-dynamic: $(DEPS) $(EXT)
 	$(PY) -m harness.tools.perf_dynamic $(if $(REPEATS),--repeats $(REPEATS))
 
 # The CUDA battery (every test marked cuda), one line a check; without a GPU, one line and exit 0.
-gpu-check: $(STAMP) $(EXT)
+gpu-check: $(DEPS) $(EXT)
 	$(PY) -m harness.tools.gpu_check
 
+# The first run on a GPU host (harness/tools/gpu_bench.py): the battery, compare on small at 8192 a GPU
+# (defaults, --opts all), each flag alone against the defaults, compare on tiny; one folder under
+# runs/, one summary table. Without a GPU, one line and exit 0.
+gpu-bench: $(DEPS) $(EXT)
+	$(PY) -m harness.tools.gpu_bench
+
 # Planning only: the harness's sharding plan of the mlperf tables against TorchRec's planner.
-plan-compare: $(STAMP)
+plan-compare: $(DEPS)
 	$(PY) -m harness.tools.plan_compare $(if $(LAYOUTS),--layouts $(LAYOUTS))
 
 # OUT is checked before anything is installed.
-dataset: check-bench-knobs check-dataset-out $(STAMP)
+dataset: check-bench-knobs check-dataset-out $(DEPS)
 	$(PY) -m harness.tools.make_dataset --out $(OUT) $(if $(ROWS),--rows $(ROWS)) $(if $(DAYS),--days $(DAYS)) \
 	  $(if $(PRESET),--preset $(PRESET)) $(if $(SEED),--seed $(SEED))
 
@@ -201,11 +221,11 @@ check-mlperf-data:
 check-dataset-out:
 	@test -n "$(OUT)" || { echo "make dataset: give OUT=<folder to write>" >&2; exit 2; }
 
-mlperf: check-bench-knobs check-mlperf-data $(STAMP) $(EXT)
+mlperf: check-bench-knobs check-mlperf-data $(DEPS) $(EXT)
 	$(PY) -m harness.tools.mlperf --data $(DATA) $(if $(TARGET_AUC),--target-auc $(TARGET_AUC)) $(KNOB_ARGS) \
 	  $(if $(ENGINE),--engine $(ENGINE)) $(if $(RUN_ID),--run-id $(RUN_ID)) $(OPTS)
 
-data-perf: check-bench-knobs $(STAMP)
+data-perf: check-bench-knobs $(DEPS)
 	$(PY) -m harness.tools.data_perf $(if $(DATA),--data $(DATA)) $(if $(PRESET),--preset $(PRESET)) \
 	  $(if $(RUN),--against-run $(RUN))
 

@@ -34,3 +34,26 @@ def test_each_variant_checked_from_its_facts():
 
 def test_bad_usage_is_exit_2():
     assert main([]) == 2 and main(["requirements-rocm"]) == 2
+
+
+def test_a_host_interpreter_needs_cuda_torch_and_a_matching_fbgemm_and_warns_off_the_pinned_pair():
+    """make ... PY=python3 on a GPU host: torch must have CUDA there and fbgemm-gpu load and be built
+    for this torch (fbgemm 1.x with torch 2.(x+5)); another pair than the pinned one warns only."""
+    from harness.tools.check_install import host_problems, torch_for_fbgemm
+
+    assert torch_for_fbgemm("1.6.0") == "2.11" and torch_for_fbgemm("1.8.0+cu126") == "2.13"
+    bundle = {"torch": "2.11.0+cu130", "fbgemm-gpu": "1.6.0"}  # the first H100 host (../shared/gpu)
+    problems, warnings = host_problems(versions=bundle, torch_cuda="13.0", cuda=True, fbgemm_loads=None)
+    assert problems == [] and len(warnings) == 1 and "not the pinned pair torch 2.13.0 with fbgemm-gpu 1.8.0" in warnings[0]
+    assert host_problems(versions=CUDA_PAIR, torch_cuda="12.6", cuda=True, fbgemm_loads=None) == ([], [])
+    problems, _ = host_problems(versions={"torch": "2.11.0", "fbgemm-gpu": "1.6.0"}, torch_cuda=None, cuda=True,
+                                fbgemm_loads=None)
+    assert problems == ["torch 2.11.0 is a CPU build on a machine with a GPU: give PY an interpreter whose torch "
+                        "is built for CUDA"]
+    problems, _ = host_problems(versions={"torch": "2.13.0+cu126", "fbgemm-gpu": "1.6.0"}, torch_cuda="12.6",
+                                cuda=True, fbgemm_loads="OSError: undefined symbol: _ZN3c10")
+    assert problems == ["fbgemm-gpu 1.6.0 does not load: OSError: undefined symbol: _ZN3c10",
+                        "fbgemm-gpu 1.6.0 is built for torch 2.11, this is torch 2.13.0+cu126"]
+    assert host_problems(versions={"torch": "2.13.0"}, torch_cuda="12.6", cuda=True,
+                         fbgemm_loads=None)[0][-1].startswith("no fbgemm-gpu in this interpreter")
+    assert main(["--host"]) == 0  # this interpreter: the pinned CPU pair, no GPU asked for

@@ -109,3 +109,19 @@ def test_unavailable_reason_names_a_failed_namespace(monkeypatch):
         ["ip", *a], 1, "", "mount --make-shared /run/netns failed: Operation not permitted"))
     assert th.unavailable_reason() == ("cannot create a network namespace: mount --make-shared /run/netns failed: "
                                        "Operation not permitted")
+
+
+def test_a_host_interpreter_installs_nothing_and_checks_its_packages(tmp_path):
+    """make ... PY=<interpreter> (a GPU node's container python, no package index): no .venv is
+    made or required; the interpreter's own torch and fbgemm are checked first, then the target
+    runs with it (dry run: make -n)."""
+    for target, runs in (("gpu-check", "-m harness.tools.gpu_check"), ("gpu-bench", "-m harness.tools.gpu_bench"),
+                         ("bench", "-m harness bench")):
+        out = subprocess.run(["make", "-n", "--no-print-directory", target, "PY=/opt/host/python3"],
+                             cwd=ROOT, capture_output=True, text=True)
+        lines = out.stdout.splitlines()
+        assert out.returncode == 0, out.stderr
+        check = [i for i, line in enumerate(lines) if line.startswith("/opt/host/python3 -m harness.tools.check_install --host")]
+        run = [i for i, line in enumerate(lines) if line.startswith(f"/opt/host/python3 {runs}")]
+        assert check and run and check[0] < run[0], lines
+        assert not any(".venv" in line or "pip install" in line for line in lines), lines

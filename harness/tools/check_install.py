@@ -60,10 +60,81 @@ def problems(variant: str, *, versions: Mapping[str, str] | None = None, torch_c
     return out
 
 
+PINNED_FBGEMM = "1.8.0"
+"""fbgemm-gpu of the pinned pair (requirements-cuda.txt), beside TORCH_VERSION."""
+
+
+def torch_for_fbgemm(fbgemm_version: str) -> str:
+    """The torch minor release an fbgemm-gpu release is built against: fbgemm 1.x goes with torch
+    2.(x + 5) (1.6 with 2.11, 1.8 with 2.13: each fbgemm release ships with one torch release)."""
+    major, minor = (int(v) for v in fbgemm_version.split("+")[0].split(".")[:2])
+    if major != 1:
+        raise ValueError(f"fbgemm-gpu {fbgemm_version}: no known torch pairing for a major other than 1")
+    return f"2.{minor + 5}"
+
+
+def host_problems(*, versions: Mapping[str, str], torch_cuda: str | None, cuda: bool,
+                  fbgemm_loads: str | None) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of a host's own interpreter (make ... PY=python3): torch with CUDA where
+    the machine has a GPU (`cuda`), fbgemm-gpu installed, loading (`fbgemm_loads`: None, or why
+    not) and built for this torch; a pair other than the pinned one only warns."""
+    torch_version = versions.get("torch")
+    fbgemm = next((name for name in FBGEMM_PACKAGES if name in versions), None)
+    if torch_version is None:
+        return ["no torch in this interpreter"], []
+    problems = []
+    if cuda and torch_cuda is None:
+        problems.append(f"torch {torch_version} is a CPU build on a machine with a GPU: give PY an interpreter "
+                        "whose torch is built for CUDA")
+    if fbgemm is None:
+        return problems + ["no fbgemm-gpu in this interpreter (../shared/gpu/make-bundle.sh brings one)"], []
+    if fbgemm_loads is not None:
+        problems.append(f"{fbgemm} {versions[fbgemm]} does not load: {fbgemm_loads}")
+    try:
+        wants = torch_for_fbgemm(versions[fbgemm])
+    except ValueError as exc:
+        wants, unknown = None, str(exc)
+    if wants is not None and ".".join(torch_version.split("+")[0].split(".")[:2]) != wants:
+        problems.append(f"{fbgemm} {versions[fbgemm]} is built for torch {wants}, this is torch {torch_version}")
+    pinned = (TORCH_VERSION, PINNED_FBGEMM)
+    found = (torch_version.split("+")[0], versions[fbgemm].split("+")[0])
+    warnings = [] if found == pinned else [f"torch {found[0]} with {fbgemm} {found[1]}, not the pinned pair "
+                                           f"torch {pinned[0]} with fbgemm-gpu {pinned[1]}: results are this pair's"]
+    if wants is None:
+        warnings.append(unknown)
+    return problems, warnings
+
+
+def _fbgemm_load_error() -> str | None:
+    """None when fbgemm_gpu imports and registers its ops with this torch, else why not."""
+    try:
+        import fbgemm_gpu  # noqa: F401
+        import torch
+
+        torch.ops.fbgemm.asynchronous_complete_cumsum  # one of the sparse ops the harness calls
+    except Exception as exc:  # an undefined symbol, a missing op: one line either way
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
+
+
+def check_host(cuda: bool) -> int:
+    """make ... PY=python3: the host interpreter's packages, a line each problem or warning."""
+    problems, warnings = host_problems(versions=installed_versions(), torch_cuda=torch_cuda_build(), cuda=cuda,
+                                       fbgemm_loads=_fbgemm_load_error())
+    for line in warnings:
+        print(f"check_install: warning: {line}", file=sys.stderr)
+    for line in problems:
+        print(f"check_install: {line}", file=sys.stderr)
+    return 1 if problems else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--host"] and set(args[1:]) <= {"--cuda"}:
+        return check_host(cuda="--cuda" in args)
     if len(args) != 1 or args[0] not in EXPECTED_FBGEMM:
-        print(f"usage: python -m harness.tools.check_install {{{','.join(EXPECTED_FBGEMM)}}}", file=sys.stderr)
+        print(f"usage: python -m harness.tools.check_install {{{','.join(EXPECTED_FBGEMM)}}} | --host [--cuda]",
+              file=sys.stderr)
         return 2
     bad = problems(args[0])
     for line in bad:

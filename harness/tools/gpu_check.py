@@ -94,7 +94,6 @@ def _installed(metadata, package: str) -> bool:
 
 def main(argv: list[str] | None = None, *, cuda_available: bool | None = None) -> int:
     """argv: extra pytest arguments; cuda_available: stands in for torch's answer (tests)."""
-    import pytest
     import torch
 
     if cuda_available is None:
@@ -104,17 +103,25 @@ def main(argv: list[str] | None = None, *, cuda_available: bool | None = None) -
               "run make gpu-check on a GPU host")
         return 0
     print(environment_line(), flush=True)
-    collector = _Collector()
-    code = pytest.main(["-q", "-p", "no:cacheprovider", "-m", "cuda", "--no-header", "-rN",
-                        str(ROOT / "tests"), *(argv or [])], plugins=[collector])
-    for r in collector.results:
+    results, code = run_battery(argv)
+    for r in results:
         print(result_line(r))
-    line, status = verdict(collector.results)
+    line, status = verdict(results)
     print(line)
     if code not in (0, 1, 5):  # interrupted, internal or usage error: not a verdict on the GPU
         print(f"gpu-check: pytest stopped with exit code {code}", file=sys.stderr)
         return 2
     return status
+
+
+def run_battery(argv: list[str] | None = None) -> tuple[list[CheckResult], int]:
+    """(a result a check, pytest's exit code): every test marked cuda (make gpu-bench runs it too)."""
+    import pytest
+
+    collector = _Collector()
+    code = pytest.main(["-q", "-p", "no:cacheprovider", "-m", "cuda", "--no-header", "-rN",
+                        str(ROOT / "tests"), *(argv or [])], plugins=[collector])
+    return collector.results, code
 
 
 if __name__ == "__main__":

@@ -1,0 +1,250 @@
+"""`make gpu-bench`: the first thing to run on a new GPU host, one command, a few minutes.
+
+On whatever GPUs the host has (one rank a GPU, one node), in this order:
+1. the battery (`make gpu-check`: every test marked cuda), a verdict a check;
+2. `compare` on `small` at MLPerf's per-GPU batch (8192 a GPU), defaults, then `--opts all`;
+3. each optimization flag alone against the defaults, runs interleaved (defaults, +flag, ... each
+   round), the period ratio of each flag with a bootstrap 95% CI;
+4. `compare` on `tiny` (the latency-bound regime: launch and input-distribution overheads).
+Everything goes into one folder, runs/gpu-bench-<stamp>/ (run folders, compares/, reports/,
+battery.txt, gpu-bench.json, summary.md), and one summary table is printed last. Every figure is
+the period between iteration starts (what a user waits for), never the timed window alone.
+
+Without CUDA it says so in one line and exits 0. `--device cpu` runs the same plan on CPU ranks
+(with --preset-small tiny: a rehearsal of the plan, not a measurement of a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from harness.names import OPTIMIZATION_FLAGS
+
+
+@dataclass
+class Plan:
+    """What one gpu-bench runs (the command line's choices, resolved)."""
+
+    device: str
+    gpus: int
+    small: str = "small"
+    """The preset of the compare, flag and --opts all steps."""
+    batch_per_gpu: int = 8192
+    iters: int = 30
+    warmup: int = 5
+    repeats: int = 2
+    battery: bool = True
+    flags: tuple[str, ...] = OPTIMIZATION_FLAGS
+
+    def common(self, preset: str, batch_per_gpu: int | None) -> list[str]:
+        """bench/compare options every run of a preset shares."""
+        out = ["--preset", preset, "--device", self.device, "--nodes", "1", "--gpus-per-node", str(self.gpus),
+               "--iters", str(self.iters), "--warmup", str(self.warmup)]
+        if batch_per_gpu:
+            out += ["--global-batch", str(batch_per_gpu * self.gpus)]
+        return out + (["--hardware", "h100"] if self.device == "cuda" else [])
+
+
+@dataclass
+class Outcome:
+    """What gpu-bench found; written to gpu-bench.json as it goes."""
+
+    folder: str
+    plan: dict
+    checks: list[dict] = field(default_factory=list)
+    battery_verdict: str | None = None
+    compares: dict[str, dict] = field(default_factory=dict)
+    """Step name -> compare.json's ratio, CI, runs and the harness side's period and stages."""
+    flags: dict[str, dict] = field(default_factory=dict)
+    """Flag -> its runs and its period ratio over the defaults' with the CI."""
+    failures: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def save(self) -> None:
+        Path(self.folder, "gpu-bench.json").write_text(json.dumps(asdict(self), indent=1, default=str) + "\n")
+
+
+def _cli(argv: list[str]) -> tuple[int, str]:
+    """`python -m harness ...` in this process, its screen output kept (a line a run is printed instead)."""
+    from harness.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(argv)
+    return code, out.getvalue()
+
+
+def run_battery(outcome: Outcome) -> None:
+    from harness.tools.gpu_check import result_line, run_battery as battery, verdict
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        results, _ = battery([])
+    lines = [result_line(r) for r in results]
+    outcome.battery_verdict, _ = verdict(results)
+    outcome.checks = [asdict(r) for r in results]
+    Path(outcome.folder, "battery.txt").write_text("\n".join([*lines, outcome.battery_verdict, "", out.getvalue()]))
+    print("\n".join(lines + [outcome.battery_verdict]), flush=True)
+
+
+def run_compare(outcome: Outcome, plan: Plan, step: str, preset: str, batch_per_gpu: int | None,
+                extra: list[str]) -> None:
+    folder = Path(outcome.folder)
+    argv = ["compare", *plan.common(preset, batch_per_gpu), "--repeats", str(plan.repeats), *extra,
+            "--runs-root", str(folder), "--reports-root", str(folder / "reports")]
+    code, _ = _cli(argv)
+    found = sorted((folder / "compares").glob("*/compare.json"), key=lambda p: p.stat().st_mtime)
+    data = json.loads(found[-1].read_text()) if found else {}
+    if code != 0 or data.get("ratio") is None:
+        outcome.failures.append(f"{step}: compare exited {code} ({data.get('error') or 'no ratio'})")
+        return
+    runs = [folder / r for r in data["runs"]["harness"]]
+    outcome.compares[step] = {"ratio": data["ratio"], "ratio_ci": data["ratio_ci"], "runs": data["runs"],
+                              **_harness_side(runs)}
+    lo, hi = data["ratio_ci"]
+    print(f"{step}: harness/torchrec period {data['ratio']:.3f} (95% CI {lo:.3f}-{hi:.3f})", flush=True)
+
+
+def _harness_side(run_dirs: list[Path]) -> dict:
+    """The harness runs' period and each stage's critical ms (mean over the runs)."""
+    from harness.report import api as report
+    from harness.report.tables import critical_stage_means
+
+    runs = [report.load_run(d) for d in run_dirs]
+    periods = [report.iteration_summary(r)["period_ms_mean"] for r in runs]
+    stages = [critical_stage_means(r, "rank").mean() for r in runs]
+    mean = {k: float(sum(s.get(k, float("nan")) for s in stages) / len(stages)) for k in stages[0].index}
+    return {"period_ms": sum(periods) / len(periods), "stage_ms": mean}
+
+
+def run_flags(outcome: Outcome, plan: Plan) -> None:
+    """Defaults and each flag alone, interleaved round by round, then each flag's ratio with its CI."""
+    from harness.report import api as report
+    from harness.report.compare import compare_runs
+
+    folder = Path(outcome.folder)
+    configs = {"defaults": [], **{f"+{f}": [f"--{f.replace('_', '-')}"] for f in plan.flags}}
+    runs: dict[str, list[str]] = {name: [] for name in configs}
+    for k in range(plan.repeats):
+        for name, extra in configs.items():
+            run_id = f"{folder.name}-{name.strip('+')}-r{k}"
+            code, _ = _cli(["bench", *plan.common(plan.small, plan.batch_per_gpu), *extra, "--run-id", run_id,
+                            "--runs-root", str(folder)])
+            if code != 0:
+                outcome.failures.append(f"flags: {name} run {k} exited {code} ({folder / run_id})")
+                continue
+            runs[name].append(run_id)
+            period = report.iteration_summary(report.load_run(folder / run_id))["period_ms_mean"]
+            print(f"  {name:26s} r{k}: period {period:.3f} ms", flush=True)
+    base = [report.load_run(folder / r) for r in runs["defaults"]]
+    for name in list(configs)[1:]:
+        if not runs[name] or not base:
+            continue
+        cmp = compare_runs({"defaults": base, name: [report.load_run(folder / r) for r in runs[name]]})
+        outcome.flags[name] = {"runs": runs[name], "ratio": cmp.ratio, "ratio_ci": list(cmp.ratio_ci),
+                               "inactive": _inactive(folder / runs[name][0], name.strip("+"))}
+
+
+def _inactive(run_dir: Path, flag: str) -> str | None:
+    """Why the flag did not take effect in that run (its manifest), or None."""
+    flags = json.loads((run_dir / "manifest.json").read_text())["optimizations"]
+    return flags["inactive_reasons"].get(flag)
+
+
+def summary(outcome: Outcome) -> str:
+    """The one table gpu-bench prints last (and writes to summary.md)."""
+    rows = [("battery", outcome.battery_verdict or "not run", "")]
+    for step, c in outcome.compares.items():
+        lo, hi = c["ratio_ci"]
+        rows.append((f"{step}: harness/torchrec", f"{c['ratio']:.3f} (95% CI {lo:.3f}-{hi:.3f})",
+                     f"harness period {c['period_ms']:.2f} ms"))
+    for name, f in outcome.flags.items():
+        lo, hi = f["ratio_ci"]
+        note = f"inactive: {f['inactive']}" if f["inactive"] else ""
+        rows.append((f"{name} / defaults", f"{f['ratio']:.3f} (95% CI {lo:.3f}-{hi:.3f})", note))
+    for step, c in outcome.compares.items():
+        stages = ", ".join(f"{k} {v:.2f}" for k, v in c["stage_ms"].items() if v == v)
+        rows.append((f"{step}: stages (ms)", stages, ""))
+    rows += [("FAILED", f, "") for f in outcome.failures]
+    width = max(len(r[0]) for r in rows)
+    return "\n".join(f"{a:{width}s}  {b}" + (f"  ({c})" if c else "") for a, b, c in rows)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="harness.tools.gpu_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--gpus", type=int, default=None, help="ranks (one a GPU); default: every GPU the host has")
+    p.add_argument("--preset-small", default="small", help="the preset of the compare and flag steps (small)")
+    p.add_argument("--batch-per-gpu", type=int, default=8192)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--flags", default=",".join(OPTIMIZATION_FLAGS), help="the flags run alone (comma-separated)")
+    p.add_argument("--no-battery", action="store_true")
+    p.add_argument("--runs-root", type=Path, default=Path("runs"))
+    args = p.parse_args(argv)
+    unknown = sorted(set(args.flags.split(",")) - set(OPTIMIZATION_FLAGS))
+    if unknown:
+        p.error(f"--flags: {', '.join(unknown)} not among {', '.join(OPTIMIZATION_FLAGS)}")
+    return args
+
+
+def main(argv: list[str] | None = None, *, cuda_available: bool | None = None) -> int:
+    """cuda_available: stands in for torch's answer (tests)."""
+    args = parse(argv)
+    import torch
+
+    from harness.tools.gpu_check import environment_line
+
+    cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
+    if args.device == "cuda" and not cuda:
+        print(f"gpu-bench: no CUDA device on this machine ({environment_line()}): nothing to run; "
+              "run make gpu-bench on a GPU host")
+        return 0
+    gpus = args.gpus or (torch.cuda.device_count() if args.device == "cuda" else 2)
+    plan = Plan(device=args.device, gpus=gpus, small=args.preset_small, batch_per_gpu=args.batch_per_gpu,
+                iters=args.iters, warmup=args.warmup, repeats=args.repeats, battery=not args.no_battery,
+                flags=tuple(args.flags.split(",")))
+    return run(plan, args.runs_root)
+
+
+def run(plan: Plan, runs_root: Path) -> int:
+    folder = Path(runs_root) / time.strftime("gpu-bench-%Y%m%d-%H%M%S")
+    folder.mkdir(parents=True)
+    outcome = Outcome(folder=str(folder), plan=asdict(plan))
+    steps = [("battery", lambda: run_battery(outcome))] if plan.battery and plan.device == "cuda" else []
+    steps += [
+        (f"{plan.small} defaults", lambda: run_compare(outcome, plan, f"{plan.small} defaults", plan.small,
+                                                      plan.batch_per_gpu, [])),
+        (f"{plan.small} --opts all", lambda: run_compare(outcome, plan, f"{plan.small} --opts all", plan.small,
+                                                        plan.batch_per_gpu, ["--opts", "all"])),
+        ("each flag alone", lambda: run_flags(outcome, plan)),
+        ("tiny (latency-bound)", lambda: run_compare(outcome, plan, "tiny", "tiny", None, [])),
+    ]
+    print(f"gpu-bench: {plan.gpus} {plan.device} rank(s), {len(steps)} steps -> {folder}", flush=True)
+    start = time.monotonic()
+    for name, step in steps:
+        t0 = time.monotonic()
+        print(f"== {name} (at {t0 - start:.0f} s)", flush=True)
+        try:
+            step()
+        except Exception as exc:  # a step that breaks is reported; the others still run
+            outcome.failures.append(f"{name}: {type(exc).__name__}: {exc}")
+        outcome.seconds[name] = time.monotonic() - t0
+        outcome.save()
+    table = summary(outcome)
+    (folder / "summary.md").write_text(f"# gpu-bench {folder.name}\n\n```\n{table}\n```\n")
+    print(f"gpu-bench done in {time.monotonic() - start:.0f} s: {folder}\n{table}")
+    return 1 if outcome.failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,57 @@
+"""make gpu-bench: one line without CUDA; its summary table from what it found (hand-made here);
+and the GEMM probe every rank measures, which is the dense step's widest GEMM."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.presets import small, tiny
+from harness.tools.gpu_bench import Outcome, Plan, main, summary
+
+
+def test_without_cuda_it_says_so_in_one_line_and_succeeds(capsys, tmp_path):
+    assert main(["--runs-root", str(tmp_path)], cuda_available=False) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("gpu-bench: no CUDA device on this machine (torch ")
+    assert not any(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_the_plan_runs_small_at_8192_a_gpu_on_the_h100_profile():
+    plan = Plan(device="cuda", gpus=8)
+    argv = plan.common("small", plan.batch_per_gpu)
+    assert argv[argv.index("--global-batch") + 1] == str(8192 * 8)
+    assert argv[argv.index("--gpus-per-node") + 1] == "8" and argv[argv.index("--hardware") + 1] == "h100"
+    assert "--global-batch" not in plan.common("tiny", None)  # tiny keeps its own batch
+
+
+def test_the_summary_has_a_line_for_every_finding(tmp_path):
+    outcome = Outcome(folder=str(tmp_path), plan={}, battery_verdict="gpu-check: READY (12 passed, 0 failed, 0 skipped)",
+                      compares={"small defaults": {"ratio": 0.87, "ratio_ci": [0.85, 0.89], "period_ms": 51.3,
+                                                   "stage_ms": {"dense_fwd_bwd": 19.8, "emb_fwd": 1.07}}},
+                      flags={"+cuda_graphs": {"ratio": 0.83, "ratio_ci": [0.8, 0.86], "inactive": None},
+                             "+avoid_record_streams": {"ratio": 1.0, "ratio_ci": [0.98, 1.02],
+                                                       "inactive": "torch 2.11 already avoids recordStream"}},
+                      failures=["tiny: compare exited 1 (no ratio)"])
+    lines = summary(outcome).splitlines()
+    assert lines[0].split() == ["battery", "gpu-check:", "READY", "(12", "passed,", "0", "failed,", "0", "skipped)"]
+    assert "small defaults: harness/torchrec  0.870 (95% CI 0.850-0.890)  (harness period 51.30 ms)" in lines
+    assert any(line.startswith("+cuda_graphs / defaults") and "0.830 (95% CI 0.800-0.860)" in line for line in lines)
+    assert any("inactive: torch 2.11 already avoids recordStream" in line for line in lines)
+    assert any("dense_fwd_bwd 19.80, emb_fwd 1.07" in line for line in lines)
+    assert lines[-1].startswith("FAILED") and "tiny: compare exited 1" in lines[-1]
+
+
+def test_the_gemm_probe_is_the_dense_steps_widest_gemm_at_its_precision():
+    """The H100 report put the dense step at 149.7% of a 1024^3 fp32 probe: a peak must be measured on
+    what it bounds. small at 8192 a GPU: (8192 x 27*128) @ (3456 x 1024), in bf16 under bf16 autocast."""
+    from harness.run.peaks import dense_gemm_probe, measure_gemm_gflops
+
+    cfg = small()
+    probe = dense_gemm_probe(cfg.model, 8192, "fp32")
+    assert (probe.m, probe.k, probe.n, probe.dtype) == (8192, 27 * 128, 1024, torch.float32)
+    assert dense_gemm_probe(cfg.model, 8192, "bf16").dtype == torch.bfloat16
+    assert probe.describe().startswith("float32 8192x3456x1024, fp32 matmul precision ")
+    t = tiny()
+    little = dense_gemm_probe(t.model, 48, "fp32")
+    assert (little.k, little.n) == ((t.model.num_sparse + 1) * t.model.embedding_dim, t.model.top_mlp[0])
+    assert measure_gemm_gflops(torch.device("cpu"), little, reps=2) > 0
