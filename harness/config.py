@@ -10,33 +10,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.config_fields import non_negative_int as _non_negative_int, option, positive_int as _positive_int
 from harness.names import (
     COLLECTIVE_WAITS, COMM_PRECISIONS, DENSE_PRECISIONS, DYNAMIC_KINDS, DYNAMIC_POLICIES, TABLE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, ENGINES, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
     ShardingType,
 )
-
-# The command line is generated from these dataclasses (harness/launch/options.py): a field's option
-# is --<field-name> unless OPTION names it (today's option names), its help is the field's
-# docstring, and CHOICES lists its valid values for --help and argparse's check.
-OPTION = "option"
-CHOICES = "choices"
-METAVAR = "metavar"
-
-
-def option(default: Any = dataclasses.MISSING, **meta: Any) -> Any:
-    """A field with command-line metadata (option name, choices, metavar); `option=None`: not an option."""
-    return field(default=default, metadata=meta)
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
-def _non_negative_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-
 
 @dataclass(kw_only=True, frozen=True)
 class ModelConfig:
@@ -121,6 +99,10 @@ class DataConfig:
     ragged_every: int = 0
     """Every k-th global batch (iterations k-1, 2k-1, ...) has variable hotness (odd samples keep
     half their ids), to exercise skip_splits_a2a's fallback; 0: every batch has fixed hotness."""
+    ahead: int | None = option(None, metavar="N")
+    """Batches drawn ahead of the loop on a thread of their own (harness/data/ahead.py), pinned on
+    CUDA so their copies to the device are asynchronous; 0: drawn in the loop, between iterations.
+    Left out: 2 on CUDA; 0 on CPU ranks, where that thread would take a core from them."""
     path: str | None = option(None, option="data", metavar="DIR")
     """A folder of MLPerf multi-hot Criteo files (harness/data/criteo_files.py; `make dataset` writes
     some) to train on instead of the synthetic stream; the synthetic knobs then do not apply."""
@@ -128,6 +110,8 @@ class DataConfig:
     def __post_init__(self) -> None:
         _positive_int("data.global_batch_size", self.global_batch_size)
         _non_negative_int("data.ragged_every", self.ragged_every)
+        if self.ahead is not None:
+            _non_negative_int("data.ahead", self.ahead)
         if self.id_exponent < 0:
             raise ValueError(f"data.id_exponent must be >= 0, got {self.id_exponent}")
         if self.path is not None and self.ragged_every:
@@ -228,6 +212,10 @@ class PrecisionConfig:
     """fp32, or fp16: the fused (fbgemm) tables' weights in half precision, which halves their
     memory; fbgemm keeps the fused optimizer's state in fp32 and pools in fp32. Data-parallel tables
     stay fp32 (the run record says so)."""
+    tf32: bool = False
+    """fp32 matmuls on TF32 tensor cores (10-bit significands, fp32 range and accumulation), as
+    torch.backends.cuda.matmul.allow_tf32 sets them: CUDA only (recorded as taking no effect on a
+    CPU); changes the numbers by design. The GEMM probe measures with it too."""
     comm: str = option("fp32", option="comm-precision", choices=COMM_PRECISIONS)
     """Precision of the pooled embeddings on the wire in the forward exchanges (all-to-all,
     reduce-scatter): encoded before, decoded to fp32 after, as TorchRec's quantized comms. fp16 and
@@ -282,6 +270,10 @@ class RunConfig:
     """How long a collective may wait before the job is declared failed."""
     fail_at: tuple[int, int] | None = option(None, metavar="RANK:ITER")
     """Fault injection for tests: (rank, iteration) at which that rank raises. None: no fault."""
+    profile: tuple[int, int] | None = option(None, metavar="FIRST:LAST")
+    """Iterations FIRST..LAST under torch.profiler, a Chrome trace a rank (rankNNNNN/trace.json:
+    Perfetto, HTA), each stage an annotated range over its ops and kernels (harness/run/profile_window.py).
+    Those iterations pay the profiler's cost: put them in the warm-up. None: no profiler."""
     stall_at: tuple[int, int] | None = option(None, metavar="RANK:ITER")
     """Fault injection: (rank, iteration) at which that rank hangs; the others' collective timeout ends the job."""
 
@@ -430,6 +422,9 @@ class BenchConfig:
                 # A fault that can never fire would make the test that asked for it pass vacuously.
                 raise ValueError(f"run.{name} {at[0]}:{at[1]} never happens: ranks are 0..{self.run.world_size - 1} "
                                  f"and iterations 0..{total - 1}")
+        profile = self.run.profile
+        if profile is not None and not 0 <= profile[0] <= profile[1] < total:
+            raise ValueError(f"run.profile {profile[0]}:{profile[1]} is not a window of the run's iterations 0..{total - 1}")
         if self.evaluation.every_samples and self.data.path is None:
             raise ValueError("evaluation needs --data: the synthetic stream has no held-out day")
         if self.data.global_batch_size % self.run.world_size:

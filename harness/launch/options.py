@@ -19,7 +19,8 @@ import typing
 from collections.abc import Iterator
 from typing import Any
 
-from harness.config import CHOICES, METAVAR, OPTION, BenchConfig
+from harness.config import BenchConfig
+from harness.config_fields import CHOICES, METAVAR, OPTION
 from harness.names import OPTIMIZATION_FLAGS
 from harness.presets import PRESETS
 

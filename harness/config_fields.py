@@ -1,0 +1,30 @@
+"""How a config field (harness/config.py) is declared and checked: its command-line metadata and
+the checks of integer fields, shared by every concern."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import field
+from typing import Any
+
+# The command line is generated from the config's dataclasses (harness/launch/options.py): a field's option
+# is --<field-name> unless OPTION names it (today's option names), its help is the field's
+# docstring, and CHOICES lists its valid values for --help and argparse's check.
+OPTION = "option"
+CHOICES = "choices"
+METAVAR = "metavar"
+
+
+def option(default: Any = dataclasses.MISSING, **meta: Any) -> Any:
+    """A field with command-line metadata (option name, choices, metavar); `option=None`: not an option."""
+    return field(default=default, metadata=meta)
+
+
+def positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def non_negative_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
