@@ -29,6 +29,12 @@ class Batch:
             labels=self.labels.to(device, non_blocking=non_blocking),
         )
 
+    def pin(self) -> "Batch":
+        """The batch in page-locked host memory: a copy to a GPU from it can run asynchronously."""
+        sparse = SparseFeatures(lengths=self.sparse.lengths.pin_memory(), values=self.sparse.values.pin_memory(),
+                                feature_values=self.sparse.feature_values)
+        return Batch(dense=self.dense.pin_memory(), sparse=sparse, labels=self.labels.pin_memory())
+
 
 def power_law_ids(u: np.ndarray, rows: int, exponent: float) -> np.ndarray:
     """Ids in [0, rows) from uniforms u in [0, 1), p(k) ~ (k+1)^-exponent (inverse CDF of the continuous law)."""

@@ -29,6 +29,8 @@ class PrecisionEntry:
     """The pooled embeddings' precision on the wire, forward (config precision.comm)."""
     comm_bwd: str = "fp32"
     """Their gradients' precision on the wire, backward (config precision.comm_bwd, resolved)."""
+    tf32: bool = False
+    """Whether fp32 matmuls ran on TF32 tensor cores (config precision.tf32, on a GPU)."""
     numerics_changed: bool = False
     """True when losses and weights differ from an fp32 run by design."""
     note: str = "fp32 throughout"
@@ -62,6 +64,18 @@ class DenseOptimizerEntry:
 
 
 @dataclass(kw_only=True, frozen=True)
+class AheadEntry:
+    """How many batches a thread draws ahead of the loop on the run's device (config data.ahead,
+    resolved): not a flag, it changes no number, but where the batch time goes."""
+
+    depth: int = 0
+    """Batches made ahead; 0: drawn in the loop between iterations (manifests written before it
+    was recorded read 0, which is what those runs did)."""
+    reason: str = ""
+    """Why that many, for reports."""
+
+
+@dataclass(kw_only=True, frozen=True)
 class ResolvedFlags:
     """The optimization flags asked for and what takes effect on the run's device (harness/run/optimizations.py)."""
 
@@ -81,6 +95,8 @@ class ResolvedFlags:
     """How hosts wait for collectives (not a flag); manifests written before it existed read as block."""
     dense_optimizer: DenseOptimizerEntry = field(default_factory=DenseOptimizerEntry)
     """The dense Adagrad's implementation on the run's device (not a flag)."""
+    batches_ahead: AheadEntry = field(default_factory=AheadEntry)
+    """Batches a thread draws ahead of the loop (not a flag)."""
 
     def __post_init__(self) -> None:
         for name in ("requested", "effective"):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 
 from harness.config import OptimizationsConfig, PrecisionConfig
-from harness.records.manifest import DenseOptimizerEntry, PrecisionEntry, ResolvedFlags, WaitEntry
+from harness.records.manifest import AheadEntry, DenseOptimizerEntry, PrecisionEntry, ResolvedFlags, WaitEntry
 from harness.names import OPTIMIZATION_FLAGS
 from model.names import KNOWN_SPLITS_KINDS, ROW_BLOCKED_KINDS, ShardingType
 
@@ -60,9 +60,23 @@ def dense_adagrad(device_type: str, *, engine: str = "harness",
     return DenseOptimizerEntry(impl="foreach", reason=f"this torch has no fused Adagrad kernel for {device_type}")
 
 
+AHEAD_ON_CUDA = 2
+"""Batches drawn ahead on CUDA: the one the next iteration takes and the one after it."""
+
+
+def batches_ahead(requested: int | None, *, cuda: bool) -> AheadEntry:
+    """config data.ahead resolved for the device: as asked, or left out 2 on CUDA and 0 on CPU."""
+    if requested is not None:
+        return AheadEntry(depth=requested, reason="as asked (--ahead)")
+    if cuda:
+        return AheadEntry(depth=AHEAD_ON_CUDA, reason="CUDA: the host draws while the GPU computes")
+    return AheadEntry(depth=0, reason="CPU ranks: a thread drawing batches would share their cores (measured: no "
+                      "gain, docs/input-pipeline-notes.md)")
+
+
 def resolve(
     opts: OptimizationsConfig, *, cuda: bool, plan_kinds: Sequence[str], precision: PrecisionConfig = PrecisionConfig(),
-    engine: str = "harness", torch_version: str | None = None,
+    engine: str = "harness", torch_version: str | None = None, ahead: int | None = None,
 ) -> ResolvedFlags:
     """torch_version: the installed torch's when None (a seam for tests)."""
     torch_version = torch_version or metadata.version("torch")
@@ -94,9 +108,11 @@ def resolve(
                                         "splits (they depend on the ids)")
     effective = {f: requested[f] and f not in reasons for f in OPTIMIZATION_FLAGS}
     return ResolvedFlags(pipeline=opts.pipeline, requested=requested, effective=effective,
-                         inactive_reasons=reasons, notes=notes, precision=_precision_entry(precision, plan_kinds),
+                         inactive_reasons=reasons, notes=notes,
+                         precision=_precision_entry(precision, plan_kinds, cuda=cuda),
                          collective_wait=_wait_entry(opts.collective_wait, cuda=cuda, engine=engine),
-                         dense_optimizer=dense_adagrad("cuda" if cuda else "cpu", engine=engine))
+                         dense_optimizer=dense_adagrad("cuda" if cuda else "cpu", engine=engine),
+                         batches_ahead=batches_ahead(ahead, cuda=cuda))
 
 
 def _wait_entry(requested: str, *, cuda: bool, engine: str) -> WaitEntry:
@@ -111,10 +127,14 @@ def _wait_entry(requested: str, *, cuda: bool, engine: str) -> WaitEntry:
     return WaitEntry(requested=requested, effective=requested)
 
 
-def _precision_entry(precision: PrecisionConfig, plan_kinds: Sequence[str] = ()) -> PrecisionEntry:
+def _precision_entry(precision: PrecisionConfig, plan_kinds: Sequence[str] = (), *, cuda: bool = False) -> PrecisionEntry:
     notes = []
     if precision.dense != "fp32":
         notes.append(f"dense forward under {precision.dense} autocast (fp32 weights, optimizer state and loss)")
+    tf32 = precision.tf32 and cuda
+    if tf32:
+        notes.append("fp32 matmuls on TF32 tensor cores (10-bit significands)")
+    no_tf32 = "; tf32 takes no effect: TF32 is a CUDA tensor-core format, this run is on cpu" * (precision.tf32 and not cuda)
     fused = any(k != ShardingType.DATA_PARALLEL for k in plan_kinds) or not plan_kinds
     wire = (precision.comm, precision.wire_bwd)
     if wire != ("fp32", "fp32") and fused:
@@ -132,10 +152,10 @@ def _precision_entry(precision: PrecisionConfig, plan_kinds: Sequence[str] = ())
             wire != ("fp32", "fp32"))
         idle = (f"{' and '.join(asked)} take no effect: every table of this plan is data-parallel, and those stay "
                 "fp32 and exchange no pooled embeddings") if asked else "fp32 throughout"
-        return PrecisionEntry(tables=precision.tables, comm=wire[0], comm_bwd=wire[1], note=idle)
-    return PrecisionEntry(dense=precision.dense, tables=precision.tables, comm=wire[0], comm_bwd=wire[1],
+        return PrecisionEntry(tables=precision.tables, comm=wire[0], comm_bwd=wire[1], note=idle + no_tf32)
+    return PrecisionEntry(dense=precision.dense, tables=precision.tables, comm=wire[0], comm_bwd=wire[1], tf32=tf32,
                           numerics_changed=True,
-                          note="; ".join(notes) + ": losses and weights differ from fp32 runs by design")
+                          note="; ".join(notes) + ": losses and weights differ from fp32 runs by design" + no_tf32)
 
 
 def describe(res: ResolvedFlags) -> str:
@@ -153,10 +173,13 @@ def describe(res: ResolvedFlags) -> str:
         lines.append("optimization flags: none requested")
     wait = res.collective_wait
     lines.append(f"collective wait: {wait.effective}" + (f" (requested {wait.requested}: {wait.reason})" if wait.reason else ""))
+    ahead = res.batches_ahead
+    lines.append(f"batches ahead: {ahead.depth}" + (f" ({ahead.reason})" if ahead.reason else ""))
     dense_opt = res.dense_optimizer
     lines.append(f"dense optimizer: Adagrad {dense_opt.impl}" + (f" ({dense_opt.reason})" if dense_opt.reason else ""))
     prec = res.precision
-    lines.append(f"precision: dense {prec.dense}, tables {prec.tables}, comm {prec.comm}/{prec.comm_bwd}"
+    lines.append(f"precision: dense {prec.dense}{' (TF32 matmuls)' if prec.tf32 else ''}, tables {prec.tables}, "
+                 f"comm {prec.comm}/{prec.comm_bwd}"
                  + (f": NUMERICS CHANGED, {prec.note}" if prec.numerics_changed
                     else f": {prec.note}" if prec.note != "fp32 throughout" else ""))
     return "\n".join(lines)

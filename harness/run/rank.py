@@ -135,13 +135,19 @@ def build_embeddings(env: RankEnv, *, host: HostCopies, wait: WaitFn, moved: Col
     return ShardedEmbeddingCollection(ctx, env.plan)
 
 
+def resolved_flags(env: RankEnv) -> ResolvedFlags:
+    """What takes effect, resolved here: for callers that launched nothing (tests; the launcher
+    writes it to the manifest otherwise)."""
+    cfg = env.cfg
+    return resolve(cfg.optimizations, cuda=env.device.type == "cuda", plan_kinds=[tp.kind for tp in env.plan],
+                   precision=cfg.precision, engine=cfg.run.engine, ahead=cfg.data.ahead)
+
+
 def build_rank(env: RankEnv, data: BatchSource, flags: ResolvedFlags | None = None) -> RankParts:
     """The harness engine's parts. `flags`: what takes effect (the manifest's resolution); None
-    resolves the config here, for callers that launched nothing (tests)."""
+    resolves the config here (resolved_flags)."""
     cfg, device, world = env.cfg, env.device, env.cfg.run.world_size
-    if flags is None:
-        flags = resolve(cfg.optimizations, cuda=device.type == "cuda", plan_kinds=[tp.kind for tp in env.plan],
-                        precision=cfg.precision)
+    flags = flags or resolved_flags(env)
     on, wait = flags.effective, WAITS[flags.collective_wait.effective]
     dense = build_dense(cfg, device)
     moved = CollectiveBytes()  # every collective counts the bytes it moves here; each iteration's go to its records

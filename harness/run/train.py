@@ -7,11 +7,13 @@ import torch
 import torch.distributed as dist
 
 from harness.config import BenchConfig
+from harness.data.ahead import Ahead, maybe_ahead
 from harness.data.source import open_batches
 from harness.records.manifest import ResolvedFlags
 from harness.records.writer import RankRecorder
+from harness.run.device import maybe_tf32
 from harness.run.loop import Loop, TrainResult, open_result_log
-from harness.run.rank import RankEnv, build_rank
+from harness.run.rank import RankEnv, build_rank, resolved_flags
 from model.sharding import TablePlan
 
 
@@ -30,12 +32,19 @@ def train(
     config here, for callers that launched nothing (tests).
     keep_weights: return the final weights (tests compare them with a reference)."""
     env = RankEnv(cfg=cfg, rank=rank, device=device, recorder=recorder, plan=list(plan), group=group)
-    data = open_batches(cfg)
-    result_log = open_result_log(cfg, rank=rank, device=device, recorder=recorder, data=data)
-    if cfg.run.engine == "torchrec":  # imported here: torchrec is needed only by runs that ask for it
-        from harness.run.engine_torchrec import build_torchrec_rank
+    flags = flags or resolved_flags(env)
+    maybe_tf32(flags.precision.tf32)
+    data = maybe_ahead(open_batches(cfg), flags.batches_ahead.depth, rank=rank, world=cfg.run.world_size,
+                       total=cfg.run.warmup_iters + cfg.run.iters, device=device)
+    try:
+        result_log = open_result_log(cfg, rank=rank, device=device, recorder=recorder, data=data)
+        if cfg.run.engine == "torchrec":  # imported here: torchrec is needed only by runs that ask for it
+            from harness.run.engine_torchrec import build_torchrec_rank
 
-        parts = build_torchrec_rank(env, data)
-    else:
-        parts = build_rank(env, data, flags)
-    return Loop(cfg, parts, rank=rank, recorder=recorder, result_log=result_log).run(keep_weights=keep_weights)
+            parts = build_torchrec_rank(env, data)
+        else:
+            parts = build_rank(env, data, flags)
+        return Loop(cfg, parts, rank=rank, recorder=recorder, result_log=result_log).run(keep_weights=keep_weights)
+    finally:
+        if isinstance(data, Ahead):
+            data.close()
