@@ -79,14 +79,17 @@ def test_a_config_that_cannot_run_stops_before_any_run(tmp_path, monkeypatch, ca
 
 
 def test_torchrec_runs_stock_while_the_harness_keeps_its_flags():
+    """TorchRec runs stock (no harness flags, fp32 tables and wire) at the same dense precision as
+    the harness (issue 45: the comparison stays same-math)."""
     from harness.launch.compare import engine_configs
     from harness.config import OptimizationsConfig, PrecisionConfig
     from harness.presets import tiny
 
     cfg = tiny().replace(optimizations=OptimizationsConfig(skip_splits_a2a=True, threaded_input_dist=True),
-                         precision=PrecisionConfig(dense="bf16"))
+                         precision=PrecisionConfig(dense="bf16", tf32=True, comm="bf16", tables="fp16"))
     cfgs = engine_configs(cfg)
-    assert cfgs["harness"].precision.dense == "bf16" and cfgs["torchrec"].precision.dense == "fp32"
+    assert cfgs["harness"].precision == cfg.precision
+    assert cfgs["torchrec"].precision == PrecisionConfig(dense="bf16", tf32=True)
     assert cfgs["harness"].optimizations == cfg.optimizations and cfgs["harness"].run.engine == "harness"
     stock = cfgs["torchrec"].optimizations
     assert stock.pipeline and not any(stock.requested().values())

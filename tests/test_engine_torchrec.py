@@ -67,3 +67,25 @@ def test_refuses_what_torchrec_cannot_run_here():
     flagged = cfg.replace(optimizations=dataclasses.replace(cfg.optimizations, skip_splits_a2a=True))
     with pytest.raises(ValueError, match="skip_splits_a2a"):
         check_config(flagged, ["table_wise"])
+
+
+def test_both_engines_run_bf16_dense_the_same_way(tmp_path):
+    """--dense-precision bf16: TorchRec's dense arch runs under the harness's autocast, so the two
+    engines stay same-math (issue 45): their losses agree to bf16 rounding, and differ from fp32's
+    (autocast reached TorchRec's arch)."""
+    from harness.config import PrecisionConfig
+
+    cfg = tiny(nodes=1, gpus_per_node=2, iters=STEPS, warmup_iters=0, device="cpu")
+    cfg = cfg.replace(optimizer=OptimizerConfig(learning_rate=0.05, eps=1e-2),
+                      sharding=ShardingConfig(kind="table_wise"), precision=PrecisionConfig(dense="bf16"))
+    plan, _ = make_plan(cfg, ranks_per_host=2)
+    losses = {}
+    for engine, precision in (("harness", "bf16"), ("torchrec", "bf16"), ("torchrec", "fp32")):
+        c = cfg.replace(run=dataclasses.replace(cfg.run, engine=engine), precision=PrecisionConfig(dense=precision))
+        (tmp_path / f"{engine}-{precision}").mkdir()
+        losses[engine, precision] = torch.tensor([r["losses"] for r in run_ranks(c, plan, tmp_path / f"{engine}-{precision}")],
+                                                 dtype=torch.float64)
+    # bf16 keeps 8 significand bits (tests/test_precision.py): the engines' bf16 losses agree far
+    # inside the 1e-2 that separates bf16 from fp32 here.
+    torch.testing.assert_close(losses["torchrec", "bf16"], losses["harness", "bf16"], rtol=2e-3, atol=0)
+    assert (losses["torchrec", "bf16"] - losses["torchrec", "fp32"]).abs().max() > 0

@@ -67,6 +67,41 @@ def test_bf16_losses_stay_within_tolerance_of_fp32(tmp_path):
     assert diff.max() > 0, "bf16 gave the fp32 losses bitwise: autocast did not reach the train loop"
 
 
+def test_tf32_is_recorded_and_said_to_take_no_effect_on_a_cpu():
+    """--tf32 (issue 45): fp32 matmuls on TF32 tensor cores where there are some; a CPU run records
+    that it took no effect and keeps the fp32 numbers."""
+    from harness.run.optimizations import resolve
+
+    cfg = config_from_args(build_parser().parse_args(["bench", "--preset", "tiny", "--tf32"]))
+    assert cfg.precision.tf32 is True
+    on_cpu = resolve(cfg.optimizations, cuda=False, plan_kinds=["table_wise"], precision=cfg.precision)
+    assert not on_cpu.precision.tf32 and not on_cpu.precision.numerics_changed
+    assert "tf32 takes no effect: TF32 is a CUDA tensor-core format" in describe(on_cpu)
+    on_gpu = resolve(cfg.optimizations, cuda=True, plan_kinds=["table_wise"], precision=cfg.precision)
+    assert on_gpu.precision.tf32 and on_gpu.precision.numerics_changed
+    assert "precision: dense fp32 (TF32 matmuls)" in describe(on_gpu)
+    both = cfg.replace(precision=PrecisionConfig(dense="bf16", tf32=True))
+    mixed = resolve(both.optimizations, cuda=False, plan_kinds=["table_wise"], precision=both.precision)
+    assert mixed.precision.numerics_changed and "tf32 takes no effect" in mixed.precision.note
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_tf32_losses_stay_within_tolerance_of_fp32_on_a_gpu(tmp_path):
+    """TF32 keeps 10 significand bits (2^-11 relative a matmul input), tighter than bf16's 8: the
+    bf16 bound holds for it, and it moves the losses (TF32 reached the train loop)."""
+    cfg = tiny(nodes=1, gpus_per_node=1, iters=ITERS, warmup_iters=0, device="cuda")
+    plan, _ = make_plan(cfg, ranks_per_host=1)
+    losses = {}
+    for tf32 in (False, True):
+        out = tmp_path / str(tf32)
+        out.mkdir()
+        ranks = run_ranks(cfg.replace(precision=PrecisionConfig(tf32=tf32)), plan, out, device="cuda")
+        losses[tf32] = torch.tensor([r["losses"] for r in ranks], dtype=torch.float64)
+    diff = (losses[True] - losses[False]).abs()
+    assert 0 < diff.max() < LOSS_TOLERANCE, diff
+
+
 # --table-precision fp16 -------------------------------------------------------------------------
 
 # A plan with every fused kind (the rest table-wise): fp16 weights reach each sharding's TBE.

@@ -26,13 +26,15 @@ ENGINE_ORDER = ("torchrec", "harness")
 
 
 def engine_configs(cfg: BenchConfig) -> dict[str, BenchConfig]:
-    """One config per engine: the given one with run.engine changed, and for TorchRec the loop and
-    precision as stock TorchRec runs them (TrainPipelineSparseDist, none of the harness's flags,
-    torch's blocking waits, fp32), so `OPTS="--skip-splits-a2a"` or `--dense-precision bf16` measures what it buys over
-    stock TorchRec."""
+    """One config per engine: the given one with run.engine changed, and for TorchRec the loop as
+    stock TorchRec runs it (TrainPipelineSparseDist, none of the harness's flags, torch's blocking
+    waits, fp32 tables and wire), so `OPTS="--skip-splits-a2a"` measures what it buys over stock
+    TorchRec. The dense arch's precision (--dense-precision, --tf32) is the same on both sides:
+    TorchRec's dense arch runs under the same autocast, so the comparison stays same-math."""
     return {
         "torchrec": cfg.replace(run=dataclasses.replace(cfg.run, engine="torchrec"),
-                                optimizations=OptimizationsConfig(collective_wait="block"), precision=PrecisionConfig()),
+                                optimizations=OptimizationsConfig(collective_wait="block"),
+                                precision=PrecisionConfig(dense=cfg.precision.dense, tf32=cfg.precision.tf32)),
         "harness": cfg.replace(run=dataclasses.replace(cfg.run, engine="harness")),
     }
 

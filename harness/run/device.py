@@ -59,3 +59,12 @@ def process_group_options(device: torch.device) -> dict[str, object]:
     communicators there and then, at start, not lazily inside iteration 0's first timed collective
     (and new groups split from the bound one); on CPU nothing (gloo has no device to bind)."""
     return {"device_id": device} if device.type == "cuda" else {}
+
+
+def maybe_tf32(on: bool) -> None:
+    """precision.tf32 (resolved: only ever on for a CUDA run): fp32 matmuls on TF32 tensor cores,
+    process-wide. Called before the rank's GEMM probe, so the probe measures what the dense step
+    runs, and at the start of training."""
+    if not on:
+        return
+    torch.backends.cuda.matmul.allow_tf32 = True

@@ -45,9 +45,6 @@ def check_config(cfg: BenchConfig, plan_kinds: Sequence[str]) -> None:
         if kind not in SUPPORTED_KINDS:
             raise ValueError(f"--engine torchrec cannot shard a table {kind}; pick --sharding "
                              f"{'/'.join(SUPPORTED_KINDS)}")
-    if cfg.precision.dense != "fp32":
-        raise ValueError(f"--engine torchrec trains the dense arch in fp32 as stock TorchRec does: drop "
-                         f"--dense-precision {cfg.precision.dense}")
     if cfg.precision.tables != "fp32":
         raise ValueError(f"--engine torchrec here runs its tables in fp32: drop --table-precision {cfg.precision.tables}")
     if cfg.precision.comm != "fp32" or cfg.precision.wire_bwd != "fp32":
@@ -214,6 +211,20 @@ def module_plan(cfg: BenchConfig, plan: list[TablePlan], ebc: nn.Module, device_
     )
 
 
+def _autocast_forward(arch: nn.Module, device_type: str, dtype: torch.dtype, *, float_out: bool = False) -> None:
+    """Run `arch` under autocast, as the harness's dense step runs its DenseArch (harness/run/dense_step.py):
+    the forward method swapped on the instance, so parameter names (and DDP's buckets) stay as they
+    are. float_out: hand back fp32 (the logits: the loss is taken in fp32 on both engines)."""
+    forward = arch.forward
+
+    def autocast_forward(*args, **kwargs):
+        with torch.autocast(device_type, dtype=dtype, cache_enabled=False):
+            out = forward(*args, **kwargs)
+        return out.float() if float_out else out
+
+    arch.forward = autocast_forward
+
+
 def _dlrm_train(cfg: BenchConfig, ebc: nn.Module, device: torch.device) -> tuple[nn.Module, dict[str, str]]:
     """(DLRMTrain over DLRM_DCN with the harness's initial dense weights, harness -> TorchRec names)."""
     from torchrec.distributed.comm_ops import set_gradient_division
@@ -233,6 +244,10 @@ def _dlrm_train(cfg: BenchConfig, ebc: nn.Module, device: torch.device) -> tuple
     # global someone else may flip). Adagrad with eps is not scale-invariant: a gradient off by
     # the world size changes the updates, not only their scale (tests/test_engine_torchrec.py).
     set_gradient_division(True)
+    if cfg.precision.dense == "bf16":  # the same mixed precision as the harness: the comparison stays same-math
+        for arch in (dlrm.dense_arch, dlrm.inter_arch):
+            _autocast_forward(arch, device.type, torch.bfloat16)
+        _autocast_forward(dlrm.over_arch, device.type, torch.bfloat16, float_out=True)
     net = DLRMTrain(dlrm)
     names = dense_name_map(m)
     own = dict(net.named_parameters())

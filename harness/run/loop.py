@@ -19,6 +19,7 @@ from harness.run.dynamic_setup import write_counts
 from harness.run.evaluate import EvalRecord, eval_iterations
 from harness.run.faults import maybe_inject_fault
 from harness.run.mlperf_log import ResultLog
+from harness.run.profile_window import ProfileWindow
 from harness.run.progress import Progress
 from harness.run.rank import RankParts
 from model.dynamic_table import DynamicCounts
@@ -62,6 +63,8 @@ class Loop:
         self.evals: list[EvalRecord] = []
         self.trained = 0
         """Iterations of the segments finished so far."""
+        self.profile = ProfileWindow(cfg.run.profile, out=recorder.dir / "trace.json" if recorder is not None else None,
+                                     cuda=parts.timeline.cuda)
 
     def run(self, *, keep_weights: bool) -> TrainResult:
         parts = self.parts
@@ -103,9 +106,12 @@ class Loop:
             with tl.between(it - 1 if it > first else None, "next_batch"):
                 step.prepare(it)
             maybe_inject_fault(self.cfg, self.rank, it, self.recorder)
+            self.profile.maybe_start(it)
+            tl.annotate = self.profile.active
             tl.begin_iteration(it)
             out = step.run(it)
             tl.end_iteration()
+            self.profile.maybe_stop(it)
             records.pending[it] = out.loss.clone()  # a graphed step's loss is a static buffer the next replay overwrites
             if out.splits_exchanged is not None:
                 records.exchanged[it] = out.splits_exchanged
@@ -145,7 +151,8 @@ class Loop:
         def keep_counts() -> None:
             write_counts(self.recorder, parts.step.dynamic_counts())
 
-        for cleanup in (parts.records.flush, log_aborted, keep_counts, parts.close, parts.step.end_segment):
+        for cleanup in (parts.records.flush, log_aborted, keep_counts, self.profile.close, parts.close,
+                        parts.step.end_segment):
             try:
                 cleanup()
             except Exception as cleanup_exc:

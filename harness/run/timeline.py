@@ -113,6 +113,11 @@ def cuda_clock(device: torch.device) -> EventClock:
                       synchronize=lambda: torch.cuda.synchronize(device))
 
 
+def maybe_record_function(on: bool, name: str) -> contextlib.AbstractContextManager:
+    """A torch.profiler range named `name` when `on` (the profiler is recording), else nothing."""
+    return torch.profiler.record_function(name) if on else contextlib.nullcontext()
+
+
 class Timeline:
     """Marks stage and iteration boundaries; `drain()` hands back finished spans.
 
@@ -127,7 +132,9 @@ class Timeline:
         if clock is None and cuda:
             clock = cuda_clock(device or torch.device("cuda", torch.cuda.current_device()))
         self.clock = clock or _HostClock()
-        self.stages_on = stages
+        self.stages_on, self.cuda = stages, cuda
+        self.annotate = False
+        """Also open a torch.profiler range a stage (a --profile window is open: harness/run/profile_window.py)."""
         self._stage_marks: list[tuple[int, str, object, object]] = []
         self._iter_marks: list[tuple[int, object, object]] = []
         self._sub_marks: list[tuple[int, str, str, object, object]] = []
@@ -152,7 +159,8 @@ class Timeline:
         nvtx.push_range(name)
         start = self.clock.mark()
         try:
-            yield
+            with maybe_record_function(self.annotate, name):
+                yield
         finally:
             self._stage_marks.append((self._iter, name, start, self.clock.mark()))
             nvtx.pop_range()
@@ -179,7 +187,8 @@ class Timeline:
         nvtx.push_range(f"{stage}:{name}")
         start = self.clock.mark()
         try:
-            yield
+            with maybe_record_function(self.annotate, f"{stage}:{name}"):
+                yield
         finally:
             self._sub_marks.append((iteration, stage, name, start, self.clock.mark()))
             nvtx.pop_range()

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from harness.run.device import process_group_options, resolve_device
+from harness.run.device import maybe_tf32, process_group_options, resolve_device
 from harness.records.manifest import RankInfo
 from harness.run.peaks import dense_gemm_probe, measure_copy_gbps, measure_gemm_gflops
 from harness.records.writer import RankRecorder, read_manifest
@@ -59,6 +59,7 @@ def run_rank(run_dir: str) -> dict:
         maybe_avoid_record_streams(flags.effective["avoid_record_streams"])
         dist.init_process_group(backend, timeout=dt.timedelta(seconds=cfg.run.collective_timeout_s),
                                 **process_group_options(device))
+        maybe_tf32(flags.precision.tf32)
         probe = dense_gemm_probe(cfg.model, cfg.local_batch_size, cfg.precision.dense)
         info = RankInfo(
             run_id=manifest.run_id, rank=rank, node=node, host=socket.gethostname(), pid=os.getpid(),
