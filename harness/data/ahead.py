@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from harness.data.handoff import put_unless_stopped, stop_and_join
 from harness.data.source import BatchSource
 from harness.data.synthetic import Batch
 
@@ -70,30 +71,15 @@ class Ahead:
                 torch.cuda.set_device(self.device)
             for it in range(first, self.total):
                 batch = self.data.local_batch(it, self.rank, self.world)
-                if not _put(out, batch.pin() if self.pin else batch, stop):
+                if not put_unless_stopped(out, batch.pin() if self.pin else batch, stop):
                     return
         except BaseException as exc:  # handed to the loop, which fails the run with it
-            _put(out, exc, stop)
+            put_unless_stopped(out, exc, stop)
 
     def close(self) -> None:
         """Stop and join the thread (a run never leaves one behind)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            if self._thread.is_alive():
-                raise RuntimeError("the batch thread did not stop within 30 s")
-            self._thread = None
-
-
-def _put(out: queue.Queue, item: object, stop: threading.Event) -> bool:
-    """Hand over, unless the reader has stopped taking (it closed, failed or finished)."""
-    while not stop.is_set():
-        try:
-            out.put(item, timeout=0.1)
-            return True
-        except queue.Full:
-            continue
-    return False
+        stop_and_join(self._thread, self._stop, "the batch thread")
+        self._thread = None
 
 
 def maybe_ahead(data: BatchSource, depth: int, *, rank: int, world: int, total: int,

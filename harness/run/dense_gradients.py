@@ -16,7 +16,6 @@ bits; a fixed bucket size gives the same bits run after run, whatever the optimi
 from __future__ import annotations
 
 import contextlib
-
 import itertools
 from collections.abc import Callable
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.data.handoff import put_unless_stopped, stop_and_join
 from harness.data.source import BatchSource
 from harness.data.synthetic import Batch
 from harness.run.input_streams import InputStreams, SameStream
@@ -168,13 +169,7 @@ class InputFeeder:
     # ---- the thread ---------------------------------------------------------------------
     def _put(self, item: object) -> bool:
         """Hand over, unless the main thread has stopped taking (it failed or finished)."""
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_unless_stopped(self._queue, item, self._stop)
 
     def _produce(self) -> None:
         try:
@@ -193,8 +188,4 @@ class InputFeeder:
 
     def close(self) -> None:
         """Stop and join the thread, so a run never leaves one behind."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            if self._thread.is_alive():
-                raise RuntimeError("input-dist thread did not stop within 30 s")
+        stop_and_join(self._thread, self._stop, "input-dist thread")
