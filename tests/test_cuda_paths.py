@@ -30,6 +30,24 @@ def test_dense_adagrad_is_foreach_where_torch_has_no_fused_kernel():
     assert dense_adagrad("cuda", engine="torchrec").impl == "default"
 
 
+def test_a_cuda_kernel_that_torch_adagrad_refuses_is_not_fused(monkeypatch):
+    """What the second H100 session met: torch 2.11 registers a CUDA `_fused_adagrad_` kernel, yet its
+    Adagrad passes `cuda_unsupported=True` to its device check and raises at the first step."""
+    import inspect
+
+    import torch
+
+    from harness.run import optimizations
+
+    monkeypatch.setattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", lambda op, key: True)
+    real = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda obj: "_device_dtype_check_for_fused(p, cuda_unsupported=True)"
+                        if obj is inspect.getmodule(torch.optim.Adagrad) else real(obj))
+    assert not optimizations.fused_adagrad_registered("cuda") and optimizations.fused_adagrad_registered("cpu")
+    monkeypatch.setattr(inspect, "getsource", lambda obj: "_device_dtype_check_for_fused(p)")
+    assert optimizations.fused_adagrad_registered("cuda")
+
+
 def test_the_manifest_records_the_dense_optimizer():
     from harness.records.manifest import ResolvedFlags
     from harness.records.typed_json import dumps, loads

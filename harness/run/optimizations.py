@@ -7,6 +7,8 @@ one reading site and nothing is dropped silently.
 
 from __future__ import annotations
 
+import os
+
 from collections.abc import Callable, Sequence
 from importlib import metadata
 
@@ -37,14 +39,21 @@ def input_thread_launches(cuda: bool) -> bool:
 
 
 def fused_adagrad_registered(device_type: str) -> bool:
-    """Whether the installed torch has a fused Adagrad kernel for `device_type` (asked of the
-    dispatcher: no device is touched, so the launcher may ask before any rank starts). torch's
-    fused Adagrad is CPU-only up to at least torch 2.11: `fused=True` raises at the first step on
-    CUDA there, which is what killed every CUDA run of the first H100 session."""
+    """Whether the installed torch runs a fused Adagrad on `device_type`, asked without touching a
+    device (so the launcher may ask before any rank starts). Two gates: the dispatcher must have
+    the kernel, and torch.optim.Adagrad's own device check must accept the device. torch 2.11
+    registers a CUDA kernel yet its Adagrad refuses CUDA at the first step (`cuda_unsupported=True`),
+    which is what killed every CUDA run of the first two H100 sessions."""
+    import inspect
+
     import torch
 
     key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
-    return key is not None and torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_adagrad_", key)
+    if key is None or not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_adagrad_", key):
+        return False
+    if device_type == "cuda":
+        return "cuda_unsupported=True" not in inspect.getsource(inspect.getmodule(torch.optim.Adagrad))
+    return True
 
 
 def dense_adagrad(device_type: str, *, engine: str = "harness",
@@ -63,20 +72,37 @@ def dense_adagrad(device_type: str, *, engine: str = "harness",
 AHEAD_ON_CUDA = 2
 """Batches drawn ahead on CUDA: the one the next iteration takes and the one after it."""
 
+AHEAD_WORKERS_MAX = 8
+"""At most this many batch threads a rank: small at 8192 samples takes about 25 ms of one core
+(numpy), so 8 keep up with a 4 ms iteration; more would only take cores from the launching thread."""
 
-def batches_ahead(requested: int | None, *, cuda: bool) -> AheadEntry:
-    """config data.ahead resolved for the device: as asked, or left out 2 on CUDA and 0 on CPU."""
-    if requested is not None:
-        return AheadEntry(depth=requested, reason="as asked (--ahead)")
-    if cuda:
-        return AheadEntry(depth=AHEAD_ON_CUDA, reason="CUDA: the host draws while the GPU computes")
+
+def ahead_workers(depth: int, *, local_ranks: int, cores: int | None = None) -> int:
+    """Threads making batches for one of `local_ranks` ranks on a host of `cores` (the CPUs this
+    process may use): two cores a rank are left to its launching thread and the runtime."""
+    if depth == 0:
+        return 0
+    cores = cores or len(os.sched_getaffinity(0))
+    return max(1, min(AHEAD_WORKERS_MAX, cores // max(1, local_ranks) - 2))
+
+
+def batches_ahead(requested: int | None, *, cuda: bool, local_ranks: int = 1, cores: int | None = None) -> AheadEntry:
+    """config data.ahead resolved for the device: as asked, or left out 2 on CUDA and 0 on CPU;
+    with the threads that make them (ahead_workers)."""
+    if requested is not None or cuda:
+        depth = AHEAD_ON_CUDA if requested is None else requested
+        workers = ahead_workers(depth, local_ranks=local_ranks, cores=cores)
+        why = "as asked (--ahead)" if requested is not None else "CUDA: the host draws while the GPU computes"
+        return AheadEntry(depth=depth, workers=workers,
+                          reason=why + (f"; {workers} thread(s) of {cores or len(os.sched_getaffinity(0))} cores "
+                                        f"shared by {local_ranks} rank(s)" if depth else ""))
     return AheadEntry(depth=0, reason="CPU ranks: a thread drawing batches would share their cores (measured: no "
                       "gain, docs/input-pipeline-notes.md)")
 
 
 def resolve(
     opts: OptimizationsConfig, *, cuda: bool, plan_kinds: Sequence[str], precision: PrecisionConfig = PrecisionConfig(),
-    engine: str = "harness", torch_version: str | None = None, ahead: int | None = None,
+    engine: str = "harness", torch_version: str | None = None, ahead: int | None = None, local_ranks: int = 1,
 ) -> ResolvedFlags:
     """torch_version: the installed torch's when None (a seam for tests)."""
     torch_version = torch_version or metadata.version("torch")
@@ -112,7 +138,7 @@ def resolve(
                          precision=_precision_entry(precision, plan_kinds, cuda=cuda),
                          collective_wait=_wait_entry(opts.collective_wait, cuda=cuda, engine=engine),
                          dense_optimizer=dense_adagrad("cuda" if cuda else "cpu", engine=engine),
-                         batches_ahead=batches_ahead(ahead, cuda=cuda))
+                         batches_ahead=batches_ahead(ahead, cuda=cuda, local_ranks=local_ranks))
 
 
 def _wait_entry(requested: str, *, cuda: bool, engine: str) -> WaitEntry:
