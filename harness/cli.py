@@ -90,7 +90,8 @@ def plan_and_flags(cfg: BenchConfig, *, ranks_per_host: int,
     if cuda:
         check_shard_dims(plan)
     flags = resolve(cfg.optimizations, cuda=cuda, plan_kinds=[tp.kind for tp in plan],
-                    precision=cfg.precision, engine=cfg.run.engine, ahead=cfg.data.ahead)
+                    precision=cfg.precision, engine=cfg.run.engine, ahead=cfg.data.ahead,
+                    local_ranks=cfg.run.gpus_per_node)
     return plan, estimate, flags
 
 

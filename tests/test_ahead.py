@@ -24,14 +24,14 @@ def same(a, b) -> bool:
 
 
 def ahead_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "batches-ahead"]
+    return [t for t in threading.enumerate() if t.name.startswith("batches-ahead")]
 
 
-@pytest.mark.parametrize("ragged_every", [0, 3])
-def test_the_synthetic_stream_ahead_is_the_stream(ragged_every):
+@pytest.mark.parametrize("ragged_every,workers", [(0, 1), (3, 1), (3, 3)])
+def test_the_synthetic_stream_ahead_is_the_stream(ragged_every, workers):
     cfg = tiny()
     source = SyntheticCriteo(cfg.model, DataConfig(global_batch_size=96, ragged_every=ragged_every))
-    ahead = Ahead(source, rank=1, world=2, total=12, depth=2, device=torch.device("cpu"))
+    ahead = Ahead(source, rank=1, world=2, total=12, depth=2, device=torch.device("cpu"), workers=workers)
     order = [0, 1, 2, 3, 4, 7, 8, 9, 2, 3, 11]  # in order, a skip, a step back, the last
     for it in order:
         assert same(ahead.local_batch(it, 1, 2), source.local_batch(it, 1, 2)), it
@@ -44,7 +44,7 @@ def test_the_synthetic_stream_ahead_is_the_stream(ragged_every):
 def test_the_files_ahead_are_the_files(tmp_path):
     model = tiny().model
     files = CriteoFiles(write_days(tmp_path / "d"), model, global_batch_size=4)
-    ahead = maybe_ahead(files, 2, rank=0, world=2, total=2, device=torch.device("cpu"))
+    ahead = maybe_ahead(files, 2, rank=0, world=2, total=2, device=torch.device("cpu"), workers=2)
     assert isinstance(ahead, Ahead) and ahead.train_rows == files.train_rows
     for it in (0, 1):
         assert same(ahead.local_batch(it, 0, 2), files.local_batch(it, 0, 2))
@@ -54,7 +54,7 @@ def test_the_files_ahead_are_the_files(tmp_path):
 
 def test_a_failing_source_fails_the_reader_and_leaves_no_thread():
     class Failing:
-        def local_batch(self, it, rank, world):
+        def local_batch(self, it, rank, world, pin=False):
             if it == 2:
                 raise OSError("disk gone")
             return it
@@ -65,6 +65,17 @@ def test_a_failing_source_fails_the_reader_and_leaves_no_thread():
         ahead.local_batch(2, 0, 1)
     ahead.close()
     assert ahead_threads() == []
+
+
+def test_batch_threads_leave_each_rank_two_cores():
+    from harness.run.optimizations import ahead_workers, batches_ahead
+
+    assert ahead_workers(2, local_ranks=1, cores=16) == 8  # capped
+    assert ahead_workers(2, local_ranks=8, cores=112) == 8 and ahead_workers(2, local_ranks=8, cores=64) == 6
+    assert ahead_workers(2, local_ranks=2, cores=2) == 1 and ahead_workers(0, local_ranks=1, cores=16) == 0
+    entry = batches_ahead(None, cuda=True, local_ranks=4, cores=24)
+    assert (entry.depth, entry.workers) == (2, 4) and "4 thread(s) of 24 cores shared by 4 rank(s)" in entry.reason
+    assert batches_ahead(None, cuda=False).depth == 0
 
 
 def test_training_with_batches_ahead_is_training_without(tmp_path):
@@ -93,7 +104,7 @@ def test_batches_ahead_on_a_gpu_are_pinned_and_the_same():
     cfg = tiny()
     source = SyntheticCriteo(cfg.model, DataConfig(global_batch_size=96))
     device = torch.device("cuda", torch.cuda.device_count() - 1)
-    ahead = Ahead(source, rank=0, world=2, total=4, depth=2, device=device)
+    ahead = Ahead(source, rank=0, world=2, total=4, depth=2, device=device, workers=2)
     for it in range(4):
         got = ahead.local_batch(it, 0, 2)
         assert got.dense.is_pinned() and got.sparse.values.is_pinned() and got.labels.is_pinned()

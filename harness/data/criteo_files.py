@@ -231,9 +231,11 @@ class CriteoFiles:
     def global_batch(self, iteration: int) -> Batch:
         return self.samples(iteration * self.global_batch_size, self.global_batch_size)
 
-    def local_batch(self, iteration: int, rank: int, world_size: int) -> Batch:
+    def local_batch(self, iteration: int, rank: int, world_size: int, *, pin: bool = False) -> Batch:
+        """pin: copied to page-locked memory once read, for an asynchronous copy to a GPU."""
         local = self.global_batch_size // world_size
-        return self.samples(iteration * self.global_batch_size + rank * local, local)
+        batch = self.samples(iteration * self.global_batch_size + rank * local, local)
+        return batch.pin() if pin else batch
 
     def held_out(self, stage: str) -> tuple[int, int]:
         """(first row, rows) of the last day's half for `stage`: val the first ceil(n / 2), test the rest."""

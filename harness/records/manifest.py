@@ -71,6 +71,9 @@ class AheadEntry:
     depth: int = 0
     """Batches made ahead; 0: drawn in the loop between iterations (manifests written before it
     was recorded read 0, which is what those runs did)."""
+    workers: int = 1
+    """Threads making them, each a whole batch in turn (numpy's Philox, logs and powers release
+    the GIL, so they run in parallel); runs recorded before this field had one."""
     reason: str = ""
     """Why that many, for reports."""
 

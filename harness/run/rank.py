@@ -140,7 +140,8 @@ def resolved_flags(env: RankEnv) -> ResolvedFlags:
     writes it to the manifest otherwise)."""
     cfg = env.cfg
     return resolve(cfg.optimizations, cuda=env.device.type == "cuda", plan_kinds=[tp.kind for tp in env.plan],
-                   precision=cfg.precision, engine=cfg.run.engine, ahead=cfg.data.ahead)
+                   precision=cfg.precision, engine=cfg.run.engine, ahead=cfg.data.ahead,
+                   local_ranks=cfg.run.gpus_per_node)
 
 
 def build_rank(env: RankEnv, data: BatchSource, flags: ResolvedFlags | None = None) -> RankParts:
@@ -173,9 +174,14 @@ def build_rank(env: RankEnv, data: BatchSource, flags: ResolvedFlags | None = No
     if cfg.evaluation.every_samples:
         scores = partial(evaluate, files=data, stage=cfg.evaluation.stage, embeddings=embeddings, dense=dense,
                          rank=env.rank, world_size=world, device=device, group=env.group)
-    return RankParts(step=step, timeline=timeline, records=RecordFlusher(timeline=timeline, host=host,
-                                                                         recorder=env.recorder),
+    return RankParts(step=step, timeline=timeline, records=records_flusher(env, timeline),
                      data=data, evaluate=scores, close=close_store)
+
+
+def records_flusher(env: RankEnv, timeline: Timeline) -> RecordFlusher:
+    """The rank's records: the losses' copies to the host are the harness's own instrumentation, so
+    pinned and asynchronous on CUDA whatever --pinned-d2h says (that flag is the step's copies)."""
+    return RecordFlusher(timeline=timeline, host=HostCopies(device=env.device, pinned=True), recorder=env.recorder)
 
 
 def _feeder(env: RankEnv, first: int, end: int, *, embeddings: ShardedEmbeddingCollection, data: BatchSource,

@@ -35,7 +35,7 @@ def train(
     flags = flags or resolved_flags(env)
     maybe_tf32(flags.precision.tf32)
     data = maybe_ahead(open_batches(cfg), flags.batches_ahead.depth, rank=rank, world=cfg.run.world_size,
-                       total=cfg.run.warmup_iters + cfg.run.iters, device=device)
+                       total=cfg.run.warmup_iters + cfg.run.iters, device=device, workers=flags.batches_ahead.workers)
     try:
         result_log = open_result_log(cfg, rank=rank, device=device, recorder=recorder, data=data)
         if cfg.run.engine == "torchrec":  # imported here: torchrec is needed only by runs that ask for it
