@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-import torch.distributed as dist
 
+from model.collective_ops import all_to_all_single
 from model.collective_wait import WaitFn, block
 from model.features import FeatureOrder, SparseFeatures
 
@@ -109,7 +109,7 @@ class IdsAllToAll:
         """Launch the splits all-to-all of `counts` (from `counts()`); nothing here waits for it."""
         received = torch.empty_like(counts)
         self.count("ids", [2] * self.world_size, [2] * self.world_size, counts.element_size())
-        work = dist.all_to_all_single(received, counts, group=self.group, async_op=True)
+        work = all_to_all_single(received, counts, group=self.group, async_op=True)
         flight = SplitsInFlight(counts=counts, received=received, work=work)
         if self.transfer.non_blocking:
             # On NCCL wait() only makes the current stream wait for the collective, so the copy
@@ -144,7 +144,7 @@ class IdsAllToAll:
         out = torch.empty(sum(s[0] + s[1] for s in received), dtype=values.dtype, device=self.device)
         recv_splits, send_splits = [s[0] + s[1] for s in received], [s[0] + s[1] for s in sent]
         self.count("ids", send_splits, recv_splits, out.element_size())
-        work = dist.all_to_all_single(out, packed, output_split_sizes=recv_splits, input_split_sizes=send_splits,
+        work = all_to_all_single(out, packed, output_split_sizes=recv_splits, input_split_sizes=send_splits,
                                       group=self.group, async_op=True)
         return IdsInFlight(out, work, received, grouped.lengths.dtype, batches.pop())
 

@@ -192,6 +192,35 @@ def test_mixed_plan_matches_unsharded_reference(world, tmp_path):
     check_against_reference(world, ShardingConfig(kind="auto", per_table=MIXED), tmp_path)
 
 
+@pytest.mark.parametrize("kind", ["table_wise", "row_wise", "table_row_wise"])
+def test_one_rank_matches_unsharded_reference(kind, tmp_path):
+    """One rank: every all-to-all is a local copy (model/collective_ops.py), and the math is the reference's."""
+    check_against_reference(1, ShardingConfig(kind=kind), tmp_path)
+
+
+def test_a_one_rank_group_exchanges_by_copy_without_a_collective(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    from model.collective_ops import Done, all_to_all_single
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        def refuse(*args, **kwargs):
+            raise AssertionError("a one-rank exchange launched a collective")
+
+        monkeypatch.setattr(dist, "all_to_all_single", refuse)
+        sent = torch.arange(6.0).reshape(2, 3)
+        out = torch.empty(6)
+        work = all_to_all_single(out, sent, output_split_sizes=[6], input_split_sizes=[6], async_op=True)
+        assert isinstance(work, Done) and work.wait() and work.is_completed()
+        assert torch.equal(out, torch.arange(6.0))
+        assert all_to_all_single(torch.empty(6), sent) is None
+        with pytest.raises(ValueError, match="cannot take the 6 sent"):
+            all_to_all_single(torch.empty(5), sent)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_table_wise_on_three_ranks_is_uneven():
     cfg = tiny(nodes=1, gpus_per_node=3).replace(sharding=ShardingConfig(kind="table_wise"))
     plan, desc = make_plan(cfg, ranks_per_host=3)

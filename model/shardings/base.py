@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from model.collective_ops import reduce_scatter_single
+from model.collective_ops import all_to_all_single, reduce_scatter_single
 from model.collective_bytes import CollectiveBytes
 from model.collective_wait import WaitFn, block
 from model.dynamic_table import DynamicSettings
@@ -126,7 +126,7 @@ class ShardingContext:
         splits = [b * wire.shape[1]] * ranks
         self.count_all_to_all(phase, splits, splits, wire.element_size(),
                               group_rank=self.rank if group is None else dist.get_rank(group))
-        self.wait(dist.all_to_all_single(parts, wire.reshape(-1), output_split_sizes=splits, input_split_sizes=splits,
+        self.wait(all_to_all_single(parts, wire.reshape(-1), output_split_sizes=splits, input_split_sizes=splits,
                                          group=group, async_op=True))
         return codec.decode(parts.view(ranks * b, -1), width).view(ranks, b, width).sum(dim=0)
 

@@ -7,9 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
-from model.collective_ops import all_gather_single
+from model.collective_ops import all_gather_single, all_to_all_single
 from model.features import FeatureOrder, SparseFeatures
 from model.ids_all_to_all import IdsAllToAll, PendingIds
 from model.names import ShardingType
@@ -141,7 +140,7 @@ class TableRowWiseSharding:
         send, recv = self._exchange_sizes(b, codec)
         received = torch.empty(sum(recv), device=ctx.device, dtype=codec.dtype)
         ctx.count_all_to_all("pooled_fwd", send, recv, received.element_size())
-        ctx.wait(dist.all_to_all_single(received, summed.reshape(-1), output_split_sizes=recv, input_split_sizes=send,
+        ctx.wait(all_to_all_single(received, summed.reshape(-1), output_split_sizes=recv, input_split_sizes=send,
                                         group=ctx.pg, async_op=True))
         widths = [self.node_widths[r // self.per_node] for r in range(ctx.world_size)]
         parts = [codec.decode(c.view(b, -1), wd) for c, n, wd in zip(received.split(recv), recv, widths) if n]
@@ -159,7 +158,7 @@ class TableRowWiseSharding:
         send = torch.cat([codec.encode(c).reshape(-1) for c in grad.split(self.node_widths, dim=1)])
         received = torch.empty(sum(send_back), device=self.ctx.device, dtype=codec.dtype)
         self.ctx.count_all_to_all("pooled_bwd", recv_back, send_back, received.element_size())
-        work = dist.all_to_all_single(received, send, output_split_sizes=send_back, input_split_sizes=recv_back,
+        work = all_to_all_single(received, send, output_split_sizes=send_back, input_split_sizes=recv_back,
                                       group=self.ctx.pg, async_op=True)
         return BackwardInFlight(fwd, received, work)
 

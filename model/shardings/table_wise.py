@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.distributed as dist
 
+from model.collective_ops import all_to_all_single
 from model.embeddings import build_fused_tbe, init_shard_
 from model.features import FeatureOrder, SparseFeatures
 from model.ids_all_to_all import IdsAllToAll, PendingIds
@@ -82,7 +82,7 @@ class PooledAllToAllSharding:
         send_splits = [local_batch * codec.units(self.widths[ctx.rank])] * ctx.world_size
         received = torch.empty(sum(recv_splits), device=ctx.device, dtype=send.dtype)
         ctx.count_all_to_all("pooled_fwd", send_splits, recv_splits, received.element_size())
-        ctx.wait(dist.all_to_all_single(
+        ctx.wait(all_to_all_single(
             received, send.reshape(-1), output_split_sizes=recv_splits,
             input_split_sizes=send_splits, group=ctx.pg, async_op=True,
         ))
@@ -100,7 +100,7 @@ class PooledAllToAllSharding:
         received = torch.empty(b * ctx.world_size * mine, device=ctx.device, dtype=send.dtype)
         recv_splits, send_splits = [b * mine] * ctx.world_size, [b * codec.units(wd) for wd in self.widths]
         ctx.count_all_to_all("pooled_bwd", send_splits, recv_splits, received.element_size())
-        work = dist.all_to_all_single(received, send, output_split_sizes=recv_splits, input_split_sizes=send_splits,
+        work = all_to_all_single(received, send, output_split_sizes=recv_splits, input_split_sizes=send_splits,
                                       group=ctx.pg, async_op=True)
         return BackwardInFlight(fwd, received, work)
 
