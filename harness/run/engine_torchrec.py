@@ -21,11 +21,9 @@ from torch import nn
 
 from harness.config import BenchConfig, ModelConfig
 from harness.data.source import BatchSource
-from harness.run.flush import RecordFlusher
 from harness.names import ENGINE_TIMED_STAGES
-from harness.run.pinned_d2h import HostCopies
 from harness.run.timeline import Timeline
-from harness.run.rank import RankEnv, RankParts, build_dense
+from harness.run.rank import RankEnv, RankParts, build_dense, records_flusher
 from harness.run.step import StepOutput
 from model.embeddings import EMBEDDING_OPTIMIZERS, init_shard_
 from model.names import ShardingType
@@ -341,5 +339,4 @@ def build_torchrec_rank(env: RankEnv, data: BatchSource) -> RankParts:
     """The TorchRec engine's parts: the same records as the harness engine's, fewer stages timed."""
     timeline = Timeline(cuda=env.device.type == "cuda", stages=env.cfg.run.timeline, device=env.device)
     step = TorchRecStep(env.cfg, rank=env.rank, device=env.device, plan=env.plan, data=data, timeline=timeline)
-    records = RecordFlusher(timeline=timeline, host=HostCopies(device=env.device, pinned=False), recorder=env.recorder)
-    return RankParts(step=step, timeline=timeline, records=records, data=data)
+    return RankParts(step=step, timeline=timeline, records=records_flusher(env, timeline), data=data)

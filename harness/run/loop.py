@@ -122,7 +122,7 @@ class Loop:
                 progress.done(it)
             if (it + 1) % self.cfg.run.flush_every == 0:
                 with tl.between(it if it < last else None, "flush_records"):
-                    records.flush()
+                    records.flush(lag=True)
         step.end_segment()
 
     def _evaluate(self, last: int) -> EvalRecord:

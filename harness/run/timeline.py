@@ -54,6 +54,9 @@ class _HostClock:
     def drained(self) -> None:
         pass
 
+    def rebase(self, mark: int, host_ns: int) -> None:
+        pass
+
 
 class DeviceEvent(Protocol):
     """What the event clock needs of an event (torch.cuda.Event; a fake in tests)."""
@@ -101,6 +104,12 @@ class EventClock:
     def drained(self) -> None:
         """Take a new anchor (after a drain: the device is idle up to the last mark anyway)."""
         self._anchor = self._take_anchor()
+
+    def rebase(self, mark: tuple[DeviceEvent, _Anchor], host_ns: int) -> None:
+        """Anchor later marks on `mark`, a finished event already resolved to `host_ns`: keeps the
+        offsets as short as a flush interval without the device-wide sync a new anchor costs (the
+        rounding this adds is that of one flush interval in float32 ms, about 8 ns at 100 ms)."""
+        self._anchor = _Anchor(mark[0], host_ns)
 
 
 def cuda_clock(device: torch.device) -> EventClock:
@@ -193,12 +202,19 @@ class Timeline:
             self._sub_marks.append((iteration, stage, name, start, self.clock.mark()))
             nvtx.pop_range()
 
-    def drain_sub(self) -> list[SubSpan]:
-        """Sub-spans finished since the last drain_sub (on CUDA this waits for the marked work)."""
+    def drain_sub(self, upto: "Cut | None" = None) -> list[SubSpan]:
+        """Sub-spans finished since the last drain_sub, or those marked before `upto` (on CUDA
+        this waits for the marked work)."""
+        n = len(self._sub_marks) if upto is None else upto.subs
         r = self.clock.resolve
-        subs = [SubSpan(i, st, n, *r(a, b)) for i, st, n, a, b in self._sub_marks]
-        self._sub_marks = []
+        subs = [SubSpan(i, st, n_, *r(a, b)) for i, st, n_, a, b in self._sub_marks[:n]]
+        del self._sub_marks[:n]
         return subs
+
+    def cut(self) -> "Cut":
+        """Where the marks held now end: the next drain(upto=) takes those and leaves the rest (a
+        cut counts from the front, so it holds until the next drain)."""
+        return Cut(stages=len(self._stage_marks), iterations=len(self._iter_marks), subs=len(self._sub_marks))
 
     def open_span(self, stage: str, iteration: int) -> tuple[int, str, object, object]:
         """Start a span that ends elsewhere (a pipelined input dist ends in a later iteration,
@@ -216,11 +232,27 @@ class Timeline:
             self._stage_marks.append((iteration, stage, start, self.clock.mark()))
             nvtx.end_range(nvtx_range)
 
-    def drain(self) -> tuple[list[StageSpan], list[StageSpan]]:
-        """(stage spans, iteration spans) since the last drain. On CUDA this waits for the marked work."""
+    def drain(self, upto: "Cut | None" = None) -> tuple[list[StageSpan], list[StageSpan]]:
+        """(stage spans, iteration spans) since the last drain. On CUDA this waits for the marked
+        work: all of it, and the device is synchronized for a new anchor; with `upto` (a cut taken
+        a flush ago, its work long finished) only the marks before it, with no device-wide sync."""
+        ns, ni = (len(self._stage_marks), len(self._iter_marks)) if upto is None else (upto.stages, upto.iterations)
         r = self.clock.resolve
-        stages = [StageSpan(i, n, *r(a, b)) for i, n, a, b in self._stage_marks]
-        iters = [StageSpan(i, "iteration", *r(a, b)) for i, a, b in self._iter_marks]
-        self._stage_marks, self._iter_marks = [], []
-        self.clock.drained()
+        stages = [StageSpan(i, n, *r(a, b)) for i, n, a, b in self._stage_marks[:ns]]
+        iters = [StageSpan(i, "iteration", *r(a, b)) for i, a, b in self._iter_marks[:ni]]
+        last = self._iter_marks[ni - 1][2] if ni else None
+        del self._stage_marks[:ns], self._iter_marks[:ni]
+        if upto is None:
+            self.clock.drained()
+        elif last is not None:
+            self.clock.rebase(last, iters[-1].end_ns)
         return stages, iters
+
+
+@dataclass(frozen=True)
+class Cut:
+    """How many marks of each kind a Timeline held at a point (Timeline.cut)."""
+
+    stages: int
+    iterations: int
+    subs: int
