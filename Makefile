@@ -204,7 +204,7 @@ gpu-check: $(DEPS) $(EXT)
 # (defaults, --opts all), each flag alone against the defaults, compare on tiny; one folder under
 # runs/, one summary table. Without a GPU, one line and exit 0.
 gpu-bench: $(DEPS) $(EXT)
-	$(PY) -m harness.tools.gpu_bench
+	$(PY) -m harness.tools.gpu_bench $(OPTS)
 
 # Planning only: the harness's sharding plan of the mlperf tables against TorchRec's planner.
 plan-compare: $(DEPS)

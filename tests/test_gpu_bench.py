@@ -41,6 +41,40 @@ def test_the_summary_has_a_line_for_every_finding(tmp_path):
     assert lines[-1].startswith("FAILED") and "tiny: compare exited 1" in lines[-1]
 
 
+def test_the_harness_side_gives_issue_45s_shares_of_the_period():
+    """From the second H100 session's records: GPU idle between iterations and input_dist exposed,
+    each over the period (hand values from docs/gpu-session-2-notes.md: 2.84 and 2.05 of 14.69 ms)."""
+    from pathlib import Path
+
+    from harness.tools.gpu_bench import _harness_side
+
+    side = _harness_side([Path("tests/data/h100-runs-2/s-bf16-r0")])
+    assert abs(side["period_ms"] - 14.69) < 0.01
+    assert abs(side["share_of_period"]["between_iterations"] - 2.84 / 14.69) < 0.002
+    assert abs(side["share_of_period"]["input_dist"] - 2.05 / 14.69) < 0.002
+    outcome = Outcome(folder="f", plan={}, compares={"small defaults": {"ratio": 1.0, "ratio_ci": [0.9, 1.1], **side}})
+    assert any("GPU idle between iterations 19.3%, input_dist exposed 14.0%" in line
+               for line in summary(outcome).splitlines())
+
+
+def test_the_archive_is_the_folder_and_is_replaced_whole(tmp_path):
+    import tarfile
+
+    from harness.tools.gpu_bench import write_archive
+
+    folder = tmp_path / "gpu-bench-x"
+    (folder / "run").mkdir(parents=True)
+    (folder / "run" / "a.txt").write_text("one")
+    archive = tmp_path / "out" / "gpu-bench.tgz"
+    write_archive(folder, archive)
+    (folder / "summary.md").write_text("two")
+    write_archive(folder, archive)
+    with tarfile.open(archive) as tar:
+        assert sorted(tar.getnames()) == ["gpu-bench-x", "gpu-bench-x/run", "gpu-bench-x/run/a.txt",
+                                          "gpu-bench-x/summary.md"]
+    assert [p.name for p in archive.parent.iterdir()] == ["gpu-bench.tgz"]
+
+
 def test_the_gemm_probe_is_the_dense_steps_widest_gemm_at_its_precision():
     """The H100 report put the dense step at 149.7% of a 1024^3 fp32 probe: a peak must be measured on
     what it bounds. small at 8192 a GPU: (8192 x 27*128) @ (3456 x 1024), in bf16 under bf16 autocast."""

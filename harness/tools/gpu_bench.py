@@ -21,6 +21,7 @@ import contextlib
 import io
 import json
 import sys
+import tarfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,11 +43,13 @@ class Plan:
     repeats: int = 2
     battery: bool = True
     flags: tuple[str, ...] = OPTIMIZATION_FLAGS
+    precision: str = "bf16"
+    """The dense precision of every run (both engines): issue 45's targets are stated at bf16."""
 
     def common(self, preset: str, batch_per_gpu: int | None) -> list[str]:
         """bench/compare options every run of a preset shares."""
         out = ["--preset", preset, "--device", self.device, "--nodes", "1", "--gpus-per-node", str(self.gpus),
-               "--iters", str(self.iters), "--warmup", str(self.warmup)]
+               "--iters", str(self.iters), "--warmup", str(self.warmup), "--dense-precision", self.precision]
         if batch_per_gpu:
             out += ["--global-batch", str(batch_per_gpu * self.gpus)]
         return out + (["--hardware", "h100"] if self.device == "cuda" else [])
@@ -66,9 +69,23 @@ class Outcome:
     """Flag -> its runs and its period ratio over the defaults' with the CI."""
     failures: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    archive: str | None = None
+    """A .tar.gz of the folder, rewritten after every step (a device lease brings back few files)."""
 
     def save(self) -> None:
         Path(self.folder, "gpu-bench.json").write_text(json.dumps(asdict(self), indent=1, default=str) + "\n")
+        if self.archive:
+            write_archive(Path(self.folder), Path(self.archive))
+
+
+def write_archive(folder: Path, archive: Path) -> None:
+    """folder as archive (gzip tar, written aside then renamed, so a lease that ends mid-write
+    still leaves the previous step's archive whole)."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    part = archive.with_name(archive.name + ".part")
+    with tarfile.open(part, "w:gz") as tar:
+        tar.add(folder, arcname=folder.name)
+    part.replace(archive)
 
 
 def _cli(argv: list[str]) -> tuple[int, str]:
@@ -121,7 +138,11 @@ def _harness_side(run_dirs: list[Path]) -> dict:
     periods = [report.iteration_summary(r)["period_ms_mean"] for r in runs]
     stages = [critical_stage_means(r, "rank").mean() for r in runs]
     mean = {k: float(sum(s.get(k, float("nan")) for s in stages) / len(stages)) for k in stages[0].index}
-    return {"period_ms": sum(periods) / len(periods), "stage_ms": mean}
+    period = sum(periods) / len(periods)
+    # Issue 45's two shares: the GPU idle between iterations (the device waits for the host there)
+    # and the input dist left exposed, each over the period.
+    shares = {k: mean.get(k, float("nan")) / period for k in ("between_iterations", "input_dist")}
+    return {"period_ms": period, "stage_ms": mean, "share_of_period": shares}
 
 
 def run_flags(outcome: Outcome, plan: Plan) -> None:
@@ -172,6 +193,10 @@ def summary(outcome: Outcome) -> str:
     for step, c in outcome.compares.items():
         stages = ", ".join(f"{k} {v:.2f}" for k, v in c["stage_ms"].items() if v == v)
         rows.append((f"{step}: stages (ms)", stages, ""))
+        shares = c.get("share_of_period", {})
+        if shares:
+            rows.append((f"{step}: share of the period", f"GPU idle between iterations "
+                         f"{shares['between_iterations']:.1%}, input_dist exposed {shares['input_dist']:.1%}", ""))
     rows += [("FAILED", f, "") for f in outcome.failures]
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"{a:{width}s}  {b}" + (f"  ({c})" if c else "") for a, b, c in rows)
@@ -189,6 +214,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--flags", default=",".join(OPTIMIZATION_FLAGS), help="the flags run alone (comma-separated)")
     p.add_argument("--no-battery", action="store_true")
+    p.add_argument("--dense-precision", choices=("fp32", "bf16"), default="bf16",
+                   help="every run's dense precision, both engines (default bf16, issue 45's targets)")
+    p.add_argument("--archive", type=Path, default=None,
+                   help="also keep the folder as this .tar.gz, rewritten after each step (e.g. $OUT/gpu-bench.tgz "
+                        "under a device lease that brings back a few files)")
     p.add_argument("--runs-root", type=Path, default=Path("runs"))
     args = p.parse_args(argv)
     unknown = sorted(set(args.flags.split(",")) - set(OPTIMIZATION_FLAGS))
@@ -212,14 +242,14 @@ def main(argv: list[str] | None = None, *, cuda_available: bool | None = None) -
     gpus = args.gpus or (torch.cuda.device_count() if args.device == "cuda" else 2)
     plan = Plan(device=args.device, gpus=gpus, small=args.preset_small, batch_per_gpu=args.batch_per_gpu,
                 iters=args.iters, warmup=args.warmup, repeats=args.repeats, battery=not args.no_battery,
-                flags=tuple(args.flags.split(",")))
-    return run(plan, args.runs_root)
+                flags=tuple(args.flags.split(",")), precision=args.dense_precision)
+    return run(plan, args.runs_root, archive=args.archive)
 
 
-def run(plan: Plan, runs_root: Path) -> int:
+def run(plan: Plan, runs_root: Path, *, archive: Path | None = None) -> int:
     folder = Path(runs_root) / time.strftime("gpu-bench-%Y%m%d-%H%M%S")
     folder.mkdir(parents=True)
-    outcome = Outcome(folder=str(folder), plan=asdict(plan))
+    outcome = Outcome(folder=str(folder), plan=asdict(plan), archive=str(archive) if archive else None)
     steps = [("battery", lambda: run_battery(outcome))] if plan.battery and plan.device == "cuda" else []
     steps += [
         (f"{plan.small} defaults", lambda: run_compare(outcome, plan, f"{plan.small} defaults", plan.small,
@@ -242,6 +272,7 @@ def run(plan: Plan, runs_root: Path) -> int:
         outcome.save()
     table = summary(outcome)
     (folder / "summary.md").write_text(f"# gpu-bench {folder.name}\n\n```\n{table}\n```\n")
+    outcome.save()  # the archive with the summary in it
     print(f"gpu-bench done in {time.monotonic() - start:.0f} s: {folder}\n{table}")
     return 1 if outcome.failures else 0
 
