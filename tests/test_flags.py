@@ -43,6 +43,12 @@ def test_cuda_only_flags_are_inactive_on_cpu_with_reasons():
     # Who launches the input dist's collectives is said per backend (harness/run/input_pipeline.py).
     assert "main thread launches every collective" in on_gpu.notes["threaded_input_dist"]
     assert "thread also launches" in res.notes["threaded_input_dist"]
+    one_gpu = resolve(OptimizationsConfig(threaded_input_dist=True), cuda=True, plan_kinds=["table_wise"],
+                      world_size=1)
+    assert not one_gpu.effective["threaded_input_dist"]
+    assert "one GPU: the input dist exchanges nothing" in one_gpu.inactive_reasons["threaded_input_dist"]
+    assert resolve(OptimizationsConfig(threaded_input_dist=True), cuda=False, plan_kinds=["table_wise"],
+                   world_size=1).effective["threaded_input_dist"]  # CPU ranks: the flag's own measurements stand
 
 
 def test_avoid_record_streams_is_inactive_where_torch_already_avoids_them():

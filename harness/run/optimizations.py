@@ -103,6 +103,7 @@ def batches_ahead(requested: int | None, *, cuda: bool, local_ranks: int = 1, co
 def resolve(
     opts: OptimizationsConfig, *, cuda: bool, plan_kinds: Sequence[str], precision: PrecisionConfig = PrecisionConfig(),
     engine: str = "harness", torch_version: str | None = None, ahead: int | None = None, local_ranks: int = 1,
+    world_size: int = 2,
 ) -> ResolvedFlags:
     """torch_version: the installed torch's when None (a seam for tests)."""
     torch_version = torch_version or metadata.version("torch")
@@ -119,7 +120,12 @@ def resolve(
     elif requested["avoid_record_streams"] and torch_avoids_record_streams(torch_version):
         reasons["avoid_record_streams"] = (f"torch {torch_version} already avoids recordStream in ProcessGroupNCCL "
                                            "and ignores the variable (deprecated since torch 2.8)")
-    if requested["threaded_input_dist"]:
+    if requested["threaded_input_dist"] and cuda and world_size == 1:
+        reasons["threaded_input_dist"] = (
+            "one GPU: the input dist exchanges nothing (a local copy), so there is no collective to hide, and on a "
+            "launch-bound host a second launching thread only contends for the GIL (one H100, small at 8192: "
+            "1.13x the defaults' period, docs/gpu-session-2-notes.md)")
+    elif requested["threaded_input_dist"]:
         notes["threaded_input_dist"] = (
             "the input thread also launches the splits and ids exchanges, on a process group of its own"
             if input_thread_launches(cuda) else
