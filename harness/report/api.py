@@ -230,7 +230,8 @@ def _report_run(run: Run, reports_root: Path, name: str, source: Path | str) -> 
     its = iteration_summary(run)  # raises first when there is nothing to report
     text = format_summary(run)
     out = claim_report_folder(Path(reports_root) / name, source)
-    written = run_report(run, out, header=_header_lines(run, its))
+    written = run_report(run, out, header=_header_lines(run, its),
+                         run_dir=source if isinstance(source, Path) else None)
     print(text)
     return written
 

@@ -13,6 +13,7 @@ import pandas as pd
 from harness.report import ablation as abl
 from harness.report import plots
 from harness.report import findings
+from harness.report import profile_trace
 from harness.report import tables
 from harness.report.compare import Comparison, breakdowns
 from harness.report.html import Doc
@@ -55,16 +56,18 @@ def _with_hosts(table: pd.DataFrame, hosts: dict[int, str]) -> pd.DataFrame:
     return out
 
 
-def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
+def run_report(run: Run, out: Path, *, header: list[str], run_dir: Path | None = None) -> list[Path]:
     """Write the full report of one run (or nsys trace) into `out`; return the files written.
 
-    header: the summary's header lines (status, world size, iteration counts, failure).
+    header: the summary's header lines (status, world size, iteration counts, failure); run_dir:
+    the run folder, for its --profile traces (None: an nsys export, or a caller with no folder).
     """
     df = records(run)
     doc = Doc(f"Run {run.run_id}")
     csvs: dict[str, pd.DataFrame] = {}
     pngs: list = []
-    doc.findings(findings.run_findings(run, _roofline_or_none(run)))
+    traced = profile_trace.read_run(run_dir)
+    doc.findings(findings.run_findings(run, _roofline_or_none(run)) + traced.findings())
     # "!! " lines (failed or incomplete run, ranks or stages without records) become warnings.
     for line in header:
         if line.startswith("!! "):
@@ -81,6 +84,7 @@ def run_report(run: Run, out: Path, *, header: list[str]) -> list[Path]:
         _exchanges(run, df, doc, csvs)
         _roofline(run, doc, csvs)
         _stage_plots(run, df, csvs, pngs)
+    profile_trace.add_section(doc, csvs, traced)
     _run_details(run, doc, csvs)
     pngs.append((plots.plot_iteration_time, (df,), dict(title=f"Iteration period, run {run.run_id}"),
                  "iteration_time.png", "Iteration period over the run, with the timed window beneath it (warm-up "
