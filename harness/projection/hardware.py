@@ -1,0 +1,111 @@
+"""Hardware profiles for projection: every figure with its value and where it came from.
+
+A figure's source is one of "spec" (a vendor spec sheet or the planner's profile, which cites
+them), "probe" (measured by a run's start-up probes, the manifest's rank notes), "assumption" (a
+figure nobody measured here, named so a reader can change it) or "calibrated: <run_id> <stage>"
+(calibrate.py). Projection reads only `Profile.value`, so every number in an output can be traced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from harness.launch.planning import PROFILES
+
+
+@dataclass(frozen=True)
+class Figure:
+    value: float
+    unit: str
+    source: str
+    note: str = ""
+
+
+@dataclass
+class Profile:
+    """Named figures of one device kind and its links (units in each Figure)."""
+
+    name: str
+    async_device: bool
+    """True on a GPU: the host launches and the device runs later (a stage takes the longer of the
+    two); False on a CPU: every op runs on the host thread that issued it (they add up)."""
+    figures: dict[str, Figure] = field(default_factory=dict)
+
+    def value(self, key: str) -> float:
+        return self.figures[key].value
+
+    def set(self, key: str, value: float, unit: str, source: str, note: str = "") -> None:
+        self.figures[key] = Figure(float(value), unit, source, note)
+
+    def copy(self) -> Profile:
+        return dataclasses.replace(self, figures=dict(self.figures))
+
+    def assumptions(self) -> list[tuple[str, str, str, str]]:
+        """(figure, value with unit, source, note) rows, in insertion order."""
+        return [(k, f"{f.value:.4g} {f.unit}", f.source, f.note) for k, f in self.figures.items()]
+
+
+PEAK_KEYS = {"fp32": "peak_fp32_tflops", "tf32": "peak_tf32_tflops", "bf16": "peak_bf16_tflops"}
+
+
+def _links(p: Profile, name: str) -> None:
+    prof = PROFILES[name]
+    src = "spec (harness/launch/planning.py PROFILES)"
+    p.set("hbm_gbps", prof["memory_gbps"], "GB/s", src)
+    p.set("intra_node_gbps", prof["intra_node_gbps"], "GB/s", src, "a direction; no NCCL efficiency derating")
+    p.set("inter_node_gbps", prof["inter_node_gbps"], "GB/s", src, "a direction; no NCCL efficiency derating")
+    p.set("intra_node_latency_us", prof["intra_node_latency_us"], "us", src, "a collective")
+    p.set("inter_node_latency_us", prof["inter_node_latency_us"], "us", src, "a collective")
+
+
+def h100() -> Profile:
+    """NVIDIA H100 SXM5 80GB (DGX H100), dense (no sparsity) tensor-core peaks from the data sheet."""
+    p = Profile("h100", async_device=True)
+    sheet = "spec (NVIDIA H100 SXM5 data sheet, dense)"
+    p.set("peak_fp32_tflops", 67.0, "TFLOP/s", sheet, "FP32 without tensor cores")
+    p.set("peak_tf32_tflops", 494.7, "TFLOP/s", sheet)
+    p.set("peak_bf16_tflops", 989.4, "TFLOP/s", sheet)
+    _links(p, "h100")
+    p.set("launch_us", 10.0, "us", "assumption", "host time a kernel launch, eager PyTorch; replaced by calibration")
+    p.set("graph_launch_us", 20.0, "us", "assumption", "host time to replay one CUDA graph")
+    p.set("graph_kernel_gap_us", 1.0, "us", "assumption", "device gap between a graph's kernels")
+    p.set("sync_us", 15.0, "us", "assumption", "a host sync + pageable D2H copy of a few bytes, besides the wait")
+    p.set("thread_handoff_us", 30.0, "us", "assumption", "handing input dist to its thread and back")
+    p.set("dense_eff", 0.5, "of peak", "assumption", "dense step at the run's shapes; replaced by calibration")
+    p.set("lookup_eff", 0.5, "of HBM", "assumption", "embedding lookup/update bandwidth; replaced by calibration")
+    p.set("update_eff", 0.5, "of HBM", "assumption", "dense optimizer step bandwidth; replaced by calibration")
+    return p
+
+
+def cpu(gemm_gflops: float = 50.0, copy_gbps: float = 10.0, source: str = "assumption") -> Profile:
+    """A CPU host: peaks from a run's start-up probes where one is given, gloo for the links."""
+    p = Profile("cpu", async_device=False)
+    for key in PEAK_KEYS.values():
+        p.set(key, gemm_gflops / 1e3, "TFLOP/s", source, "the GEMM probe (every precision alike on CPU)")
+    _links(p, "cpu")
+    p.set("hbm_gbps", copy_gbps, "GB/s", source, "the copy probe")
+    p.set("launch_us", 20.0, "us", "assumption", "host time an op; replaced by calibration")
+    p.set("graph_launch_us", 0.0, "us", "spec", "no CUDA graphs on CPU (flag inactive)")
+    p.set("graph_kernel_gap_us", 0.0, "us", "spec", "no CUDA graphs on CPU (flag inactive)")
+    p.set("sync_us", 0.0, "us", "spec", "nothing to synchronize on CPU")
+    p.set("thread_handoff_us", 30.0, "us", "assumption", "handing input dist to its thread and back")
+    p.set("dense_eff", 0.5, "of peak", "assumption", "replaced by calibration")
+    p.set("lookup_eff", 0.5, "of copy", "assumption", "replaced by calibration")
+    p.set("update_eff", 0.5, "of copy", "assumption", "replaced by calibration")
+    return p
+
+
+HARDWARE = {"h100": h100, "cpu": cpu}
+
+
+def peak_flops(p: Profile, precision: str) -> float:
+    """FLOP/s of the dense step's precision (bf16 autocast, fp32 with or without TF32)."""
+    return p.value(PEAK_KEYS[precision]) * 1e12
+
+
+def dense_precision(cfg) -> str:
+    prec = cfg.precision
+    if prec.dense == "bf16":
+        return "bf16"
+    return "tf32" if prec.tf32 else "fp32"

@@ -1,0 +1,84 @@
+"""Kernels (ops on CPU) each stage launches an iteration, counted from the code path the flags select.
+
+Counted per layer from what the dense step runs (model/dense.py, harness/run/dense_step.py):
+
+- a Linear forward: its addmm and its ReLU (2); backward: the two GEMMs (input and weight
+  gradients), the bias gradient's sum and the ReLU's backward (4), plus the gradient's copy into
+  the flat buffer for weight and bias (2): 8 a Linear in fp32;
+- under bf16 autocast, 3 more forward (weight, bias and input cast to bf16) and 2 more backward
+  (weight and bias gradients cast back to fp32): 13 a Linear;
+- a DCNv2 cross layer is two Linears (V: 3456->512, W: 512->3456) plus x0 * (.) and + x_l forward
+  (2) and their backward (4) and the residual's gradient add (1): 7 elementwise kernels;
+- the interaction's concat and its gradient's split, the BCE-with-logits loss forward (3) and
+  backward (3), the backward's seed and the loss's copy: 10 a step;
+- world size > 1: each 4 MiB gradient bucket (harness/run/dense_gradients.py DEFAULT_BUCKET_MIB)
+  one copy and one all-reduce.
+
+small in bf16: 14 Linears x 13 + 3 cross layers x 7 + 10 = 213 kernels in dense_fwd_bwd; the
+H100 trace (docs/gpu-session-2-notes.md, tests/data/h100-runs-2/trace-small-bf16.json.gz) counted
+217. The embedding stages are counted from the same trace (one sharding group, world size 1:
+emb_fwd 11, emb_bwd 25, dense_update 6) and split into a fixed part and a part a sharding group
+(each group runs its own lookup kernel, exchanges and permutes): an assumption, stated in the output.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+KERNELS_FP32_LINEAR = 8
+KERNELS_BF16_LINEAR = 13
+KERNELS_CROSS_ELEMENTWISE = 7
+KERNELS_DENSE_FIXED = 10
+BUCKET_BYTES = 4 * 2**20
+KERNELS_A_BUCKET = 2
+
+# (fixed, a sharding group): emb_fwd 5 + 6 = 11 and emb_bwd 13 + 12 = 25 with one group (the trace).
+EMB_FWD = (5, 6)
+EMB_BWD = (13, 12)
+DENSE_UPDATE = 6
+# input_dist a group: bucketize/permute (3), the lengths and values all-to-alls (2); the splits
+# all-to-all and its D2H copy (2) unless skip_splits_a2a; fixed: the batch's ids moved (2).
+INPUT_DIST_GROUP = 5
+INPUT_DIST_SPLITS = 2
+INPUT_DIST_FIXED = 2
+
+
+@dataclass(frozen=True)
+class StageKernels:
+    input_dist: int
+    emb_fwd: int
+    dense_fwd_bwd: int
+    emb_bwd: int
+    dense_update: int
+    dense_buckets: int
+    """Gradient all-reduce buckets (0 on one rank)."""
+
+    def of(self, stage: str) -> int:
+        return int(getattr(self, stage))
+
+
+def linear_count(model) -> int:
+    return len(model.bottom_mlp) + len(model.top_mlp) + 2 * model.cross_layers
+
+
+def dense_kernels(model, *, bf16: bool, params: int, world_size: int) -> tuple[int, int]:
+    """(kernels of dense_fwd_bwd, gradient buckets)."""
+    per_linear = KERNELS_BF16_LINEAR if bf16 else KERNELS_FP32_LINEAR
+    buckets = math.ceil(4 * params / BUCKET_BYTES) if world_size > 1 else 0
+    k = linear_count(model) * per_linear + model.cross_layers * KERNELS_CROSS_ELEMENTWISE + KERNELS_DENSE_FIXED
+    return k + KERNELS_A_BUCKET * buckets, buckets
+
+
+def stage_kernels(cfg, *, groups: int, params: int, world_size: int, flags: dict[str, bool]) -> StageKernels:
+    """Kernels a stage launches on one rank in one iteration (module docstring)."""
+    dense, buckets = dense_kernels(cfg.model, bf16=cfg.precision.dense == "bf16", params=params, world_size=world_size)
+    splits = 0 if flags.get("skip_splits_a2a") else INPUT_DIST_SPLITS
+    return StageKernels(
+        input_dist=INPUT_DIST_FIXED + groups * (INPUT_DIST_GROUP + splits),
+        emb_fwd=EMB_FWD[0] + groups * EMB_FWD[1],
+        dense_fwd_bwd=dense,
+        emb_bwd=EMB_BWD[0] + groups * EMB_BWD[1],
+        dense_update=DENSE_UPDATE,
+        dense_buckets=buckets,
+    )

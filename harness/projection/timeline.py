@@ -1,0 +1,158 @@
+"""A discrete-event timeline of steady-state iterations, every rank at once.
+
+Each rank has three lanes: its host thread, its compute stream and its communication stream. An
+iteration is a list of ops, the same list on every rank, with per-rank durations:
+
+- `Launch`: the host spends `host_s` launching; the compute stream runs `dev_s` of work, starting
+  no earlier than the launch begins, after the previous work on the stream and after the named
+  collectives end, and ending no earlier than the last launch (a kernel cannot run before it is
+  launched). On a synchronous device (CPU) the host runs the work itself: host_s + dev_s.
+- `Collective`: a collective on the communication stream. It starts when every rank has reached
+  it (the latest rank's ready time: its compute stream's work so far, or its host when the data
+  is on the host) and lasts the busiest rank's transfer plus the latency.
+- `Sync`: the host blocks until the compute stream drains (`drain=True`: a pageable D2H copy's
+  sync) or until the named collective ends (a pinned copy waited by its event), plus `host_s`.
+- `Host`: host-only time (between iterations, a thread hand-off).
+
+Collective names may end in "@prev": the collective of that name in the previous iteration (the
+pipelined input dist). A stage's time on a rank is from its start mark to the later of its host's
+and its stream's end, as the harness's stage records time it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Launch:
+    stage: str
+    host_s: np.ndarray | float
+    dev_s: np.ndarray | float
+    waits: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Collective:
+    name: str
+    stage: str
+    seconds: np.ndarray | float
+    from_host: bool = False
+
+
+@dataclass(frozen=True)
+class Sync:
+    stage: str
+    host_s: float = 0.0
+    drain: bool = True
+    on: str = ""
+
+
+@dataclass(frozen=True)
+class Host:
+    stage: str
+    host_s: np.ndarray | float
+
+
+@dataclass
+class Lanes:
+    ranks: int
+    async_device: bool
+    host: np.ndarray = field(init=False)
+    dev: np.ndarray = field(init=False)
+    comm: np.ndarray = field(init=False)
+    done: dict[str, np.ndarray] = field(default_factory=dict)
+    """(name@iteration) -> when that collective ended, per rank."""
+    spans: list[tuple[int, str, str, np.ndarray, np.ndarray]] = field(default_factory=list)
+    """(iteration, stage, lane, start, end) of every op, per rank: the Gantt."""
+
+    def __post_init__(self) -> None:
+        self.host = np.zeros(self.ranks)
+        self.dev = np.zeros(self.ranks)
+        self.comm = np.zeros(self.ranks)
+
+
+def _ended(lanes: Lanes, name: str, it: int) -> np.ndarray:
+    base, _, rel = name.partition("@")
+    key = f"{base}@{it - 1 if rel == 'prev' else it}"
+    return lanes.done.get(key, np.zeros(lanes.ranks))
+
+
+def _step(lanes: Lanes, op, it: int) -> None:
+    if isinstance(op, Launch):
+        start_host = lanes.host.copy()
+        lanes.host = lanes.host + op.host_s
+        ready = np.maximum(lanes.dev, start_host)
+        for name in op.waits:
+            ready = np.maximum(ready, _ended(lanes, name, it))
+        if lanes.async_device:
+            lanes.dev = np.maximum(ready + op.dev_s, lanes.host)
+        else:
+            lanes.dev = np.maximum(ready, lanes.host) + op.dev_s
+            lanes.host = lanes.dev.copy()
+        lanes.spans.append((it, op.stage, "host", start_host, lanes.host.copy()))
+        lanes.spans.append((it, op.stage, "compute", ready, lanes.dev.copy()))
+    elif isinstance(op, Collective):
+        ready = lanes.host if op.from_host else np.maximum(lanes.dev, lanes.host if not lanes.async_device else lanes.dev)
+        start = float(np.max(np.maximum(ready, lanes.comm)))
+        end = start + np.max(op.seconds)
+        lanes.comm = np.full(lanes.ranks, end)
+        lanes.done[f"{op.name}@{it}"] = lanes.comm.copy()
+        lanes.spans.append((it, op.stage, "comm", np.full(lanes.ranks, start), lanes.comm.copy()))
+        if not lanes.async_device:  # gloo: the host thread runs the collective
+            lanes.host = np.maximum(lanes.host, lanes.comm)
+            lanes.dev = lanes.host.copy()
+    elif isinstance(op, Sync):
+        start = lanes.host.copy()
+        until = lanes.dev if op.drain else _ended(lanes, op.on, it)
+        lanes.host = np.maximum(lanes.host, until) + op.host_s
+        lanes.spans.append((it, op.stage, "host", start, lanes.host.copy()))
+    elif isinstance(op, Host):
+        start = lanes.host.copy()
+        lanes.host = lanes.host + op.host_s
+        if not lanes.async_device:
+            lanes.dev = np.maximum(lanes.dev, lanes.host)
+        lanes.spans.append((it, op.stage, "host", start, lanes.host.copy()))
+    else:
+        raise TypeError(f"unknown op {op!r}")
+
+
+@dataclass(frozen=True)
+class Result:
+    stage_s: dict[str, np.ndarray]
+    """stage -> per rank seconds in the measured iteration."""
+    period_s: float
+    """Start of the measured iteration to the next one's, slowest rank."""
+    window_s: np.ndarray
+    """The timed window per rank (the five stages)."""
+    spans: list
+    iteration: int
+
+
+def simulate(ops: list, *, ranks: int, async_device: bool, iterations: int = 4) -> Result:
+    """Run `iterations` iterations; report the one before last (steady state, a next start known)."""
+    lanes = Lanes(ranks, async_device)
+    starts, stage_s, window = [], {}, None
+    measured = iterations - 2
+    for it in range(iterations):
+        mark = np.maximum(lanes.host, lanes.dev if async_device else lanes.host)
+        starts.append(mark.copy())
+        current = None
+        for op in ops:
+            if op.stage != current:
+                if current is not None and it == measured:
+                    end = np.maximum(lanes.host, lanes.dev)
+                    stage_s[current] = stage_s.get(current, 0) + (end - mark)
+                    mark = end
+                elif current is not None:
+                    mark = np.maximum(lanes.host, lanes.dev)
+                current = op.stage
+            _step(lanes, op, it)
+        if it == measured:
+            end = np.maximum(lanes.host, lanes.dev)
+            stage_s[current] = stage_s.get(current, 0) + (end - mark)
+    period = float(np.max(starts[measured + 1] - starts[measured]))
+    window = sum(v for k, v in stage_s.items() if k != "between_iterations")
+    return Result(stage_s=stage_s, period_s=period, window_s=window, spans=lanes.spans, iteration=measured)

@@ -1,0 +1,82 @@
+"""What one iteration asks of each rank: FLOPs, bytes through memory, bytes on each link level.
+
+Dense parts from harness/report/roofline.py's formulas (`dense_shape`: parameters P, activations a
+sample A, FLOPs a sample); the embedding parts from the plan's analytic footprint
+(model/plan_traffic.py via model/planner.plan_footprint): the lookup's bytes through memory (a
+third forward, two thirds backward: read forward; read and write backward with the fused
+optimizer) and each exchange's bytes sent and received on each link level, both ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.report.roofline import dense_shape
+from model.names import STATE_PER_ELEMENT, STATE_PER_ROW, WEIGHT_BYTES
+from model.plan_traffic import BACKWARD, FORWARD, IDS, LEVELS, LOOKUP, Geometry, row
+from model.planner import GROUP_OF_KIND, TableSpec, plan_footprint
+
+EXCHANGES = {"ids": IDS, "forward": FORWARD, "backward": BACKWARD}
+
+
+@dataclass(frozen=True)
+class Work:
+    world_size: int
+    ranks_per_node: int
+    local_batch: int
+    dense_flops: float
+    """dense_fwd_bwd FLOPs a rank."""
+    dense_bytes: float
+    """dense_fwd_bwd bytes through memory a rank (roofline.py: weights, gradients, activations)."""
+    update_bytes: float
+    """dense_update bytes (Adagrad: 6 x 4 P)."""
+    params: int
+    lookup_fwd: np.ndarray
+    """emb_fwd bytes through memory, per rank."""
+    lookup_bwd: np.ndarray
+    exchange: dict[str, np.ndarray]
+    """exchange -> (levels, 2 directions out/in, ranks) bytes."""
+    groups: tuple[str, ...]
+    """Sharding groups in use (each runs its own exchanges)."""
+    spans_nodes: bool
+
+    def exchange_seconds(self, name: str, intra_bw: float, inter_bw: float) -> np.ndarray:
+        """Per rank: each level's busier direction over its bandwidth, the levels one after the other."""
+        x = self.exchange[name]
+        return x[0].max(axis=0) / intra_bw + x[1].max(axis=0) / inter_bw
+
+    def allreduce_bytes(self) -> tuple[float, float]:
+        """Dense gradients (4P bytes) all-reduced as NCCL does on several nodes: (in the node, across)."""
+        L, W = self.ranks_per_node, self.world_size
+        N = W // L
+        grad = 4.0 * self.params
+        intra = 2 * (L - 1) / L * grad if L > 1 else 0.0
+        inter = 2 * (N - 1) / N * grad / L if N > 1 else 0.0
+        return intra, inter
+
+
+def work_of(cfg, plan, *, world_size: int, ranks_per_node: int) -> Work:
+    m = cfg.model
+    G = cfg.data.global_batch_size
+    B = G // world_size
+    P, A, flops_sample = dense_shape(m)
+    opt = cfg.optimizer.embedding_optimizer
+    geo = Geometry(world_size=world_size, ranks_per_node=ranks_per_node, global_batch=G,
+                   state_per_element=STATE_PER_ELEMENT[opt], state_per_row=STATE_PER_ROW[opt],
+                   weight_bytes=WEIGHT_BYTES[cfg.precision.tables])
+    tables = [TableSpec(rows=r, dim=m.embedding_dim, pooling=h) for r, h in zip(m.table_rows, m.multi_hot)]
+    fp = plan_footprint(plan, tables, geo)
+    exchange = {}
+    for name, phase in EXCHANGES.items():
+        exchange[name] = np.array([[fp[row(phase, lvl, False)], fp[row(phase, lvl, True)]]
+                                   for lvl in range(len(LEVELS))])
+    return Work(
+        world_size=world_size, ranks_per_node=ranks_per_node, local_batch=B,
+        dense_flops=float(flops_sample) * B, dense_bytes=4.0 * 5 * P + 4.0 * 3 * B * A,
+        update_bytes=4.0 * 6 * P, params=int(P),
+        lookup_fwd=fp[LOOKUP] / 3.0, lookup_bwd=fp[LOOKUP] * 2.0 / 3.0,
+        exchange=exchange, groups=tuple(sorted({GROUP_OF_KIND[tp.kind] for tp in plan})),
+        spans_nodes=world_size > ranks_per_node,
+    )
