@@ -4,6 +4,7 @@ the checks of integer fields, shared by every concern."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import field
 from typing import Any
 
@@ -28,3 +29,15 @@ def positive_int(name: str, value: Any) -> None:
 def non_negative_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+def finite_numbers(config: Any, prefix: str = "") -> None:
+    """Every float field, in `config` and the concerns it holds, is finite: inf passes a `> 0` check
+    and then overflows a timeout, trains on NaN, or writes `Infinity` (not JSON) to the manifest."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        name = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            finite_numbers(value, f"{name}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value}")

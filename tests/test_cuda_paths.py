@@ -219,7 +219,7 @@ def _slot_work_log(rank: int, world: int, device: torch.device) -> list[str]:
         parts.step.prepare(it)
         parts.step.run(it)
     parts.step.end_segment()
-    parts.close()
+    parts.close(True)
     return log
 
 

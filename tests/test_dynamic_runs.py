@@ -49,8 +49,8 @@ def test_a_redis_store_trains_exactly_as_the_embedded_one(tmp_path, redis_url): 
     losses = {name: load_run(resolve_run(tmp_path, name)).iterations.sort_values(["rank", "iteration"])["loss"].tolist()
               for name in ("embedded", "redis")}
     assert losses["embedded"] == losses["redis"]
-    keys = redis.Redis.from_url(redis_url).keys("dlrm:redis:*")
-    assert keys and all(k.decode().split(":")[3] in ("2", "6") for k in keys)  # dlrm:<run>:rank<r>:<table>:<id>
+    # A completed run removes its keys (issue 47); a failed one keeps them: tests/test_hardening_store.py.
+    assert redis.Redis.from_url(redis_url).keys("dlrm:redis:*") == []
 
 
 def test_an_unreachable_store_fails_the_run_in_one_line(tmp_path):

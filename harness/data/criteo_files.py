@@ -196,13 +196,15 @@ class CriteoFiles:
         for day, a, n in pieces:
             rows = self.read_rows(day.dense if column == 0 else day.labels if column == 1 else day.sparse[column - 2], a, n)
             if bad is not None and rows.size and bad(rows):
-                where = day.files[1] if column == 1 else f"{day.files[2]} member {column - 2}.npy"
+                where = day.files[column] if column < 2 else f"{day.files[2]} member {column - 2}.npy"
                 raise DataError(f"{where}: {why} in rows {a}..{a + n - 1}")
             out.append(rows)
         return np.concatenate(out)
 
     def _batch(self, pieces: list[tuple[Day, int, int]]) -> Batch:
-        dense = self._gather(pieces, 0, None, "")
+        # A NaN or inf feature would train every loss to NaN and still complete: refused here, per batch
+        # (a check of whole days at open would read every file before the first iteration).
+        dense = self._gather(pieces, 0, lambda x: not np.isfinite(x).all(), "a non-finite dense value (NaN or inf)")
         labels = self._gather(pieces, 1, lambda x: x.min() < 0 or x.max() > 1, "a label other than 0 or 1").reshape(-1)
         count = dense.shape[0]
         values = []

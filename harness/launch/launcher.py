@@ -228,7 +228,11 @@ def _run_local(launch: Launch, run_dir: Path, run_id: str) -> None:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    # A failed rank's traceback is in its error.txt and the run's status names it in one line: the
+    # agent's own ERROR log of the same traceback (~30 lines a rank) and the SIGTERM notice of the
+    # ranks it stops would only bury that line.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    logging.getLogger("torch.multiprocessing").setLevel(logging.ERROR)
     os.environ.update(launch.env)  # inherited by the spawned ranks
     # The agent's log folder (error files of failed ranks) would otherwise be a /tmp/torchelastic_*
     # left behind by every run; the ranks' own errors are in the run folder.

@@ -38,6 +38,7 @@ import torch
 from harness.records.manifest import GitState, RankInfo, RunManifest, RunStatus, Versions
 from harness.names import COMPACTED, STAGE_OF_PHASE
 from harness.run.timeline import StageSpan, SubSpan
+from harness.store_url import mask_secrets
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -139,9 +140,14 @@ def create_run(runs_root: Path, manifest: RunManifest) -> Path:
         raise ValueError(f"a new run's status is running, not {manifest.status.state!r}")
     run_dir = Path(runs_root) / manifest.run_id
     run_dir.mkdir(parents=True, exist_ok=False)
-    _write_text(run_dir / "manifest.json", manifest.to_json())
-    with open(run_dir / SPACE_RESERVE, "wb") as f:
-        f.write(bytes(SPACE_RESERVE_BYTES))  # real blocks: a sparse file would reserve nothing
+    try:
+        _write_text(run_dir / "manifest.json", mask_secrets(manifest.to_json()))
+        with open(run_dir / SPACE_RESERVE, "wb") as f:
+            f.write(bytes(SPACE_RESERVE_BYTES))  # real blocks: a sparse file would reserve nothing
+    except BaseException:
+        # A folder without its reserve (a disk too full) would stay "running" forever: no run, no folder.
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     return run_dir
 
 
@@ -174,7 +180,7 @@ def finish_run(run_dir: Path, *, error: str | None) -> RunManifest:
         status=RunStatus(state="failed" if error else "completed", error=error),
         end_time=now_iso(), ranks=ranks, hosts=tuple(sorted({r.host for r in ranks})),
     )
-    _write_text(Path(run_dir) / "manifest.json", done.to_json())
+    _write_text(Path(run_dir) / "manifest.json", mask_secrets(done.to_json()))
     if error is None:  # a failed run keeps its parts as they were written
         try:
             compact_parts(run_dir)
@@ -395,7 +401,7 @@ class RankRecorder:
         (self.dir / "fault.txt").write_text(note + "\n")
 
     def write_error(self, exc: BaseException) -> None:
-        (self.dir / "error.txt").write_text("".join(traceback.format_exception(exc)))
+        (self.dir / "error.txt").write_text(mask_secrets("".join(traceback.format_exception(exc))))
 
     def note_sigterm(self) -> None:
         """A SIGTERM from now on writes every thread's stack to sigterm.txt, then ends the rank as

@@ -272,9 +272,14 @@ def _report_compare(spec: str, runs_root: Path, reports_root: Path) -> list[Path
     dirs = [resolve_run(runs_root, x) for x in ids]
     if dirs[0] == dirs[1]:
         raise ReportError(f"--run {spec!r} names the same run twice; give two different runs")
+    from harness.report.build import compare_report
+
+    # Loaded and compared first: a run that cannot be compared is refused before a folder is claimed.
+    loaded = {d.name: [load_run(d)] for d in dirs}
+    c = compare_runs(loaded)
     out = claim_report_folder(Path(reports_root) / f"compare-{dirs[0].name}-vs-{dirs[1].name}",
                               " vs ".join(str(d.resolve()) for d in dirs))
-    c = write_compare_report({dirs[0].name: [dirs[0]], dirs[1].name: [dirs[1]]}, out)
+    compare_report(loaded, c, out, absent=stages_absent(loaded))
     it = c.period_ms.set_index("label")
     print(f"compare {c.labels[1]} vs {c.labels[0]}: iteration period {it['mean'].iloc[1]:.4g} vs "
           f"{it['mean'].iloc[0]:.4g} ms, ratio {c.ratio:.3f} (95% CI {c.ratio_ci[0]:.3f}-{c.ratio_ci[1]:.3f})")

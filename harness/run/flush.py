@@ -6,6 +6,7 @@ copy; a flush happens between iterations (every --flush-every, at the end, after
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +14,10 @@ import torch
 from harness.run.pinned_d2h import HostCopy, HostCopies
 from harness.records.writer import RankRecorder
 from harness.run.timeline import Cut, Timeline
+
+
+class NonFiniteLoss(RuntimeError):
+    """A loss came back NaN or inf: every iteration after it would train on garbage."""
 
 
 @dataclass
@@ -51,14 +56,17 @@ class RecordFlusher:
         the loop's periodic flush; with asynchronous loss copies it writes only what the previous
         lagged flush began (finished by now) and begins the rest; a later flush without lag (the
         end, an evaluation, a failure) writes everything."""
+        # Each half begun is taken before it is written: a write that fails (a non-finite loss)
+        # leaves nothing to be written twice by the flush after the failure.
         if lag and self.host.active:
-            if self._started is not None:  # first: a cut counts the marks the timeline holds
-                self._write(self._started)
+            started, self._started = self._started, None
+            if started is not None:  # first: a cut counts the marks the timeline holds
+                self._write(started)
             self._started = self._begin(self.timeline.cut())
             return
-        if self._started is not None:
-            self._write(self._started)
-            self._started = None
+        started, self._started = self._started, None
+        if started is not None:
+            self._write(started)
         self._write(self._begin(None))
 
     def _begin(self, cut: Cut | None) -> _Started:
@@ -77,3 +85,7 @@ class RecordFlusher:
             self.recorder.write(stage_spans, iter_spans, values, splits_exchanged=started.exchanged,
                                 moved=started.moved)
             self.recorder.write_subspans(subs)
+        bad = [i for i in started.its if not math.isfinite(values[i])]
+        if bad:  # read here, on the host, with the records written: the loop itself never waits for a loss
+            raise NonFiniteLoss(f"the loss is {values[bad[0]]} at iteration {bad[0]} (first non-finite loss; the "
+                                "data or --learning-rate may be to blame): the run stops here")

@@ -70,10 +70,10 @@ class Loop:
         parts = self.parts
         try:
             self._segments()
+            parts.records.flush()  # inside: a non-finite loss found only by the last flush fails the run too
         except BaseException:
             self._clean_up_after_failure()
             raise
-        parts.records.flush()
         counts = parts.step.dynamic_counts()
         write_counts(self.recorder, counts)
         self.log.run_stop(success=bool(self.evals) and self.evals[-1].reached_target,
@@ -85,7 +85,7 @@ class Loop:
             dense_state, shards = parts.step.final_weights()
             return TrainResult(losses=losses, dense_state=dense_state, shards=shards, evals=self.evals, dynamic=counts)
         finally:
-            parts.close()
+            parts.close(True)
 
     def _segments(self) -> None:
         self.log.run_start()
@@ -151,7 +151,10 @@ class Loop:
         def keep_counts() -> None:
             write_counts(self.recorder, parts.step.dynamic_counts())
 
-        for cleanup in (parts.records.flush, log_aborted, keep_counts, self.profile.close, parts.close,
+        def close_after_failure() -> None:
+            parts.close(False)
+
+        for cleanup in (parts.records.flush, log_aborted, keep_counts, self.profile.close, close_after_failure,
                         parts.step.end_segment):
             try:
                 cleanup()

@@ -17,6 +17,7 @@ fails saying so); a get returns which ids it found.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
@@ -24,6 +25,7 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
+from harness.store_url import ALLOW_EVICTION_ENV, check_store_url, mask_secrets
 from model.extensions import extension
 
 
@@ -84,6 +86,11 @@ class EmbeddedStore:
     def close(self) -> None:
         for t in self._tables.values():
             t.close()
+
+    def remove_files(self) -> None:
+        """Delete the spill files (a completed run's: nothing will read them again)."""
+        self.close()
+        shutil.rmtree(self.spill_dir, ignore_errors=True)
 
 
 def _row_index():
@@ -200,25 +207,52 @@ class _Table:
 
 class RedisStore:
     """Rows as Redis strings, key `<prefix>:<table>:<id>`, written (MSET) and read (MGET) in
-    pipelined chunks of `chunk` keys."""
+    pipelined chunks of `chunk` keys. The ids written are remembered (an index a table, as the
+    embedded store's): a row written once and then missing (evicted, flushed) fails the run, where
+    taking it for a row never seen would silently train a re-initialised one."""
 
-    def __init__(self, url: str, *, prefix: str = "dlrm", chunk: int = 4096, timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, *, prefix: str = "dlrm", chunk: int = 4096, timeout_s: float = 5.0,
+                 allow_eviction: bool | None = None) -> None:
         import redis
 
-        parsed = urlparse(url)
-        if parsed.scheme != "redis" or not parsed.hostname:
-            raise ValueError(f"store: {url!r} is not redis://host:port[/db]")
-        self.url, self.prefix, self.chunk = url, prefix, chunk
+        check_store_url(url)
+        self.url, self.prefix, self.chunk = mask_secrets(url), prefix, chunk  # self.url: for messages
         self._errors = (redis.ConnectionError, redis.TimeoutError)
+        self._auth_errors = (redis.AuthenticationError, redis.AuthenticationWrongNumberOfArgsError)
         self._response_error = redis.ResponseError
+        self._written: dict[int, object] = {}
         self.client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         try:
             self.client.ping()
+            policy = self.client.config_get("maxmemory-policy").get("maxmemory-policy", "noeviction")
+        except self._auth_errors as exc:
+            raise StoreError(f"parameter store {self.url}: authentication failed ({exc})") from exc
         except self._errors as exc:
-            raise StoreError(f"parameter store {url} unreachable: {exc}") from exc
+            raise StoreError(f"parameter store {self.url} unreachable: {exc}") from exc
+        except self._response_error as exc:  # a server that refuses CONFIG (a managed one) or a wrong password
+            first = str(exc).splitlines()[0]
+            if "AUTH" in first.upper() or "password" in first:
+                raise StoreError(f"parameter store {self.url}: authentication failed ({first})") from exc
+            policy = None
+        self._check_policy(policy, allow_eviction)
+
+    def _check_policy(self, policy: str | None, allow: bool | None) -> None:
+        """Refused at connect: a server that may evict keys drops rows the run still needs."""
+        if allow is None:
+            allow = os.environ.get(ALLOW_EVICTION_ENV) == "1"
+        if policy != "noeviction" and not allow:
+            said = f"maxmemory-policy is {policy}" if policy else "it does not tell its maxmemory-policy (CONFIG GET)"
+            raise StoreError(f"parameter store {self.url}: {said}, so it may drop rows; run it with "
+                             f"--maxmemory-policy noeviction, or set {ALLOW_EVICTION_ENV}=1 to accept the risk "
+                             "(a row lost then fails the run)")
 
     def _keys(self, table: int, ids: list[int]) -> list[str]:
         return [f"{self.prefix}:{table}:{i}" for i in ids]
+
+    def _index(self, table: int):
+        if table not in self._written:
+            self._written[table] = _row_index()
+        return self._written[table]
 
     def put(self, table: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
         _check(ids, rows)
@@ -236,6 +270,8 @@ class RedisStore:
         except self._response_error as exc:
             what = "full" if "OOM" in str(exc) or "maxmemory" in str(exc) else "refused the write"
             raise StoreError(f"parameter store {self.url} {what}: {str(exc).splitlines()[0]}") from exc
+        index, _ = self._index(table)
+        index.insert(ids, torch.zeros_like(ids))
 
     def get(self, table: int, ids: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         _check(ids)
@@ -248,6 +284,7 @@ class RedisStore:
         except self._errors as exc:
             raise StoreError(f"parameter store {self.url} unreachable: {exc}") from exc
         found = torch.tensor([v is not None for v in values], dtype=torch.bool)
+        self._check_none_lost(table, ids, found)
         held = [v for v in values if v is not None]
         for j, v in enumerate(values):
             if v is not None and len(v) != 4 * width:
@@ -256,6 +293,28 @@ class RedisStore:
         if held:  # the rows side by side in one buffer, copied in at once (not a tensor a row)
             rows[found] = torch.from_numpy(np.frombuffer(b"".join(held), dtype=np.float32).reshape(-1, width).copy())
         return found, rows
+
+    def _check_none_lost(self, table: int, ids: torch.Tensor, found: torch.Tensor) -> None:
+        if found.all() or table not in self._written:
+            return
+        index, absent = self._written[table]
+        lost = int(((index.find(ids) != absent) & ~found).sum())
+        if lost:
+            raise StoreError(f"parameter store {self.url} lost {lost} of table {table}'s rows written to it (evicted or "
+                             "flushed: a Redis with maxmemory needs --maxmemory-policy noeviction)")
+
+    def remove_rows(self) -> int:
+        """Delete this store's keys (`<prefix>:*`), as a completed run does; how many went."""
+        removed = 0
+        batch = []
+        for key in self.client.scan_iter(match=f"{self.prefix}:*", count=10_000):
+            batch.append(key)
+            if len(batch) >= self.chunk:
+                removed += self.client.unlink(*batch)
+                batch = []
+        if batch:
+            removed += self.client.unlink(*batch)
+        return removed
 
     def close(self) -> None:
         self.client.close()
@@ -269,4 +328,21 @@ def open_store(url: str | None, *, run_dir: Path, memory_bytes: int, spill_bytes
         return EmbeddedStore(memory_bytes=memory_bytes, spill_dir=Path(run_dir) / "ps", spill_bytes=spill_bytes)
     if url.startswith("redis://"):
         return RedisStore(url, prefix=prefix)
-    raise ValueError(f"--ps {url!r}: give redis://host:port[/db], or leave it out for the embedded store")
+    raise ValueError(f"--ps {mask_secrets(url)!r}: give redis://host:port[/db], or leave it out for the embedded store")
+
+
+def kept_where(store: ParamStore) -> str:
+    """Where a failed run's rows stay, for its one line; "" when none was spilled anywhere."""
+    if isinstance(store, RedisStore):
+        return f"keys {store.prefix}:* on {store.url}"
+    if isinstance(store, EmbeddedStore) and store.spill_dir.exists():
+        return str(store.spill_dir)
+    return ""
+
+
+def remove_rows(store: ParamStore) -> None:
+    """A completed run's rows go: its spill files (up to --ps-spill-gib a rank) or its Redis keys."""
+    if isinstance(store, RedisStore):
+        store.remove_rows()
+    elif isinstance(store, EmbeddedStore):
+        store.remove_files()

@@ -55,8 +55,9 @@ class RankParts:
     """The run's batches (the result log counts its samples)."""
     evaluate: Callable[[], EvalResult] | None = None
     """AUROC on the held-out day as the model stands; None: the engine does not evaluate."""
-    close: Callable[[], None] = field(default=lambda: None)
-    """Releases what outlives the loop (a dynamic table's parameter store), success or failure."""
+    close: Callable[[bool], None] = field(default=lambda completed: None)
+    """Releases what outlives the loop (a dynamic table's parameter store), told whether the run
+    completed (its stored rows go) or failed (they stay, for a look)."""
 
 
 @dataclass(frozen=True, kw_only=True)

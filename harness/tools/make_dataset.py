@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -77,23 +79,26 @@ def make_day(rng: np.random.Generator, *, rows: int, table_rows, multi_hot, num_
     return dense, labels.reshape(-1, 1), sparse, logit
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="harness.tools.make_dataset", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="folder to write (must not exist or be empty)")
-    p.add_argument("--rows", type=int, default=100_000, help="samples a day (default %(default)s)")
-    p.add_argument("--days", type=int, default=3, help="days; the last is the held-out one (default %(default)s)")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
-                   help="whose table sizes bound the ids and whose hotness the features have (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seeds the features and the teacher (default %(default)s)")
-    args = p.parse_args(argv)
-    if args.rows < 1 or args.days < 2:
-        p.error(f"--rows must be >= 1 and --days >= 2 (the last day is held out); got {args.rows}, {args.days}")
-    if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
-        p.error(f"--out {args.out} exists and is not an empty folder; nothing is overwritten")
+def written(out: Path) -> list[Path]:
+    """The files this tool writes into `out` (and numpy's temporary names for them)."""
+    return sorted(p for p in out.glob("*") if re.fullmatch(r"(day_\d+_.*|teacher\.json)(\.tmp.*)?", p.name))
+
+
+def why(exc: OSError, out: Path) -> str:
+    """The cause in words: numpy's short write ("N requested and M written") has no errno of its own."""
+    if exc.strerror:
+        return exc.strerror
+    try:
+        full = shutil.disk_usage(out if out.exists() else out.parent).free < (1 << 20)
+    except OSError:
+        full = False
+    return f"No space left on device ({exc})" if full else str(exc)
+
+
+def write_days(args: argparse.Namespace) -> dict:
+    """Every day's files and teacher.json; the teacher's facts."""
     cfg = PRESETS[args.preset]()
     m = cfg.model
-    args.out.mkdir(parents=True, exist_ok=True)
     start, last_print = time.perf_counter(), 0.0
     for d in range(args.days):
         def progress(done: int, of: int, d: int = d) -> None:
@@ -116,6 +121,36 @@ def main(argv: list[str] | None = None) -> int:
                "positive_rate_last_day": float(labels.mean()),
                "teacher_auroc_last_day": auroc(logit, labels.reshape(-1))}
     (args.out / "teacher.json").write_text(json.dumps(teacher, indent=2) + "\n")
+    return teacher
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="harness.tools.make_dataset", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="folder to write (must not exist or be empty)")
+    p.add_argument("--rows", type=int, default=100_000, help="samples a day (default %(default)s)")
+    p.add_argument("--days", type=int, default=3, help="days; the last is the held-out one (default %(default)s)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
+                   help="whose table sizes bound the ids and whose hotness the features have (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the features and the teacher (default %(default)s)")
+    args = p.parse_args(argv)
+    if args.rows < 1 or args.days < 2:
+        p.error(f"--rows must be >= 1 and --days >= 2 (the last day is held out); got {args.rows}, {args.days}")
+    if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
+        p.error(f"--out {args.out} exists and is not an empty folder; nothing is overwritten")
+    made = not args.out.exists()
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        teacher = write_days(args)
+    except OSError as exc:  # a read-only or full filesystem: no half dataset a rerun would refuse
+        cause = why(exc, args.out)  # before the files go: their space is what says the disk was full
+        for path in written(args.out):
+            path.unlink(missing_ok=True)
+        if made and args.out.is_dir() and not any(args.out.iterdir()):
+            args.out.rmdir()
+        print(f"make dataset: cannot write {exc.filename or args.out}: {cause}; nothing is left "
+              "behind", file=sys.stderr)
+        return 1
     print(f"wrote {args.days} days of {args.rows} samples to {args.out}; the teacher's own AUROC on the last day: "
           f"{teacher['teacher_auroc_last_day']:.4f} (no model scores above it)", flush=True)
     return 0
