@@ -47,60 +47,85 @@ PY            := $(VENV)/bin/python
 DEPS          := $(STAMP)
 endif
 
-.PHONY: help bench ablation report test test-cluster cluster-packages perf precision-perf check-bench-knobs venv clean-venv browser compare plan-compare gpu-check \
+# Refusals are decided while make reads this file, before any recipe runs: a failed recipe would
+# make make print its own "*** [...] Error 2" under the one line, and question mode (-q) is the one
+# way make exits non-zero (status 1) without a word of its own. Under -q no recipe runs (none of the
+# goals checked here has a recipe line with $(MAKE), which -q would still run).
+comma         := ,
+NODIGITS       = $(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst 7,,$(subst 8,,$(subst 9,,$(1)))))))))))
+ONE_NUMBER     = $(and $(filter 1,$(words $(1))),$(if $(call NODIGITS,$(1)),,1))
+IS_POSITIVE    = $(and $(call ONE_NUMBER,$(1)),$(if $(filter 0%,$(1)),,1))
+NOT_ONE_OF     = $(if $(filter 1,$(words $(1))),$(filter-out $(2),$(1)),x)
+CHECK_NAME     = $(if $($(1)),$(if $(call NOT_ONE_OF,$($(1)),$(2)),make: $(1)=$($(1)) is not valid; valid values: $(2)))
+CHECK_POSITIVE = $(if $($(1)),$(if $(call IS_POSITIVE,$($(1))),,make: $(1)=$($(1)) is not valid; valid values: a positive integer (1$(comma) 2$(comma) 3$(comma) ...)))
+CHECK_NATURAL  = $(if $($(1)),$(if $(call ONE_NUMBER,$($(1))),,make: $(1)=$($(1)) is not valid; valid values: an integer >= 0))
+KNOB_GOALS    := bench ablation compare precision-perf dataset mlperf data-perf check-bench-knobs
+VENV_FREE     := help clean-venv check-bench-knobs check-dataset-out check-mlperf-data browser redis-server cluster-packages
+GOALS_OF       = $(filter $(1),$(MAKECMDGOALS))
+OTHER_VARIANT := $(firstword $(filter-out $(STAMP),$(wildcard $(VENV)/.installed-*)))
+REFUSAL       := $(or \
+  $(if $(call GOALS_OF,$(KNOB_GOALS)),$(or \
+    $(if $(VALID_PRESETS),,make: cannot read harness/names.py with $(PYTHON)), \
+    $(call CHECK_NAME,PRESET,$(VALID_PRESETS)), \
+    $(strip $(foreach k,NODES GPUS_PER_NODE ITERS REPEATS ROWS DAYS,$(call CHECK_POSITIVE,$(k)))), \
+    $(call CHECK_NATURAL,WARMUP), $(call CHECK_NATURAL,SEED), \
+    $(call CHECK_NAME,SHARDING,$(VALID_SHARDING)), $(call CHECK_NAME,ENGINE,$(VALID_ENGINES)), \
+    $(call CHECK_NAME,DRY_RUN,0 1))), \
+  $(if $(call GOALS_OF,dataset check-dataset-out),$(if $(OUT),,make dataset: give OUT=<folder to write>)), \
+  $(if $(call GOALS_OF,mlperf check-mlperf-data),$(if $(DATA),,make mlperf: give DATA=<folder of MLPerf-layout \
+    files> (make dataset writes some))), \
+  $(if $(and $(filter $(STAMP),$(DEPS)),$(OTHER_VARIANT),$(filter-out $(VENV_FREE),$(MAKECMDGOALS))),make: \
+    $(VENV) holds the $(OTHER_VARIANT:$(VENV)/.installed-requirements-%=%) variant$(comma) this machine needs the \
+    $(patsubst requirements-%,%,$(basename $(TORCH_REQS))) variant: run make clean-venv first))
+ifneq ($(REFUSAL),)
+$(shell printf '%s\n' '$(subst ','"'"',$(strip $(REFUSAL)))' >&2)
+MAKEFLAGS     += -q
+endif
+
+.PHONY: help bench ablation report test test-cluster cluster-packages perf precision-perf check-bench-knobs venv clean-venv browser compare plan-compare project gpu-check \
         dataset data-perf check-dataset-out mlperf check-mlperf-data ext perf-dynamic redis-server host-packages gpu-bench
 
+# Every line fits 100 columns; the preset table comes from harness/presets.py (system python).
 help:
-	@echo "make bench  [PRESET=$(subst $() ,|,$(VALID_PRESETS))] [NODES=n] [GPUS_PER_NODE=n] [ITERS=n] [WARMUP=n]"
-	@echo "            [SHARDING=$(subst $() ,|,$(VALID_SHARDING))] [DRY_RUN=0|1] [RUN_ID=...] [OPTS=\"...\"]"
-	@echo "            a knob left unset takes the preset's value (PRESET: small); see $(PY) -m harness bench --help"
-	@echo "            inside Slurm: srun, one torchrun a node; with MASTER_ADDR + NODE_RANK (+ RUN_ID): torchrun"
-	@echo "            for this host (run it on every host); otherwise NODES x GPUS_PER_NODE local processes"
-	@echo "            [ENGINE=harness|torchrec]  (torchrec: stock TorchRec on the same config, batches and weights)"
-	@echo "            [DATA=dir]  (train on MLPerf-layout files, e.g. from make dataset, instead of synthetic batches)"
-	@echo "make compare [PRESET=tiny] [REPEATS=3] [OPTS=\"...\"]  (torchrec and harness runs interleaved; last line: the ratio)"
+	@echo "make bench  [PRESET=$(subst $() ,|,$(VALID_PRESETS))] [NODES=n] [GPUS_PER_NODE=n] [ITERS=n]"
+	@echo "            [WARMUP=n] [SHARDING=name] [DRY_RUN=0|1] [RUN_ID=...] [OPTS=\"...\"]"
+	@echo "            [ENGINE=harness|torchrec] [DATA=dir]  (torchrec: stock TorchRec, same config)"
+	@echo "            SHARDING: $(wordlist 1,5,$(VALID_SHARDING))"
+	@echo "                      $(wordlist 6,99,$(VALID_SHARDING))"
+	@echo "            a knob left unset takes the preset's value (the table below)"
+	@echo "            OPTS: any option of $(PY) -m harness bench --help"
+	@echo "            DATA: MLPerf-layout files (make dataset writes some) instead of synthetic batches"
+	@echo "            launcher: in Slurm, srun with one torchrun a node; with MASTER_ADDR + NODE_RANK"
+	@echo "            (+ RUN_ID), torchrun for this host (run it on every host); else local processes"
+	@echo "make compare [PRESET=tiny] [REPEATS=3] [OPTS=\"...\"]  (torchrec vs harness, interleaved)"
 	@echo "make ablation [PRESET=...] [NODES=...] [GPUS_PER_NODE=...] [SHARDING=...] [REPEATS=n (3)]"
-	@echo "make report [RUN=latest|<run_id>|<baseline_id>,<candidate_id>] | [ABLATION=latest|<id>] | [NSYS=<file.sqlite>]"
-	@echo "make test"
-	@echo "make test-cluster  (root: real test hosts as network namespaces, torchrun on each, a real Slurm; else one line)"
-	@echo "make perf   [PRESET=tiny|small (tiny)]   (timeline on vs off: the instrumentation's cost)"
-	@echo "make precision-perf [PRESET=small] [REPEATS=2]  (fp16 tables, fp16/bf16 on the wire vs fp32: memory, interleaved runs)"
-	@echo "make plan-compare [LAYOUTS=1x8,2x8,16x8]  (mlperf tables: this planner vs TorchRec's, planning only)"
-	@echo "make mlperf DATA=dir [TARGET_AUC=0.80275] [PRESET=...] [NODES=n] [GPUS_PER_NODE=n] [OPTS=\"...\"]"
-	@echo "            (one epoch at most, 20 evaluations an epoch, stops at the target AUROC; MLPerf result log in the run folder)"
-	@echo "make dataset OUT=dir [ROWS=100000 a day] [DAYS=3] [PRESET=tiny] [SEED=0]  (synthetic days in the MLPerf file layout)"
-	@echo "make data-perf [DATA=dir] [PRESET=small] [RUN=id|latest]  (the file loader's samples/s on one rank, beside the synthetic stream's and RUN's training)"
-	@echo "make ext  (the C++ extensions in csrc/; every target that trains builds them)"
-	@echo "make perf-dynamic [REPEATS=2]  (ID transformer: M ids/s vs a Python dict (median of 3 runs a case) and torch.unique; hit rate vs slots, a plot; mlperf-ids vs small)"
-	@echo "make gpu-check  (on a GPU host: the CUDA battery, a line a check and a verdict; elsewhere one line)"
-	@echo "make gpu-bench  (on a GPU host, first: battery, compare small at 8192 a GPU and --opts all, each flag alone, tiny)"
-	@echo "PY=python3      (any target: that interpreter and its packages, nothing installed; e.g. a GPU node's container)"
-	@echo "OPTS passes extra flags to 'python -m harness bench' (see: $(PY) -m harness bench --help)"
+	@echo "make report [RUN=latest|<id>|<base_id>,<id>] | [ABLATION=latest|<id>] | [NSYS=<file.sqlite>]"
+	@echo "make test   (the whole suite, about 7 minutes on 2 cores)"
+	@echo "make test-cluster  (root: real test hosts as network namespaces and a real Slurm; else one line)"
+	@echo "make perf   [PRESET=tiny|small (tiny)]  (timeline on vs off: the instrumentation's cost)"
+	@echo "make precision-perf [PRESET=small] [REPEATS=2]  (fp16 tables, fp16/bf16 on the wire vs fp32)"
+	@echo "make plan-compare [LAYOUTS=1x8,2x8,16x8]  (mlperf tables: this planner vs TorchRec's)"
+	@echo "make mlperf DATA=dir [TARGET_AUC=0.80275] [PRESET=...] [NODES=n] [GPUS_PER_NODE=n] [OPTS=...]"
+	@echo "            (an epoch at most, 20 evaluations an epoch, stops at the target; MLPerf result log)"
+	@echo "make dataset OUT=dir [ROWS=100000 a day] [DAYS=3] [PRESET=tiny] [SEED=0]  (MLPerf file layout)"
+	@echo "make data-perf [DATA=dir] [PRESET=small] [RUN=id|latest]  (the file loader's samples/s)"
+	@echo "make ext    (the C++ extensions in csrc/; every target that trains builds them)"
+	@echo "make perf-dynamic [REPEATS=2]  (ID transformer vs a dict and torch.unique; hit rates; a plot)"
+	@echo "make gpu-check  (on a GPU host: the CUDA battery, a line a check; elsewhere one line)"
+	@echo "make gpu-bench  (on a GPU host, first: battery, compares, each flag alone, tiny)"
+	@echo "make clean-venv (remove .venv: the fix when it holds the other (CPU/CUDA) variant)"
+	@echo "PY=python3      (any target: that interpreter and its packages, nothing installed)"
+	@echo ""
+	@$(PYTHON) -c "from harness.launch.options import preset_table; print(preset_table())"
 
-# Knobs the user set are checked before anything is installed or started.
+# The knob checks run while make reads this file (REFUSAL below); as a goal of its own it says nothing.
 check-bench-knobs:
-	@test -n "$(VALID_PRESETS)" || { echo "make: cannot read harness/names.py with $(PYTHON)" >&2; exit 2; }
-	@test -z "$(PRESET)" || { test $(words $(PRESET)) = 1 && case " $(VALID_PRESETS) " in *" $(PRESET) "*) ;; *) false;; esac; } || \
-	  { echo "make: PRESET=$(PRESET) is not valid; valid values: $(VALID_PRESETS)" >&2; exit 2; }
-	@for kv in $(foreach k,NODES GPUS_PER_NODE ITERS REPEATS ROWS DAYS,$(if $($(k)),$(k)=$($(k)))); do \
-	  echo "$${kv#*=}" | grep -Eq '^[1-9][0-9]*$$' || \
-	  { echo "make: $$kv is not valid; valid values: a positive integer (1, 2, 3, ...)" >&2; exit 2; }; done
-	@test -z "$(WARMUP)" || echo "$(WARMUP)" | grep -Eq '^[0-9]+$$' || \
-	  { echo "make: WARMUP=$(WARMUP) is not valid; valid values: an integer >= 0" >&2; exit 2; }
-	@test -z "$(SEED)" || echo "$(SEED)" | grep -Eq '^[0-9]+$$' || \
-	  { echo "make: SEED=$(SEED) is not valid; valid values: an integer >= 0" >&2; exit 2; }
-	@test -z "$(SHARDING)" || case " $(VALID_SHARDING) " in *" $(SHARDING) "*) ;; \
-	  *) echo "make: SHARDING=$(SHARDING) is not valid; valid values: $(VALID_SHARDING)" >&2; exit 2;; esac
-	@test -z "$(ENGINE)" || case " $(VALID_ENGINES) " in *" $(ENGINE) "*) ;; \
-	  *) echo "make: ENGINE=$(ENGINE) is not valid; valid values: $(VALID_ENGINES)" >&2; exit 2;; esac
-	@case "$(DRY_RUN)" in 0|1) ;; \
-	  *) echo "make: DRY_RUN=$(DRY_RUN) is not valid; valid values: 0 1" >&2; exit 2;; esac
+	@:
 
 # A venv holds one variant: pip would keep the other's torch (torch==2.13.0 accepts both builds),
 # so a .venv made for the other variant (a CPU login node's, reused on a GPU node) is refused.
+# (REFUSAL, above, refuses a .venv of the other variant before this rule is reached.)
 $(STAMP): requirements.txt $(TORCH_REQS) requirements-torchrec.txt requirements-torchrec-deps.txt constraints.txt
-	@for other in $(VENV)/.installed-*; do case "$$other" in "$(STAMP)"|"$(VENV)/.installed-*") ;; \
-	  *) echo "make: $(VENV) holds the $${other##*.installed-requirements-} variant, this machine needs the $(patsubst requirements-%,%,$(basename $(TORCH_REQS))) variant: run make clean-venv first" >&2; exit 2;; esac; done
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r $(TORCH_REQS) -r requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-torchrec.txt
@@ -206,6 +231,15 @@ gpu-check: $(DEPS) $(EXT)
 gpu-bench: $(DEPS) $(EXT)
 	$(PY) -m harness.tools.gpu_bench $(OPTS)
 
+# A projection (harness/projection/, docs/projection.md): the config on hardware it has not run on,
+# calibrated on run folders (CALIBRATE=run,...; h100 default: tests/data/h100-runs-2/), marked projected.
+project: check-bench-knobs $(DEPS)
+	@case "$(or $(HARDWARE),h100)" in cpu|h100) ;; \
+	  *) echo "make: HARDWARE=$(HARDWARE) is not valid; valid values: cpu h100" >&2; exit 2;; esac
+	$(PY) -m harness.tools.project --preset $(or $(PRESET),mlperf) --nodes $(or $(NODES),16) \
+	  --gpus-per-node $(or $(GPUS_PER_NODE),8) --hardware $(or $(HARDWARE),h100) \
+	  $(if $(CALIBRATE),--calibrate $(CALIBRATE)) $(OPTS)
+
 # Planning only: the harness's sharding plan of the mlperf tables against TorchRec's planner.
 plan-compare: $(DEPS)
 	$(PY) -m harness.tools.plan_compare $(if $(LAYOUTS),--layouts $(LAYOUTS))
@@ -215,11 +249,9 @@ dataset: check-bench-knobs check-dataset-out $(DEPS)
 	$(PY) -m harness.tools.make_dataset --out $(OUT) $(if $(ROWS),--rows $(ROWS)) $(if $(DAYS),--days $(DAYS)) \
 	  $(if $(PRESET),--preset $(PRESET)) $(if $(SEED),--seed $(SEED))
 
-check-mlperf-data:
-	@test -n "$(DATA)" || { echo "make mlperf: give DATA=<folder of MLPerf-layout files> (make dataset writes some)" >&2; exit 2; }
-
-check-dataset-out:
-	@test -n "$(OUT)" || { echo "make dataset: give OUT=<folder to write>" >&2; exit 2; }
+# Checked with the knobs, while make reads this file (REFUSAL).
+check-mlperf-data check-dataset-out:
+	@:
 
 mlperf: check-bench-knobs check-mlperf-data $(DEPS) $(EXT)
 	$(PY) -m harness.tools.mlperf --data $(DATA) $(if $(TARGET_AUC),--target-auc $(TARGET_AUC)) $(KNOB_ARGS) \
@@ -228,6 +260,10 @@ mlperf: check-bench-knobs check-mlperf-data $(DEPS) $(EXT)
 data-perf: check-bench-knobs $(DEPS)
 	$(PY) -m harness.tools.data_perf $(if $(DATA),--data $(DATA)) $(if $(PRESET),--preset $(PRESET)) \
 	  $(if $(RUN),--against-run $(RUN))
+
+# What old runs left in their parameter stores (failed runs keep their spill files and Redis keys).
+clean-runs: $(DEPS)
+	$(PY) -m harness.tools.clean_runs --runs-root runs $(if $(PS),--ps '$(PS)')
 
 clean-venv:
 	rm -rf $(VENV)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,36 +23,90 @@ from harness.launch.launcher import LaunchFailed, choose_launch, node_commands
 from harness.launch.launcher import run as launch_run
 from harness.records.manifest import PlanEstimate, ResolvedFlags, RunManifest
 from harness.names import PRESET_NAMES
+from harness.store_url import pass_to_ranks
 from harness.run.optimizations import describe, resolve
 from harness.launch.options import add_config_options, config_from_args
-from harness.launch.planning import format_plan, make_plan
+from harness.launch.planning import format_dry_run, format_plan, make_plan
 from model.dense import dense_flops_per_sample
 from model.sharding import TablePlan
 
 
+WIDTH = 100
+"""Columns every --help fits in, whatever the terminal says."""
+
+
+class Formatter(argparse.HelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns), max_help_position=32)
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """Errors are one line on stderr (what is wrong and where to look), exit status 2."""
+    """Errors are one line on stderr (what is wrong and where to look), exit status 2. An option is
+    never taken from a prefix (--pinned is not --pinned-d2h): an unknown one is refused with the
+    nearest valid names."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            message = "; ".join(unknown_option(a, self._all_options()) for a in message[len(prefix):].split())
         sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
         sys.exit(2)
 
+    def _all_options(self) -> list[str]:
+        """Every option of this parser and of its subcommands."""
+        out = []
+        for a in self._actions:
+            out += a.option_strings
+            if isinstance(a, argparse._SubParsersAction):
+                for sub in a.choices.values():
+                    out += [o for b in sub._actions for o in b.option_strings]
+        return sorted(set(out))
 
-def build_parser() -> argparse.ArgumentParser:
+
+def unknown_option(arg: str, options: list[str]) -> str:
+    """'unknown option --cuda-graphz; nearest: --cuda-graphs': prefixes first, then look-alikes."""
+    name = arg.split("=", 1)[0]
+    if not name.startswith("-"):
+        return f"unexpected argument {arg!r}"
+    near = [o for o in options if o.startswith(name) and o != name][:3]
+    near += [o for o in difflib.get_close_matches(name, options, n=3, cutoff=0.6) if o not in near]
+    return f"unknown option {name}" + (f"; nearest: {', '.join(near[:3])}" if near else "")
+
+
+def preset_in(argv: list[str]) -> str:
+    """The preset named on a command line, for --help's values (before the line is parsed)."""
+    for i, a in enumerate(argv):
+        value = a.split("=", 1)[1] if a.startswith("--preset=") else argv[i + 1] if a == "--preset" and i + 1 < len(argv) else None
+        if value in PRESET_NAMES:
+            return value
+    return "small"
+
+
+def build_parser(preset: str = "small") -> argparse.ArgumentParser:
+    """`preset`: whose values --help shows (main passes the one on the command line)."""
     parser = OneLineParser(prog="harness", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
-    bench = sub.add_parser("bench", help="train DLRM-DCNv2 and record every iteration's stages")
-    add_bench_arguments(bench)
-    abl = sub.add_parser("ablation", help="baseline, each flag, all, all-but-one: repeated bench runs")
-    add_bench_arguments(abl)
-    abl.add_argument("--repeats", type=int, default=3, help="runs per config (inactive-only configs: one)")
+    usage = "harness %s [options]   (every option below; --preset NAME --help: NAME's values)"
+    bench = sub.add_parser("bench", help="train DLRM-DCNv2 and record every iteration's stages", usage=usage % "bench")
+    add_bench_arguments(bench, preset)
+    abl = sub.add_parser("ablation", help="baseline, each flag, all, all-but-one: repeated bench runs",
+                         usage=usage % "ablation")
+    add_bench_arguments(abl, preset)
+    abl.add_argument("--repeats", type=int, default=3, metavar="N", help="runs per config (inactive-only configs: one) "
+                     "[default: 3]")
 
-    cmp = sub.add_parser("compare", help="torchrec and harness engines, runs interleaved, one comparison report")
-    add_bench_arguments(cmp)
-    cmp.add_argument("--repeats", type=int, default=3, help="runs per engine")
-    cmp.add_argument("--reports-root", type=Path, default=Path("reports"), help="where the comparison report goes")
-
+    cmp = sub.add_parser("compare", help="torchrec and harness engines, runs interleaved, one comparison report",
+                         usage=usage % "compare")
+    add_bench_arguments(cmp, preset)
+    cmp.add_argument("--repeats", type=int, default=3, metavar="N", help="runs per engine [default: 3]")
+    cmp.add_argument("--reports-root", type=Path, default=Path("reports"), metavar="DIR",
+                     help="where the comparison report goes [default: reports]")
     wk = sub.add_parser("worker", help="one rank (what torchrun starts on each node)")
     wk.add_argument("--run-dir", type=Path, required=True)
 
@@ -65,16 +121,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
+def add_bench_arguments(bench: argparse.ArgumentParser, preset: str = "small") -> None:
     """The hand-written options (what is not config), then one generated option per config field."""
-    bench.add_argument("--preset", choices=PRESET_NAMES, default="small", help="model and batch preset")
-    bench.add_argument("--runs-root", type=Path, default=Path("runs"), help="where run folders go")
-    bench.add_argument("--run-id", default=None, help="name the run (multi-host launches: the same on every host)")
-    bench.add_argument("--dry-run", action="store_true", help="print each node's command and the plan; start nothing")
+    bench.add_argument("--preset", choices=PRESET_NAMES, default="small", metavar="NAME",
+                       help=f"model and batch preset. One of: {', '.join(PRESET_NAMES)} (make help: a table) "
+                            "[default: small]")
+    bench.add_argument("--runs-root", type=Path, default=Path("runs"), metavar="DIR",
+                       help="where run folders go [default: runs]")
+    bench.add_argument("--run-id", default=None, metavar="NAME",
+                       help="name the run (multi-host launches: the same on every host) [default: a new sortable id]")
+    bench.add_argument("--dry-run", action="store_true", help="print the launcher, the flags and the plan a node; "
+                       "start nothing, make no folder")
+    bench.add_argument("--plan-detail", nargs="?", const="-", default=None, metavar="FILE",
+                       help="with --dry-run: the plan's per-rank table too, printed, or written to FILE")
     bench.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
-                       help="multi-host rendezvous (default: MASTER_ADDR:MASTER_PORT when set)")
-    bench.add_argument("--node-rank", type=int, default=None, help="this host's node (default: NODE_RANK)")
-    add_config_options(bench)
+                       help="multi-host rendezvous [default: MASTER_ADDR:MASTER_PORT when set]")
+    bench.add_argument("--node-rank", type=int, default=None, metavar="K",
+                       help="this host's node, 0..nodes-1 [default: NODE_RANK]")
+    add_config_options(bench, preset=preset)
 
 
 def plan_and_flags(cfg: BenchConfig, *, ranks_per_host: int,
@@ -119,11 +183,14 @@ class Invocation:
     """HOST:PORT of a multi-host rendezvous; None: MASTER_ADDR:MASTER_PORT when set."""
     node_rank: int | None
     """This host's node in a multi-host launch; None: NODE_RANK."""
+    plan_detail: str | None = None
+    """--plan-detail: '-' prints the dry run's per-rank table, a path writes it there; None: neither."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Invocation":
         return cls(runs_root=args.runs_root, run_id=args.run_id, dry_run=args.dry_run,
-                   rdzv_endpoint=args.rdzv_endpoint, node_rank=args.node_rank)
+                   rdzv_endpoint=args.rdzv_endpoint, node_rank=args.node_rank,
+                   plan_detail=args.plan_detail)
 
 
 def bench(cfg: BenchConfig, how: Invocation) -> int:
@@ -145,11 +212,13 @@ def bench(cfg: BenchConfig, how: Invocation) -> int:
     run_dir = how.runs_root / run_id
     commands = tuple(node_commands(launch, run_dir, run_id))
     if how.dry_run:
-        print(f"dry run: nothing is started. launcher: {launch.mode}, {cfg.run.nodes} node(s) x "
-              f"{cfg.run.gpus_per_node} rank(s) = {cfg.run.world_size} ranks, rendezvous {launch.endpoint}")
-        print("\n".join(commands))
-        print(describe(flags))
-        print(format_plan(plan, estimate))
+        print(f"dry run, preset {cfg.run.preset}: {cfg.run.nodes} node(s) x {cfg.run.gpus_per_node} rank(s), "
+              f"global batch {cfg.data.global_batch_size}; nothing started, no folder made")
+        try:
+            print(format_dry_run(launch, describe(flags), plan, estimate, plan_detail=how.plan_detail,
+                                 run_dir=str(how.runs_root / (how.run_id or "RUN_ID"))))
+        except OSError as exc:  # --plan-detail FILE could not be written
+            return _error(ValueError(f"--plan-detail {how.plan_detail}: {exc.strerror or exc}"))
         return 0
     if run_dir.exists() and not (launch.mode == "torchrun" and launch.node_rank):
         return _error(ValueError(f"run folder {run_dir} exists; run ids are never reused"))
@@ -175,8 +244,9 @@ def bench(cfg: BenchConfig, how: Invocation) -> int:
           f"({launch.mode}), global batch {cfg.data.global_batch_size}, "
           f"{cfg.run.warmup_iters}+{cfg.run.iters} iterations -> {run_dir}", flush=True)
     print(describe(flags))
-    print(format_plan(plan, estimate, max_rows=16), flush=True)
+    print(format_plan(plan, estimate, detail=cfg.run.world_size <= 8), flush=True)
     error = None
+    pass_to_ranks(cfg.dynamic.ps)  # the store's password reaches the ranks by environment, never the run folder
     try:
         launch_run(launch, run_dir, run_id=run_id)
     except LaunchFailed as exc:
@@ -223,7 +293,8 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(preset_in(argv)).parse_args(argv)
     if args.command == "worker":
         return worker(args)
     if args.command in ("bench", "ablation", "compare"):

@@ -10,7 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.config_fields import non_negative_int as _non_negative_int, option, positive_int as _positive_int
+from harness.config_fields import finite_numbers, non_negative_int as _non_negative_int, option, positive_int as _positive_int
+from harness.store_url import check_store_url, mask_secrets
 from harness.names import (
     COLLECTIVE_WAITS, COMM_PRECISIONS, DENSE_PRECISIONS, DYNAMIC_KINDS, DYNAMIC_POLICIES, TABLE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, ENGINES, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
     ShardingType,
@@ -123,10 +124,10 @@ class ShardingConfig:
     """How embedding tables are spread over ranks (model/sharding.py, model/planner.py)."""
 
     kind: str = option("auto", option="sharding", choices=SHARDING_KINDS)
-    """auto (the planner picks per table), or one of table_wise, column_wise, row_wise,
-    data_parallel forced on every table."""
+    """auto (the planner picks per table), or one kind forced on every table (docs/sharding.md
+    says what each kind does)."""
     per_table: tuple[tuple[int, str], ...] = option((), option="shard", metavar="T=KIND[,T=KIND...]")
-    """(table, kind) pairs forced on single tables; they win over `kind`."""
+    """(table, kind) pairs forced on single tables; they win over --sharding."""
     column_shards: int = 4
     """The most column blocks the planner tries for a column_wise table: it searches 2..column_shards
     blocks (one a rank) that split the dim into widths divisible by 4 (model/planner.py); 1: no
@@ -134,13 +135,13 @@ class ShardingConfig:
     hardware: str = option("cpu", choices=HARDWARE_PROFILES)
     """Bandwidth and memory profile the planner assumes: cpu or h100 (harness/launch/planning.py)."""
     memory_gib: float | None = None
-    """Per-rank memory budget for shards and optimizer state; None: the profile's default."""
+    """Per-rank memory budget for shards and optimizer state; left out: the profile's."""
     memory_gbps: float | None = None
-    """Memory bandwidth a rank gets (GB/s); None: the profile's."""
+    """Memory bandwidth a rank gets (GB/s); left out: the profile's."""
     intra_node_gbps: float | None = None
-    """Per-rank bandwidth inside a node (GB/s); None: the profile's."""
+    """Per-rank bandwidth inside a node (GB/s); left out: the profile's."""
     inter_node_gbps: float | None = None
-    """Per-rank bandwidth between nodes (GB/s); None: the profile's."""
+    """Per-rank bandwidth between nodes (GB/s); left out: the profile's."""
 
     def __post_init__(self) -> None:
         if self.kind not in SHARDING_KINDS:
@@ -267,13 +268,13 @@ class RunConfig:
     flush_every: int = 10
     """Iterations between writes of the records to the run folder (writes happen between iterations)."""
     collective_timeout_s: float = option(300.0, option="collective-timeout")
-    """How long a collective may wait before the job is declared failed."""
+    """How long a collective may wait, in seconds, before the job is declared failed."""
     fail_at: tuple[int, int] | None = option(None, metavar="RANK:ITER")
-    """Fault injection for tests: (rank, iteration) at which that rank raises. None: no fault."""
+    """Fault injection for tests: (rank, iteration) at which that rank raises. Left out: no fault."""
     profile: tuple[int, int] | None = option(None, metavar="FIRST:LAST")
     """Iterations FIRST..LAST under torch.profiler, a Chrome trace a rank (rankNNNNN/trace.json:
     Perfetto, HTA), each stage an annotated range over its ops and kernels (harness/run/profile_window.py).
-    Those iterations pay the profiler's cost: put them in the warm-up. None: no profiler."""
+    Those iterations pay the profiler's cost: put them in the warm-up. Left out: no profiler."""
     stall_at: tuple[int, int] | None = option(None, metavar="RANK:ITER")
     """Fault injection: (rank, iteration) at which that rank hangs; the others' collective timeout ends the job."""
 
@@ -305,7 +306,7 @@ class DynamicConfig:
     slots: int | None = option(None, option="dynamic-slots", metavar="N")
     """Rows each dynamic table keeps resident on its rank (at most its rows; dynamic_row_wise: on
     each rank, of its row block's ids); the planner counts these, not the table's rows. Left out:
-    DEFAULT_DYNAMIC_SLOTS, or what --dynamic-memory-gib gives."""
+    65536, or what --dynamic-memory-gib gives."""
     memory_gib: float | None = option(None, option="dynamic-memory-gib", metavar="GIB")
     """Instead of --dynamic-slots: what all dynamic tables' slots may hold together, over all ranks
     (rows and optimizer state, as the planner counts them). Each table's share follows its ids a
@@ -334,8 +335,8 @@ class DynamicConfig:
         _positive_int("dynamic.half_life", self.half_life)
         if self.policy not in DYNAMIC_POLICIES:
             raise ValueError(f"dynamic.policy {self.policy!r} is not one of {list(DYNAMIC_POLICIES)}")
-        if self.ps is not None and not self.ps.startswith("redis://"):
-            raise ValueError(f"dynamic.ps {self.ps!r}: give redis://host:port[/db], or leave it out for the embedded store")
+        if self.ps is not None:
+            check_store_url(self.ps)
         for name in ("ps_memory_gib", "ps_spill_gib"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"dynamic.{name} must be >= 0, got {getattr(self, name)}")
@@ -352,7 +353,7 @@ class EvalConfig:
     """Score AUROC after the first iteration that reaches each multiple of this many training
     samples, and after the last iteration; 0: no evaluation. Needs --data."""
     target_auc: float | None = None
-    """Stop training at the first evaluation whose AUROC reaches this (time to target); None: train
+    """Stop training at the first evaluation whose AUROC reaches this (time to target); left out: train
     every iteration asked for. Needs --eval-every."""
     stage: str = option("val", option="eval-stage", choices=EVAL_STAGES)
     """The half of the held-out day that scores: val (its first half) or test (its second)."""
@@ -394,6 +395,7 @@ class BenchConfig:
     """Dynamic tables' slots, eviction policy and parameter store."""
 
     def __post_init__(self) -> None:
+        finite_numbers(self)
         for t, _ in self.sharding.per_table:
             if not 0 <= t < self.model.num_sparse:
                 raise ValueError(f"sharding.per_table names table {t}; tables are 0..{self.model.num_sparse - 1}")
@@ -406,7 +408,7 @@ class BenchConfig:
             )
         uses_dynamic = self.sharding.kind in DYNAMIC_KINDS or any(k in DYNAMIC_KINDS for _, k in self.sharding.per_table)
         if self.dynamic.ps is not None and not uses_dynamic:
-            raise ValueError(f"--ps {self.dynamic.ps} has nothing to store: no table is dynamic (--shard T=dynamic)")
+            raise ValueError(f"--ps {mask_secrets(self.dynamic.ps)} has nothing to store: no table is dynamic (--shard T=dynamic)")
         if self.dynamic.memory_gib is not None and not uses_dynamic:
             raise ValueError(f"--dynamic-memory-gib {self.dynamic.memory_gib:g} has nothing to size: no table is dynamic "
                              "(--shard T=dynamic)")

@@ -33,7 +33,7 @@ BAD_BENCH = {
     "negative gpus": (["--gpus-per-node", "-1"], "run.gpus_per_node must be a positive integer"),
     "non-integer gpus": (["--gpus-per-node", "two"], "invalid int value: 'two'"),
     "batch not divisible": (["--preset", "tiny", "--gpus-per-node", "5"], "does not divide by the world size 5"),
-    "unknown flag": (["--warp-speed"], "unrecognized arguments: --warp-speed"),
+    "unknown flag": (["--warp-speed"], "unknown option --warp-speed; nearest: --seed, --warmup"),
     "cuda without cuda": (["--device", "cuda"], "no usable CUDA device"),
     "unknown sharding": (["--sharding", "diagonal"], "invalid choice: 'diagonal'"),
     "unknown engine": (["--engine", "tensorflow"], "invalid choice: 'tensorflow'"),

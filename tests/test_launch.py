@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -96,15 +97,28 @@ def test_inconsistent_environment_is_refused(environ, message):
         choose_launch(tiny(nodes=2, gpus_per_node=1), environ=environ, rdzv_endpoint=None, node_rank=None)
 
 
-def test_dry_run_mlperf_16x8_prints_node_commands_and_plan(tmp_path, capsys):
+def test_dry_run_mlperf_16x8_prints_the_launcher_and_a_plan_a_node(tmp_path, capsys):
     code = main(["bench", "--preset", "mlperf", "--nodes", "16", "--gpus-per-node", "8", "--dry-run",
                  "--runs-root", str(tmp_path / "runs")])
     out = capsys.readouterr().out
     assert code == 0
-    node_lines = [ln for ln in out.splitlines() if ln.startswith("node ")]
-    assert len(node_lines) == 16 and all("--nnodes=16 --nproc-per-node=8" in ln for ln in node_lines)
-    assert "h100 profile" in out and out.count("\n") > 128  # a row per rank
+    assert "simulating 16 nodes" in out and "launcher on the target: inside a Slurm allocation of 16 nodes" in out
+    assert "NODE_RANK=k" in out and "k = 0..15" in out
+    node_rows = [ln for ln in out.splitlines() if re.match(r"\s+\d+(-\d+)?\s+8\s+\d", ln)]
+    assert sum(len(range(int(a), int(b or a) + 1)) for a, b in
+               (re.match(r"\s+(\d+)(?:-(\d+))?", ln).groups() for ln in node_rows)) == 16  # every node, once
+    assert "h100 profile" in out and len(out.splitlines()) <= 40
     assert not (tmp_path / "runs").exists()
+
+
+def test_dry_run_under_a_rendezvous_prints_this_hosts_torchrun(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "h0")
+    monkeypatch.setenv("NODE_RANK", "3")
+    assert main(["bench", "--preset", "tiny", "--nodes", "4", "--gpus-per-node", "1", "--dry-run", "--run-id", "r1",
+                 "--runs-root", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "launcher: torchrun for this host, node 3 of 0..3" in out
+    assert "--node-rank=3 --master-addr=h0" in " ".join(out.split(" \\\n      "))
 
 
 def test_two_hosts_by_rendezvous_on_loopback(tmp_path):

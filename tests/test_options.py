@@ -44,9 +44,10 @@ def test_every_config_field_is_an_option_with_its_docstring_as_help():
             a = actions.get(f"{concern}.{f.name}")
             assert a is not None, f"{concern}.{f.name} has no option"
             assert a.default is None, f"{concern}.{f.name}: an option's default is the preset's"
-            assert a.help and len(a.help) > len(" [default: the preset's]") + 10, (concern, f.name)
+            assert a.help and len(a.help) > len(" [small: not set]") + 10, (concern, f.name)
+            assert a.help.endswith("]") and "[small: " in a.help, (concern, f.name)  # the preset's value
     # A few helps checked against the docstrings written in config.py.
-    assert actions["sharding.memory_gbps"].help.startswith("Memory bandwidth a rank gets (GB/s); None: the profile's.")
+    assert actions["sharding.memory_gbps"].help.startswith("Memory bandwidth a rank gets (GB/s); left out: the profile's.")
     assert actions["run.warmup_iters"].option_strings == ["--warmup"]
     assert actions["data.global_batch_size"].option_strings == ["--global-batch"]
     assert actions["dynamic.slots"].option_strings == ["--dynamic-slots"]

@@ -131,41 +131,76 @@ def parser_for(tp: Any, metavar: str | None) -> Any:
     return parse
 
 
-def _metavar(tp: Any) -> str:
-    """What --help shows for a value: N for an int, X for a float, N,N,... for a tuple of ints."""
+def _metavar(tp: Any, field: str = "") -> str:
+    """What --help shows for a value: N for an int, X for a float, N,N,... for a tuple of ints; a
+    field named for its unit shows the unit (..._s: SECONDS, ..._gib: GIB, ..._gbps: GB/S)."""
+    for suffix, unit in UNITS.items():
+        if field.endswith(suffix):
+            return unit
     tp = _strip_none(tp)
     if typing.get_origin(tp) is tuple:
         return ",".join(_metavar(a) for a in typing.get_args(tp)[:1]) + ",..."
     return {int: "N", float: "X"}.get(tp, "TEXT")
 
 
-def _help(opt: ConfigOption) -> str:
-    return f"{opt.help} [default: the preset's]".replace("%", "%%")  # argparse formats help with %
+UNITS = {"_s": "SECONDS", "_gib": "GIB", "_gbps": "GB/S"}
+"""A field's unit, read off its name: every time and size on the command line says its unit."""
 
 
-def add_config_options(parser: argparse.ArgumentParser, *, root: type = BenchConfig) -> None:
+def show_value(value: Any) -> str:
+    """A preset's value as --help shows it: on/off, 'not set', a long tuple as its count and range."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "not set"
+    if isinstance(value, tuple):
+        if not value:
+            return "none"
+        if all(isinstance(v, tuple) and len(v) == 2 for v in value):  # (table, kind) pairs, by kind
+            by: dict[str, list[str]] = {}
+            for t, k in value:
+                by.setdefault(str(k), []).append(str(t))
+            return "; ".join(f"{','.join(ts)}={k}" for k, ts in by.items())
+        text = ",".join("=".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in value)
+        if len(text) <= 24:
+            return text
+        nums = [v for v in value if isinstance(v, int)]
+        span = f", {min(nums)}..{max(nums)}" if len(nums) == len(value) else ""
+        return f"{len(value)} values{span}"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _help(opt: ConfigOption, choices: tuple | None, preset: str, value: Any) -> str:
+    listed = f" One of: {', '.join(map(str, choices))}." if choices else ""
+    return f"{opt.help}{listed} [{preset}: {show_value(value)}]".replace("%", "%%")  # argparse formats help with %
+
+
+def add_config_options(parser: argparse.ArgumentParser, *, root: type = BenchConfig, preset: str = "small") -> None:
     """One option per config field, grouped by concern; every default is None (= the preset's).
+    Each help ends with the value `preset` gives the field.
 
     `root`: the config class whose concerns become options (BenchConfig; tests pass their own).
     """
+    cfg = PRESETS[preset]() if root is BenchConfig else None
     for concern, cls in concerns(root).items():
         group = parser.add_argument_group(f"{concern} (config.{cls.__name__})")
         for opt, f in config_options(root):
             if opt.concern != concern:
                 continue
-            kw: dict[str, Any] = dict(dest=opt.dest, default=None, help=_help(opt))
+            value = getattr(getattr(cfg, concern), opt.field) if cfg is not None else f.default
+            choices = f.metadata.get(CHOICES)
+            kw: dict[str, Any] = dict(dest=opt.dest, default=None, help=_help(opt, choices, preset, value))
             if _strip_none(opt.type) is bool:
                 kw["action"] = argparse.BooleanOptionalAction
             else:
                 kw["type"] = parser_for(opt.type, f.metadata.get(METAVAR))
-                if CHOICES in f.metadata:
-                    kw["choices"] = f.metadata[CHOICES]
-                if CHOICES not in f.metadata:
-                    kw["metavar"] = f.metadata.get(METAVAR) or _metavar(opt.type)
+                if choices:  # listed in the help: a {a,b,...} metavar can be wider than the screen
+                    kw["choices"] = choices
+                kw["metavar"] = f.metadata.get(METAVAR) or ("NAME" if choices else _metavar(opt.type, f.name))
             group.add_argument(opt.flag, **kw)
-    parser.add_argument("--opts", choices=["none", "all"], default=None,
-                        help="set every optimization flag off or on first; --X/--no-X then change single ones "
-                             "[default: the preset's]")
+    parser.add_argument("--opts", choices=["none", "all"], default=None, metavar="none|all",
+                        help="none: every optimization flag off first, all: every one on; --X/--no-X then change "
+                             f"single ones [{preset}: not set]")
 
 
 ALTERNATIVES = (("dynamic", ("slots", "memory_gib")),)
@@ -190,3 +225,23 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
             kv.update({f: None for f in pair if f not in kv})
     # All concerns at once: the cross-concern checks see the final combination, not a half-changed one.
     return cfg.replace(**{c: dataclasses.replace(getattr(cfg, c), **kv) for c, kv in given.items()})
+
+
+PURPOSE = {"small": "the default: tables capped at 100k rows, CPU",
+           "tiny": "milliseconds an iteration: quick checks",
+           "mlperf": "exactly MLPerf, H100 nodes (here: DRY_RUN=1)",
+           "mlperf-ids": "full id spaces, dynamic tables, on CPU"}
+"""What each preset is for, in the preset table (make help, docs/targets-and-knobs.md)."""
+
+
+def preset_table() -> str:
+    """The presets side by side: batch, ranks, iterations, warm-up, tables, what each is for."""
+    lines = [f"{'PRESET':<11} {'batch':>6} {'ranks':>5} {'iters':>5} {'warm-up':>7} {'tables, rows':<12} what for"]
+    for name, make in PRESETS.items():
+        cfg = make()
+        most = max(cfg.model.table_rows)
+        rows = f"{cfg.model.num_sparse}, <= " + (f"{most / 1e6:g}M" if most >= 10**6 else f"{most / 1e3:g}k")
+        purpose = PURPOSE.get(name) or (make.__doc__ or "").split(".")[0]
+        lines.append(f"{name:<11} {cfg.data.global_batch_size:>6} {cfg.run.world_size:>5} {cfg.run.iters:>5} "
+                     f"{cfg.run.warmup_iters:>7} {rows:<12} {purpose}"[:100])
+    return "\n".join(lines)

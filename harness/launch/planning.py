@@ -6,9 +6,15 @@ and every rank reads it from there, so all ranks agree and the run records what 
 
 from __future__ import annotations
 
+import collections
 import os
+import re
+import shlex
+import textwrap
+from pathlib import Path
 
 from harness.config import DEFAULT_DYNAMIC_SLOTS, BenchConfig
+from harness.launch.launcher import Launch, srun_argv, torchrun_argv
 from harness.records.manifest import PlanEstimate, RankEstimate
 from model.names import DYNAMIC_KINDS, STATE_PER_ELEMENT, STATE_PER_ROW, WEIGHT_BYTES, ShardingType
 from model.dynamic_budget import DynamicDemand, budget_slots
@@ -93,6 +99,18 @@ def dynamic_slots(cfg: BenchConfig, forced: dict[int, str], geo: Geometry) -> di
     return slots
 
 
+def host_refusal(planner_says: str, ranks_per_host: int) -> str:
+    """A CPU run whose tables do not fit this host, said once with its fix: the planner's own advice
+    (more ranks, a bigger budget, another kind) is about a cluster, not this host. Other refusals
+    (a forced kind that cannot work) are the planner's as they are."""
+    m = re.match(r"(table \d+) \(.*fits on no rank.*leaves a rank holding ([\d.]+ GiB)", planner_says)
+    if m is None:
+        return planner_says
+    return (f"{m.group(1)} leaves a rank holding {m.group(2)} of {host_memory_share_gib(ranks_per_host):.2f} GiB "
+            f"(half the RAM over {ranks_per_host} local ranks): too big for this host; DRY_RUN=1 (--dry-run) "
+            "plans it, preset small trains here")
+
+
 def make_plan(cfg: BenchConfig, *, ranks_per_host: int,
               on_this_host: bool = False) -> tuple[tuple[TablePlan, ...], PlanEstimate]:
     """The plan and what the planner assumed and estimated (per-rank memory and cost).
@@ -115,8 +133,8 @@ def make_plan(cfg: BenchConfig, *, ranks_per_host: int,
     except PlanError as exc:
         if not on_this_host:
             raise
-        raise PlanError(f"{exc} (on CPU a rank gets half this host's RAM over its {ranks_per_host} local ranks; "
-                        "--dry-run plans for the hardware profile without starting)") from None
+        host_bound = host_memory_share_gib(ranks_per_host) < (cfg.sharding.memory_gib or float("inf"))
+        raise PlanError(host_refusal(str(exc), ranks_per_host) if host_bound else str(exc)) from None
     estimate = PlanEstimate(
         hardware=cfg.sharding.hardware,
         memory_gib=topo.memory_bytes / 2**30, memory_gbps=topo.memory_bw / GB,
@@ -135,30 +153,54 @@ def make_plan(cfg: BenchConfig, *, ranks_per_host: int,
     return tuple(plan), estimate
 
 
-def format_plan(plan: tuple[TablePlan, ...], est: PlanEstimate, *, max_rows: int | None = None) -> str:
-    """The plan as a table: rank, node, shards, memory GiB, estimated cost."""
+WIDTH = 100
+"""Columns the printed plan fits in."""
+
+
+def wrap(text: str, indent: str = "  ") -> str:
+    """Each line of `text` folded to WIDTH columns, continuation lines indented."""
+    return "\n".join(textwrap.fill(line, WIDTH, subsequent_indent=indent, break_on_hyphens=False,
+                                   break_long_words=False) for line in text.splitlines())
+
+
+def _kinds(ranks: list[RankEstimate]) -> str:
+    """'32 GRID, 96 DP': the shards the ranks hold, counted by kind (model/planner.py's labels)."""
+    counts = collections.Counter(label.split(":", 1)[1].split("[", 1)[0] for r in ranks for label in r.shards)
+    return ", ".join(f"{n} {k}" for k, n in counts.most_common()) or "none (dense part only)"
+
+
+def _node_rows(est: PlanEstimate) -> list[str]:
+    """A row a node; consecutive nodes whose row reads the same share it ('nodes 0-3')."""
+    by_node: dict[int, list[RankEstimate]] = collections.defaultdict(list)
+    for r in est.ranks:
+        by_node[r.node].append(r)
+    rows: list[tuple[list[int], str]] = []
+    for node, on in sorted(by_node.items()):
+        body = (f"{len(on):>5} {max(r.memory_gib for r in on):>10.3f} {max(r.est_ms for r in on):>9.3f} "
+                f"{sum(r.intra_in_mb for r in on):>9.1f} {sum(r.intra_out_mb for r in on):>9.1f} "
+                f"{sum(r.inter_in_mb for r in on):>9.1f} {sum(r.inter_out_mb for r in on):>9.1f}  {_kinds(on)}")
+        if rows and rows[-1][1] == body:
+            rows[-1][0].append(node)
+        else:
+            rows.append(([node], body))
+    return [f"{_ranges(nodes):>7} {body}"[:WIDTH] for nodes, body in rows]
+
+
+def format_plan(plan: tuple[TablePlan, ...], est: PlanEstimate, *, detail: bool = False) -> str:
+    """The plan in at most WIDTH columns: what was assumed, a row a node (identical nodes share one),
+    the estimates; `detail`: the per-rank table after it."""
     counts = {k: sum(tp.kind == k for tp in plan) for k in ShardingType}
     kinds = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
     lines = [
-        f"sharding plan ({est.hardware} profile: {est.memory_gib:.1f} GiB a rank, memory {est.memory_gbps:.0f} GB/s, "
-        f"links {est.intra_node_gbps:.2f} GB/s in a node, {est.inter_node_gbps:.2f} GB/s across, collective latency {est.intra_node_latency_us:g} us in a node, "
-        f"{est.inter_node_latency_us:g} us across): {kinds}",
-        f"{'rank':>5} {'node':>5} {'memory_gib':>10} {'est_ms':>8} {'intra_in':>9} {'intra_out':>9} "
-        f"{'inter_in':>9} {'inter_out':>9}  shards   (MB an iteration on each link level)",
+        f"sharding plan, {est.hardware} profile: {est.memory_gib:.1f} GiB a rank, memory {est.memory_gbps:.0f} GB/s, "
+        f"links {est.intra_node_gbps:g} GB/s in a node and {est.inter_node_gbps:g} GB/s across, latency "
+        f"{est.intra_node_latency_us:g} us in a node and {est.inter_node_latency_us:g} us across",
+        f"{len(plan)} tables: {kinds}",
+        "                   max a rank       MB an iteration, the node's ranks in all",
+        f"{'node':>7} {'ranks':>5} {'GiB':>10} {'est ms':>9} {'in-node in':>9} {'out':>9} {'across in':>9} "
+        f"{'out':>9}  shards",
+        *_node_rows(est),
     ]
-    rows = est.ranks if max_rows is None else est.ranks[:max_rows]
-    for r in rows:
-        lines.append(f"{r.rank:>5} {r.node:>5} {r.memory_gib:>10.3f} {r.est_ms:>8.3f} {r.intra_in_mb:>9.2f} "
-                     f"{r.intra_out_mb:>9.2f} {r.inter_in_mb:>9.2f} {r.inter_out_mb:>9.2f}  {' '.join(r.shards) or '-'}")
-    if len(rows) < len(est.ranks):
-        lines.append(f"  ... {len(est.ranks) - len(rows)} more ranks (all in the manifest)")
-    nodes = sorted({r.node for r in est.ranks})
-    if len(nodes) > 1:
-        for n in nodes:
-            on = [r for r in est.ranks if r.node == n]
-            lines.append(f"  node {n} in all: memory {sum(r.memory_gib for r in on):.3f} GiB over {len(on)} ranks, est_ms max "
-                         f"{max(r.est_ms for r in on):.3f}, between nodes in {sum(r.inter_in_mb for r in on):.2f} MB "
-                         f"out {sum(r.inter_out_mb for r in on):.2f} MB")
     empty = [r.rank for r in est.ranks if not r.shards]
     if empty:
         # A ratio over an empty rank's zero cost means nothing: say what is going on instead.
@@ -166,12 +208,63 @@ def format_plan(plan: tuple[TablePlan, ...], est: PlanEstimate, *, max_rows: int
                   "they only run the dense part")
     else:
         spread = f"spread {est.est_ms_max / est.est_ms_min:.2f}x" if est.est_ms_min > 0 else "spread n/a (zero cost)"
-    lines.append(f"estimated embedding time an iteration (each exchange at its busiest rank, plus latency): "
-                 f"{est.est_step_ms:.3f} ms")
-    lines.append(
-        f"estimated cost a rank: max {est.est_ms_max:.3f} ms, min {est.est_ms_min:.3f} ms "
-        f"({spread}); memory max {est.memory_gib_max:.3f} GiB"
-    )
+    lines.append(f"estimated embedding time an iteration: {est.est_step_ms:.3f} ms (each exchange at its busiest "
+                 "rank, plus latency)")
+    lines.append(f"estimated cost a rank: max {est.est_ms_max:.3f} ms, min {est.est_ms_min:.3f} ms ({spread}); "
+                 f"memory max {est.memory_gib_max:.3f} GiB")
+    if detail:
+        lines.append(format_ranks(est))
+    return wrap("\n".join(lines))
+
+
+def format_ranks(est: PlanEstimate) -> str:
+    """The per-rank table (MB an iteration on each link level), shards folded under each row."""
+    lines = [f"{'rank':>5} {'node':>5} {'GiB':>8} {'est ms':>8} {'in-node in':>10} {'out':>8} {'across in':>9} "
+             f"{'out':>8}  shards"]
+    for r in est.ranks:
+        row = (f"{r.rank:>5} {r.node:>5} {r.memory_gib:>8.3f} {r.est_ms:>8.3f} {r.intra_in_mb:>10.2f} "
+               f"{r.intra_out_mb:>8.2f} {r.inter_in_mb:>9.2f} {r.inter_out_mb:>8.2f}  {' '.join(r.shards) or '-'}")
+        lines.append(textwrap.fill(row, WIDTH, subsequent_indent=" " * 12, break_long_words=False,
+                                   break_on_hyphens=False))
+    return "\n".join(lines)
+
+
+def _shell(argv: list[str]) -> str:
+    """A command folded to WIDTH columns with shell continuations, so it can be pasted as it is."""
+    lines = textwrap.wrap(shlex.join(argv), WIDTH - 6, break_on_hyphens=False, break_long_words=False)
+    return "    " + " \\\n      ".join(lines)
+
+
+def describe_launch(launch: Launch, *, run_dir: str) -> str:
+    """Which launcher a run would use, said plainly, with the one command it would start (run_dir:
+    a placeholder: a dry run makes no folder)."""
+    n, g = launch.nodes, launch.nproc_per_node
+    if launch.mode == "slurm":
+        return wrap(f"launcher: Slurm: one srun over {n} node(s), a torchrun on each with {g} rank(s), "
+                    f"rendezvous {launch.endpoint}; it runs:") + "\n" + _shell(srun_argv(launch, Path(run_dir), "RUN_ID"))
+    if launch.mode == "torchrun":
+        return wrap(f"launcher: torchrun for this host, node {launch.node_rank} of 0..{n - 1}, {g} rank(s), "
+                    f"rendezvous {launch.endpoint} (every host runs the same with its own NODE_RANK); this host "
+                    "runs:") + "\n" + _shell(torchrun_argv(launch, Path(run_dir), "RUN_ID", launch.node_rank))
+    here = f"launcher: local, {n * g} rank process(es) on this host ({os.cpu_count()} CPU cores)"
+    if n == 1:
+        return here
+    return wrap(f"{here}, simulating {n} nodes: a test of the plan, not the target.\n"
+                f"launcher on the target: inside a Slurm allocation of {n} nodes, srun with one torchrun a node; "
+                f"without Slurm, torchrun on each host, started there as MASTER_ADDR=<node 0's host> NODE_RANK=k "
+                f"RUN_ID=<name> make bench (same knobs), k = 0..{n - 1}")
+
+
+def format_dry_run(launch: Launch, flags_text: str, plan: tuple[TablePlan, ...], est: PlanEstimate, *,
+                   run_dir: str, plan_detail: str | None) -> str:
+    """What --dry-run prints, in WIDTH columns and a screen at any size; the per-rank table only
+    with --plan-detail (printed, or written to the file it names)."""
+    lines = [describe_launch(launch, run_dir=run_dir), wrap(flags_text), format_plan(plan, est, detail=plan_detail == "-")]
+    if plan_detail is None:
+        lines.append("per-rank table: add --plan-detail (printed) or --plan-detail FILE (make: OPTS=...)")
+    elif plan_detail != "-":
+        Path(plan_detail).write_text(format_ranks(est) + "\n")
+        lines.append(f"per-rank table ({len(est.ranks)} ranks): written to {plan_detail}")
     return "\n".join(lines)
 
 

@@ -36,6 +36,7 @@ import gc
 import json
 import statistics
 import sys
+import textwrap
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -181,9 +182,9 @@ def throughput(slots: int, batch: int, batches: int, seed: int, repeats: int = T
     range of each case's ratio to the dict and the goal's verdict (goal_verdict)."""
     table_bytes = IdTransformer(slots, "lru").table_bytes
     ceiling = statistics.median(random_read_rate(table_bytes) for _ in range(5))
-    print(f"memory ceiling: {ceiling / 1e6:.1f} M random reads/s from a table of {table_bytes / 2**20:,.0f} MiB "
-          f"(the hash table's size; median of 5); an id needs {READS_PER_HIT} (resident) or {READS_PER_MISS} "
-          "(new, slots full)", flush=True)
+    print(textwrap.fill(f"memory ceiling: {ceiling / 1e6:.1f} M random reads/s from a table of "
+                        f"{table_bytes / 2**20:,.0f} MiB (the hash table's size; median of 5); an id needs "
+                        f"{READS_PER_HIT} (resident) or {READS_PER_MISS} (new, slots full)", WIDTH), flush=True)
     cases = [(h, o) for h in HIT_RATES for o in ID_ORDERS]
     rows = []
     for r in range(repeats):
@@ -192,28 +193,43 @@ def throughput(slots: int, batch: int, batches: int, seed: int, repeats: int = T
         for rate, order in cases:
             row = throughput_case(slots, batch, batches, rate, order, seed + 2 * r, permutation, ceiling)
             row["repeat"] = r
-            print(f"repeat {r + 1}/{repeats}, hit rate {rate:.0%}, ids {order} (measured {row['measured_hit_rate']:.1%}): "
-                  f"transformer {row['transformer']:.2f} M ids/s, Python dict {row['python_dict']:.3f} M ids/s "
-                  f"(x{row['vs_dict']:.1f}), torch.unique {row['torch_unique']:.2f} M ids/s; memory bound "
-                  f"{row['memory_bound']:.1f} M ids/s = {row['transformer'] / row['memory_bound']:.0%} reached, at "
-                  f"most x{row['bound_vs_dict']:.0f} the dict with this table on this machine; lru log compactions "
-                  f"in the timed batches: {row['log_compactions']}; ids scanned 8 at a time (AVX-512): "
-                  f"{row['vector_scan_share']:.0%}; the transformer's batches: 90th percentile "
-                  f"{row['transformer_p90_batch']:.2f}x its median, whole run {row['transformer_run_over_median']:.3f}x "
-                  f"(at the median batch x{row['vs_dict_median_batch']:.1f} the dict); its time by part: "
-                  + ", ".join(f"{n} {row['part_shares'][n]:.0%}" for n in TRANSFORM_PARTS)
-                  + "; its slowest tenth of batches over its batches at or below the median: "
-                  + ", ".join(f"{n} {row['slow_part_over_typical'][n]:.2f}x" for n in TRANSFORM_PARTS), flush=True)
+            print(f"repeat {r + 1}/{repeats}, hit rate {rate:.0%}, ids {order}: transformer "
+                  f"{row['transformer']:.2f} M ids/s, x{row['vs_dict']:.1f} the Python dict", flush=True)
             rows.append(row)
-    print(f"against the Python dict, {repeats} repeat(s) a case (goal x{GOAL_VS_DICT:g}):", flush=True)
-    for rate, order in cases:
-        case = [row for row in rows if row["hit_rate"] == rate and row["id_order"] == order]
-        ratios = [row["vs_dict"] for row in case]
-        slow = [row["transformer_run_over_median"] for row in case]
-        print(f"  hit rate {rate:.0%}, ids {order:11s}: x{statistics.median(ratios):.1f} at the median "
-              f"(x{min(ratios):.1f}-{max(ratios):.1f}): {goal_verdict(ratios)}; the transformer's whole runs "
-              f"{min(slow):.3f}-{max(slow):.3f}x its median batch", flush=True)
+    print(format_throughput(rows, repeats), flush=True)
     return rows
+
+
+WIDTH = 100
+"""Columns every line fits in: what a repeat measured goes into the tables below, not one line."""
+
+
+def format_throughput(rows: list[dict], repeats: int) -> str:
+    """Three small tables of the repeats' rows: rates, the transformer's time by part, the goal."""
+    parts = "  ".join(f"{n[:8]:>8}" for n in TRANSFORM_PARTS)
+    out = ["a row a repeat and case, in M ids/s; bound: the memory ceiling's, reach: the share of it;",
+           "AVX: ids scanned 8 at a time (AVX-512); p90, run: a batch's 90th percentile and the whole run",
+           "over the median batch; compact: lru log compactions in the timed batches",
+           f"{'rep':>3} {'hit':>4} {'ids':<11} {'meas':>6} {'transf':>7} {'dict':>6} {'x dict':>6} {'unique':>7} "
+           f"{'bound':>6} {'reach':>5} {'compact':>7} {'AVX':>4} {'p90':>5} {'run':>6}"]
+    for w in rows:
+        out.append(f"{w['repeat'] + 1:>3} {w['hit_rate']:>4.0%} {w['id_order']:<11} {w['measured_hit_rate']:>6.1%} "
+                   f"{w['transformer']:>7.2f} {w['python_dict']:>6.3f} {w['vs_dict']:>6.1f} {w['torch_unique']:>7.2f} "
+                   f"{w['memory_bound']:>6.1f} {w['transformer'] / w['memory_bound']:>5.0%} {w['log_compactions']:>7} "
+                   f"{w['vector_scan_share']:>4.0%} {w['transformer_p90_batch']:>5.2f} "
+                   f"{w['transformer_run_over_median']:>6.3f}")
+    out += ["the transformer's time by part, and its slowest tenth of batches over its typical ones (x):",
+            f"{'rep':>3} {'hit':>4} {'ids':<11} {parts}  |  {parts}"]
+    for w in rows:
+        shares = "  ".join(f"{w['part_shares'][n]:>8.0%}" for n in TRANSFORM_PARTS)
+        slow = "  ".join(f"{w['slow_part_over_typical'][n]:>8.2f}" for n in TRANSFORM_PARTS)
+        out.append(f"{w['repeat'] + 1:>3} {w['hit_rate']:>4.0%} {w['id_order']:<11} {shares}  |  {slow}")
+    out.append(f"against the Python dict, {repeats} repeat(s) a case (goal x{GOAL_VS_DICT:g}):")
+    for rate, order in dict.fromkeys((w["hit_rate"], w["id_order"]) for w in rows):
+        ratios = [w["vs_dict"] for w in rows if (w["hit_rate"], w["id_order"]) == (rate, order)]
+        out.append(f"  hit rate {rate:.0%}, ids {order:11s}: x{statistics.median(ratios):.1f} median "
+                   f"(x{min(ratios):.1f}-{max(ratios):.1f}): {goal_verdict(ratios)}")
+    return "\n".join(out)
 
 
 def throughput_case(slots: int, batch: int, batches: int, rate: float, order: str, seed: int,
@@ -289,6 +305,7 @@ def hit_rates(slot_counts: list[int], batch: int, batches: int, universe: int, a
     ceiling = 1 - first / half
     print(f"ceiling (every id ever seen kept): {ceiling:.1%}", flush=True)
     curves = {}
+    print("slots:  " + " ".join(f"{n:>9,}" for n in slot_counts), flush=True)
     for policy in POLICIES:
         curves[policy] = []
         for slots in slot_counts:
@@ -299,8 +316,7 @@ def hit_rates(slot_counts: list[int], batch: int, batches: int, universe: int, a
                 if b >= batches // 2:
                     misses += got.admitted_ids.numel()
             curves[policy].append(1 - misses / half)
-        print(f"{policy:6s}: " + ", ".join(f"{s:,} slots {h:.1%}" for s, h in zip(slot_counts, curves[policy])),
-              flush=True)
+        print(f"{policy:6s}: " + " ".join(f"{h:>9.1%}" for h in curves[policy]), flush=True)
     return curves, ceiling
 
 
@@ -349,8 +365,8 @@ def training(repeats: int, iters: int, runs_root: Path) -> None:
             if name == "mlperf-ids":
                 last = run
     ratios = [d / s for d, s in zip(p50["mlperf-ids"], p50["small"])]
-    print(f"  mlperf-ids / small iteration time: x{statistics.median(ratios):.3f} "
-          f"(pairs {', '.join(f'{x:.3f}' for x in ratios)})")
+    print(textwrap.fill(f"  mlperf-ids / small iteration time: x{statistics.median(ratios):.3f} "
+                        f"(pairs {', '.join(f'{x:.3f}' for x in ratios)})", WIDTH, subsequent_indent="    "))
     subs = subspan_table(last)
     for row in subs.itertuples():
         print(f"  {row.stage}/{row.name}: {row.mean_ms:.2f} ms mean ({row.count} records, "
@@ -358,8 +374,9 @@ def training(repeats: int, iters: int, runs_root: Path) -> None:
     for info in last.manifest.ranks:
         verdict = "under" if info.peak_rss_gib is not None and info.peak_rss_gib < MLPERF_IDS_RSS_BUDGET_GIB else "OVER"
         print(f"  rank {info.rank}: peak RSS {info.peak_rss_gib:.2f} GiB, {verdict} the budget of "
-              f"{MLPERF_IDS_RSS_BUDGET_GIB:g} GiB, of which its ID transformers hold "
-              f"{transformer_host_gib(runs_root / last.run_id, info.rank):.2f} GiB ({last.run_id})")
+              f"{MLPERF_IDS_RSS_BUDGET_GIB:g} GiB; its ID transformers: "
+              f"{transformer_host_gib(runs_root / last.run_id, info.rank):.2f} GiB")
+    print(f"  (the last mlperf-ids run: {last.run_id})")
 
 
 def transformer_host_gib(run_dir: Path, rank: int) -> float:
@@ -392,8 +409,9 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name.replace('_', '-')} must be a positive integer")
     torch.set_num_threads(1)  # one thread, as the goal is stated
     batches = args.batches or timed_batches(args.slots, args.batch)
-    print(f"throughput: {args.slots:,} slots, batches of {args.batch:,} ids, {WARMUP_BATCHES} warm-up and {batches} "
-          f"timed a case, {args.throughput_repeats} repeat(s) of every case, one thread", flush=True)
+    print(textwrap.fill(f"throughput: {args.slots:,} slots, batches of {args.batch:,} ids, {WARMUP_BATCHES} warm-up "
+                        f"and {batches} timed a case, {args.throughput_repeats} repeat(s) of every case, one thread",
+                        WIDTH), flush=True)
     throughput(args.slots, args.batch, batches, seed=0, repeats=args.throughput_repeats)
     slot_counts = [1 << k for k in range(13, 22, 2)]  # from twice the distinct ids a batch can hold
     print(f"hit rate against slots: power-law ids (alpha {args.alpha}) over {args.universe:,}", flush=True)
