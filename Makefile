@@ -82,7 +82,7 @@ $(shell printf '%s\n' '$(subst ','"'"',$(strip $(REFUSAL)))' >&2)
 MAKEFLAGS     += -q
 endif
 
-.PHONY: help bench ablation report test test-cluster cluster-packages perf precision-perf check-bench-knobs venv clean-venv browser compare plan-compare project gpu-check \
+.PHONY: help bench ablation report clean-runs test test-cluster cluster-packages perf precision-perf check-bench-knobs venv clean-venv browser compare plan-compare project gpu-check \
         dataset data-perf check-dataset-out mlperf check-mlperf-data ext perf-dynamic redis-server host-packages gpu-bench
 
 # Every line fits 100 columns; the preset table comes from harness/presets.py (system python).
