@@ -14,15 +14,9 @@ import pytest
 
 from harness.cli import main
 from harness.presets import tiny
+from tests.test_hardening import TINY, one_error_line
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = ["bench", "--device", "cpu", "--preset", "tiny", "--iters", "2", "--warmup", "0"]
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    return err[0]
 
 
 # Row 4: numbers that must be finite.

@@ -7,12 +7,8 @@ removes those of old runs. The Redis tests start real redis-servers on loopback 
 from __future__ import annotations
 
 import json
-import shutil
-import socket
 import subprocess
 import sys
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,7 +18,7 @@ from harness.cli import main
 from harness.run.param_store import RedisStore, StoreError
 from harness.store_url import ALLOW_EVICTION_ENV, PS_URL_ENV, mask_secrets
 from harness.tools.clean_runs import main as clean_runs
-from tests.test_param_store import free_port
+from tests.redis_server import redis_server
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_ROWS = ",".join(["1000"] * 5 + ["3", "1000", "1000", "63"] + ["1000"] * 3 + ["10", "1000", "1000", "155", "4", "976",
@@ -31,30 +27,6 @@ TINY_ROWS = ",".join(["1000"] * 5 + ["3", "1000", "1000", "63"] + ["1000"] * 3 +
 """tiny's rows with table 20 (100 ids a sample) at 20,000 rows: the issue's reproduction."""
 DYNAMIC = ["--preset", "tiny", "--warmup", "0", "--shard", "2=dynamic,6=dynamic", "--dynamic-slots", "100"]
 SECRET = "s3cretPW"
-
-
-@contextmanager
-def redis_server(tmp_path: Path, *extra: str):
-    """A redis-server of the test's own on a loopback port; its port."""
-    if shutil.which("redis-server") is None:
-        pytest.skip("no redis-server on this machine (make test installs the distribution's package)")
-    port = free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                             "no", "--dir", str(tmp_path), *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    pytest.fail(f"redis-server did not start on port {port}")
-                time.sleep(0.05)
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def bench(runs: Path, run_id: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -4,48 +4,22 @@ trip and fault tests; the Redis tests start a real redis-server on a loopback po
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
-import time
 
 import pytest
 import torch
 
 from harness.run.param_store import EmbeddedStore, RedisStore, StoreError, open_store
+from tests.redis_server import free_port, redis_server  # noqa: F401  (free_port: other tests take it from here)
 
 WIDTH = 6  # e.g. a 3-wide row and its Adagrad state
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def redis_url(tmp_path):
-    """A redis-server of this test's own: loopback, no persistence, 2 MB and no eviction (a full
-    store refuses writes instead of dropping rows)."""
-    if shutil.which("redis-server") is None:
-        pytest.skip("no redis-server on this machine (make test installs the distribution's package)")
-    port = free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--maxmemory", "2mb", "--maxmemory-policy", "noeviction",
-                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail(f"redis-server did not start on port {port}")
-            time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
+    """A redis-server of this test's own: 2 MB and no eviction (a full store refuses writes
+    instead of dropping rows)."""
+    with redis_server(tmp_path, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction") as port:
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 @pytest.fixture(params=["embedded", "redis"])
