@@ -31,7 +31,8 @@ def test_the_summary_has_a_line_for_every_finding(tmp_path):
                       flags={"+cuda_graphs": {"ratio": 0.83, "ratio_ci": [0.8, 0.86], "inactive": None},
                              "+avoid_record_streams": {"ratio": 1.0, "ratio_ci": [0.98, 1.02],
                                                        "inactive": "torch 2.11 already avoids recordStream"}},
-                      failures=["tiny: compare exited 1 (no ratio)"])
+                      failures=["tiny: compare exited 1 (no ratio)"],
+                      profiled="profiled iterations, rank 0: launch-bound: the GPU is busy 7.3 of 17.5 ms")
     lines = summary(outcome).splitlines()
     assert lines[0].split() == ["battery", "gpu-check:", "READY", "(12", "passed,", "0", "failed,", "0", "skipped)"]
     assert "small defaults: harness/torchrec  0.870 (95% CI 0.850-0.890)  (harness period 51.30 ms)" in lines
@@ -39,6 +40,7 @@ def test_the_summary_has_a_line_for_every_finding(tmp_path):
     assert any("inactive: torch 2.11 already avoids recordStream" in line for line in lines)
     assert any("dense_fwd_bwd 19.80, emb_fwd 1.07" in line for line in lines)
     assert lines[-1].startswith("FAILED") and "tiny: compare exited 1" in lines[-1]
+    assert lines[-2].split(None, 3)[-1] == "profiled iterations, rank 0: launch-bound: the GPU is busy 7.3 of 17.5 ms"
 
 
 def test_the_harness_side_gives_issue_45s_shares_of_the_period():

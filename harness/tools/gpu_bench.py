@@ -5,7 +5,8 @@ On whatever GPUs the host has (one rank a GPU, one node), in this order:
 2. `compare` on `small` at MLPerf's per-GPU batch (8192 a GPU), defaults, then `--opts all`;
 3. each optimization flag alone against the defaults, runs interleaved (defaults, +flag, ... each
    round), the period ratio of each flag with a bootstrap 95% CI;
-4. `compare` on `tiny` (the latency-bound regime: launch and input-distribution overheads).
+4. one run of the defaults with a --profile window in its warm-up: host against device per stage;
+5. `compare` on `tiny` (the latency-bound regime: launch and input-distribution overheads).
 Everything goes into one folder, runs/gpu-bench-<stamp>/ (run folders, compares/, reports/,
 battery.txt, gpu-bench.json, summary.md), and one summary table is printed last. Every figure is
 the period between iteration starts (what a user waits for), never the timed window alone.
@@ -69,6 +70,8 @@ class Outcome:
     """Flag -> its runs and its period ratio over the defaults' with the CI."""
     failures: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    profiled: str | None = None
+    """The profiled run's host-against-device finding (harness/report/profile_trace.py)."""
     archive: str | None = None
     """A .tar.gz of the folder, rewritten after every step (a device lease brings back few files)."""
 
@@ -173,6 +176,24 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
                                "inactive": _inactive(folder / runs[name][0], name.strip("+"))}
 
 
+def run_profiled(outcome: Outcome, plan: Plan) -> None:
+    """One run of the defaults with a --profile window in its warm-up: its trace says, per stage,
+    launch-bound, kernel-bound or waiting for the host (measured, not guessed)."""
+    from harness.report.profile_trace import read_run
+
+    folder = Path(outcome.folder)
+    run_id = f"{folder.name}-profiled"
+    common = plan.common(plan.small, plan.batch_per_gpu)
+    common[common.index("--warmup") + 1] = str(max(plan.warmup, 8))
+    code, _ = _cli(["bench", *common, "--profile", "5:7", "--run-id", run_id, "--runs-root", str(folder)])
+    if code != 0:
+        outcome.failures.append(f"profiled run exited {code} ({folder / run_id})")
+        return
+    found = read_run(folder / run_id).findings()
+    outcome.profiled = found[0] if found else "no trace was written"
+    print(f"profiled: {outcome.profiled}", flush=True)
+
+
 def _inactive(run_dir: Path, flag: str) -> str | None:
     """Why the flag did not take effect in that run (its manifest), or None."""
     flags = json.loads((run_dir / "manifest.json").read_text())["optimizations"]
@@ -197,6 +218,8 @@ def summary(outcome: Outcome) -> str:
         if shares:
             rows.append((f"{step}: share of the period", f"GPU idle between iterations "
                          f"{shares['between_iterations']:.1%}, input_dist exposed {shares['input_dist']:.1%}", ""))
+    if outcome.profiled:
+        rows.append(("host against device", outcome.profiled, ""))
     rows += [("FAILED", f, "") for f in outcome.failures]
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"{a:{width}s}  {b}" + (f"  ({c})" if c else "") for a, b, c in rows)
@@ -257,6 +280,7 @@ def run(plan: Plan, runs_root: Path, *, archive: Path | None = None) -> int:
         (f"{plan.small} --opts all", lambda: run_compare(outcome, plan, f"{plan.small} --opts all", plan.small,
                                                         plan.batch_per_gpu, ["--opts", "all"])),
         ("each flag alone", lambda: run_flags(outcome, plan)),
+        ("profiled run", lambda: run_profiled(outcome, plan)),
         ("tiny (latency-bound)", lambda: run_compare(outcome, plan, "tiny", "tiny", None, [])),
     ]
     print(f"gpu-bench: {plan.gpus} {plan.device} rank(s), {len(steps)} steps -> {folder}", flush=True)
