@@ -51,12 +51,11 @@ def dynamic_setup(cfg: BenchConfig, plan: Sequence[TablePlan], *, rank: int, rec
                        prefix=f"dlrm:{run_id}:rank{rank}")
 
     def close(completed: bool) -> None:
-        failed = not completed
         try:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
-            elif failed and kept_where(store):
-                print(f"rank {rank}: the parameter store's rows are kept: {kept_where(store)} "
+            elif not completed and (kept := kept_where(store)):
+                print(f"rank {rank}: the parameter store's rows are kept: {kept} "
                       "(make clean-runs removes those of old runs)", file=sys.stderr, flush=True)
             else:
                 remove_rows(store)
