@@ -82,7 +82,7 @@ $(shell printf '%s\n' '$(subst ','"'"',$(strip $(REFUSAL)))' >&2)
 MAKEFLAGS     += -q
 endif
 
-.PHONY: help bench ablation report clean-runs test test-cluster cluster-packages perf precision-perf check-bench-knobs venv clean-venv browser compare plan-compare project gpu-check \
+.PHONY: help bench ablation report clean-runs test test-slow test-cluster cluster-packages perf precision-perf check-bench-knobs venv clean-venv browser compare plan-compare project gpu-check \
         dataset data-perf check-dataset-out mlperf check-mlperf-data ext perf-dynamic redis-server host-packages gpu-bench
 
 # Every line fits 100 columns; the preset table comes from harness/presets.py (system python).
@@ -100,8 +100,9 @@ help:
 	@echo "make compare [PRESET=tiny] [REPEATS=3] [OPTS=\"...\"]  (torchrec vs harness, interleaved)"
 	@echo "make ablation [PRESET=...] [NODES=...] [GPUS_PER_NODE=...] [SHARDING=...] [REPEATS=n (3)]"
 	@echo "make report [RUN=latest|<id>|<base_id>,<id>] | [ABLATION=latest|<id>] | [NSYS=<file.sqlite>]"
-	@echo "make test   (the whole suite, about 7 minutes on 2 cores)"
+	@echo "make test   (the whole suite, about 10 minutes on 2 cores)"
 	@echo "make test-cluster  (root: real test hosts as network namespaces and a real Slurm; else one line)"
+	@echo "make test-slow  (tests that make minutes of real runs: the projection against live CPU runs)"
 	@echo "make perf   [PRESET=tiny|small (tiny)]  (timeline on vs off: the instrumentation's cost)"
 	@echo "make precision-perf [PRESET=small] [REPEATS=2]  (fp16 tables, fp16/bf16 on the wire vs fp32)"
 	@echo "make plan-compare [LAYOUTS=1x8,2x8,16x8]  (mlperf tables: this planner vs TorchRec's)"
@@ -188,6 +189,11 @@ redis-server:
 
 test: $(DEPS) $(EXT) browser redis-server
 	$(PY) -m pytest
+
+# Tests that make minutes of real runs to check a model against them (pytest -m slow): the
+# projection's CPU calibration on runs made now (make test reads a recorded set).
+test-slow: $(DEPS) $(EXT)
+	$(PY) -m pytest -m slow
 
 # Real hosts on this machine (network namespaces), torchrun on each, a real Slurm (tests/cluster/).
 # Needs root: elsewhere one line says why and nothing runs (exit 0). The packages come from the

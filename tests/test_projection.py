@@ -8,6 +8,7 @@ dense step short (its device time is not identified by an eager run).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -104,23 +105,83 @@ def test_tool_writes_a_projected_report(tmp_path):
     assert main(["--calibrate", "no-such-run"]) == 2
 
 
-def test_cpu_calibration_on_short_runs(tmp_path):
-    """tiny on 1 and 2 local CPU ranks (12 iterations), calibrated on the 1-rank run. The 1-rank
-    projection reproduces its own run; the 2-rank one misses the 25% target (about +107% when
-    measured) and is checked loosely (docs/projection.md)."""
+CPU_LAYOUTS = {"tiny": (1, 2, 4), "small": (1, 2, 4)}
+CPU_ITERS = {"tiny": ("12", "3"), "small": ("3", "1")}
+"""(iterations, warm-up): small trains about 3 s an iteration on 2 cores."""
+CPU_RECORDED = Path(__file__).parent / "data" / "cpu-runs-2core"
+CPU_TARGET, CPU_BOUND = 0.25, 0.35
+
+
+def record_cpu_runs(root: Path) -> dict[int, dict[str, float]]:
+    """tiny and small on 1, 2 and 4 local CPU ranks under `root`, and the gloo probe at 2 and 4
+    processes (written to root/gloo.json): what tests/data/cpu-runs-2core/ holds, made so."""
     from harness.cli import main
-    for rid, ranks in (("t1", 1), ("t2", 2)):
-        assert main(["bench", "--preset", "tiny", "--gpus-per-node", str(ranks), "--iters", "12", "--warmup", "3",
-                     "--runs-root", str(tmp_path), "--run-id", rid]) == 0
-    profile, cal, _ = calibrate([tmp_path / "t1"])
-    assert profile.name == "cpu" and profile.figures["hbm_gbps"].source.startswith("probe")
-    errs = {}
-    for rid in ("t1", "t2"):
-        m = measured(tmp_path / rid)
-        p = project(m.run.manifest.config, m.work, profile, cal)
-        errs[rid] = p.period_ms / (m.period_s * 1e3) - 1
-    assert abs(errs["t1"]) < 0.25, errs
-    if abs(errs["t2"]) >= 0.25:
-        # Known miss (docs/projection.md): the 2-rank period was projected +107% and +689% in two
-        # runs on this loaded 2-core VM (its GEMM probe read 0.08 to 68 GFLOP/s): not within 25%.
-        pytest.xfail(f"CPU 2-rank projection off by {errs['t2']:+.0%} (issue 46 target: 25%)")
+    from harness.projection.probe import gloo_collectives
+    for preset, layouts in CPU_LAYOUTS.items():
+        iters, warmup = CPU_ITERS[preset]
+        for ranks in layouts:
+            assert main(["bench", "--preset", preset, "--gpus-per-node", str(ranks), "--iters", iters,
+                         "--warmup", warmup, "--runs-root", str(root), "--run-id", f"{preset}-{ranks}"]) == 0
+    gloo = {n: gloo_collectives(n) for n in (2, 4)}
+    (root / "gloo.json").write_text(json.dumps(gloo, indent=1))
+    return gloo
+
+
+def _cpu_errors(root: Path, gloo: dict) -> dict[str, tuple[float, dict[str, float]]]:
+    """Calibrated on the 1-rank runs of tiny and small: each run's period error and the errors of
+    its stages that carry a fifth of its period."""
+    from harness.projection.hardware import set_gloo
+    profile, cal, _ = calibrate([root / "tiny-1", root / "small-1"])
+    out = {}
+    for preset, layouts in CPU_LAYOUTS.items():
+        for ranks in layouts:
+            p = profile.copy()
+            if ranks > 1:
+                set_gloo(p, gloo[ranks], ranks)
+            m = measured(root / f"{preset}-{ranks}")
+            proj = project(m.run.manifest.config, m.work, p, cal)
+            got = proj.stage_ms("mean")
+            stages = {s: got[s] / (v * 1e3) - 1 for s, v in m.stage_s.items() if v > 0.2 * m.period_s}
+            out[f"{preset}-{ranks}"] = (proj.period_ms / (m.period_s * 1e3) - 1, stages)
+    return out
+
+
+def _check_cpu(errs: dict) -> None:
+    """Each layout's period within CPU_BOUND, the 1-rank runs' big stages within 10%; the layouts
+    beyond the issue's CPU_TARGET are printed."""
+    assert all(abs(e) < CPU_BOUND for e, _ in errs.values()), errs
+    for run in ("tiny-1", "small-1"):
+        assert all(abs(e) < 0.1 for e in errs[run][1].values()), errs[run]
+    missed = {run: f"{e:+.0%}" for run, (e, _) in errs.items() if abs(e) >= CPU_TARGET}
+    print(f"CPU projection periods: {({run: f'{e:+.0%}' for run, (e, _) in errs.items()})}; beyond 25%: {missed}")
+
+
+def _recorded_gloo() -> dict[int, dict[str, float]]:
+    return {int(k): v for k, v in json.loads((CPU_RECORDED / "gloo.json").read_text()).items()}
+
+
+def test_cpu_calibration_on_one_rank_projects_two_and_four_recorded():
+    """The recorded runs (record_cpu_runs on this 2-core VM): calibrated on tiny and small at one
+    rank (two batch sizes: the host time a sample), with the gloo probe for the exchanges and the
+    cores each rank gets (4 ranks on 2 cores take turns), each layout's period is projected within
+    CPU_BOUND. Issue 46 asks CPU_TARGET, which all six layouts met in four measurements (this set
+    among them: tiny -11% and -18% on 2 and 4 ranks) but tiny on 2 ranks (-14%, -26%, -26%) and 4
+    (-27%, -21%): their gloo exchanges cost about twice what the idle probe measures
+    (docs/projection.md)."""
+    _check_cpu(_cpu_errors(CPU_RECORDED, _recorded_gloo()))
+
+
+@pytest.mark.slow
+def test_cpu_calibration_on_one_rank_projects_two_and_four_live(tmp_path):
+    """The same on runs made now (about 90 s; make test-slow)."""
+    _check_cpu(_cpu_errors(tmp_path, record_cpu_runs(tmp_path)))
+
+
+def test_cpu_projection_needs_the_cores_and_the_probe():
+    """Without the shared cores (each rank at the 1-rank run's speed) the 4-rank small projection
+    misses by far more than 25%: the model's terms matter."""
+    profile, cal, _ = calibrate([CPU_RECORDED / "tiny-1", CPU_RECORDED / "small-1"])
+    profile.set("cores", 8.0, "cores", "test: as if each rank had the probed rank's 2 cores")
+    m = measured(CPU_RECORDED / "small-4")
+    err = project(m.run.manifest.config, m.work, profile, cal).period_ms / (m.period_s * 1e3) - 1
+    assert err < -0.5, err

@@ -11,18 +11,25 @@ launches (kernels.py) and the spec-sheet roofline of each stage (project.py). Th
   is device-bound (graphed, or its launches explain < LAUNCH_SHARE of it on a GPU; on a CPU the
   launches subtracted): roofline / device time;
 - lookup_eff: emb_bwd's lookup bytes (read and write, two thirds of the lookup's) at HBM speed over
-  its measured time (a lower bound: its host work counted as device time), from the run where that
-  ratio is highest; emb_fwd's rest is its host time (host_fixed_s);
+  its measured time (a lower bound: its host work counted as device time; on a CPU its launches
+  subtracted), from the run where that ratio is highest; emb_fwd's rest is its host time;
 - update_eff: dense_update's bytes at HBM speed over its time, likewise;
-- host_fixed_s (the first run only): per stage, the time the timeline leaves unexplained, found by
-  iterating the timeline on the first run's own configuration (what Python costs besides launches);
-- between_s: the first run's mean time between iterations (batch drawn, records flushed).
+- host_fixed_s and host_per_sample_s: per stage, the time the timeline leaves unexplained, found
+  by iterating the timeline on the first run's own configuration (what Python costs besides
+  launches); split into a fixed part and a part a sample of the local batch when a second run on
+  the same device has another local batch (`_pair`), else all fixed;
+- between_s (and a part a sample, likewise): the mean time between iterations (batch drawn,
+  records flushed);
+- on a CPU, the GEMM and copy probes of the run with the most dense FLOPs a rank, and the cores
+  its rank had (`cores`, `rank_cores`): a projected rank's compute scales with its own cores, its
+  single-threaded host work with the turns its ranks take on the host's cores (project.cpu_share).
 
 A figure no run identifies keeps its profile value, source "assumption" or "spec".
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,9 +37,9 @@ from harness.report.api import iteration_summary, load_run
 from harness.report.load import Run
 from harness.report.tables import critical_stage_means
 from harness.names import STAGES
-from harness.projection.hardware import Profile, cpu, dense_precision, h100
+from harness.projection.hardware import Profile, cpu, dense_precision, h100, rank_cores
 from harness.projection.kernels import stage_kernels
-from harness.projection.project import Calibration, dense_roof_s, effective_flags, project
+from harness.projection.project import Calibration, cpu_share, dense_roof_s, effective_flags, project
 from harness.projection.work import Work, work_of
 
 ROOF_SHARE = 0.5
@@ -61,12 +68,21 @@ def measured(path: Path | str) -> Measured:
                     period_s=float(summ["period_ms_mean"]) / 1e3, work=work, name=Path(path).name)
 
 
-def base_profile(first: Measured) -> Profile:
-    """The spec profile of the first run's device: h100 for a CUDA run, the run's own probes on CPU."""
-    if first.run.manifest.device.startswith("cpu"):
-        r = first.run.manifest.ranks[0]
-        return cpu(r.gemm_gflops, r.copy_gbps, source=f"probe: {first.name} rank 0")
-    return h100()
+def base_profile(runs: list[Measured]) -> Profile:
+    """The spec profile of the first run's device: h100 for a CUDA run; on a CPU the start-up probes
+    of the run with the most dense FLOPs a rank (its GEMM probe is at the largest shape, the
+    steadiest), with the cores that run's rank had."""
+    first = runs[0]
+    if not first.run.manifest.device.startswith("cpu"):
+        return h100()
+    m = max((r for r in runs if r.run.manifest.device.startswith("cpu")), key=lambda r: r.work.dense_flops)
+    r0, local = m.run.manifest.ranks[0], m.run.manifest.config.run.gpus_per_node
+    if r0.threads > 1:  # threads_per_rank gave each rank cores // local of them
+        cores, how = r0.threads * local, f"probe: {m.name}: {local} rank(s) x {r0.threads} threads"
+    else:
+        cores, how = float(os.cpu_count() or 1), f"this host's os.cpu_count() ({m.name} ran 1 thread a rank)"
+    return cpu(r0.gemm_gflops, r0.copy_gbps, source=f"probe: {m.name} rank 0", cores=cores,
+               rank_cores=rank_cores(cores, local), cores_source=how)
 
 
 def _kernels(m: Measured, profile: Profile):
@@ -113,12 +129,14 @@ def _set_dense_eff(runs: list[Measured], p: Profile) -> None:
 
 
 def _set_bandwidth_effs(runs: list[Measured], p: Profile) -> None:
-    hbm = p.value("hbm_gbps") * 1e9
+    hbm, launch = p.value("hbm_gbps") * 1e9, p.value("launch_us") * 1e-6
     for key, stages, nbytes in (("lookup_eff", ("emb_bwd",), lambda w: float(w.lookup_bwd.max())),
                                 ("update_eff", ("dense_update",), lambda w: w.update_bytes)):
         best = None
         for m in runs:
-            t = sum(m.stage_s[s] for s in stages)
+            # On a CPU the host runs its ops' launches too: what is left is the memory traffic.
+            k = _kernels(m, p)[0]
+            t = sum(m.stage_s[s] - (0.0 if p.async_device else k.of(s) * launch) for s in stages)
             if t > 0 and nbytes(m.work) > 0:
                 eff = nbytes(m.work) / hbm / t
                 if best is None or eff > best[0]:
@@ -128,18 +146,50 @@ def _set_bandwidth_effs(runs: list[Measured], p: Profile) -> None:
                   f"calibrated: {best[1].name} {'+'.join(stages)}", "bytes at the spec bandwidth over the measured time")
 
 
-def host_fixed(first: Measured, p: Profile) -> Calibration:
-    cal = Calibration(between_s=first.between_s)
-    cal.sources["between_s"] = f"calibrated: {first.name} between_iterations mean"
-    cfg = first.run.manifest.config
+def _pair(runs: list[Measured]) -> Measured | None:
+    """The run beside the first that identifies a per-sample host time: the same device, the local
+    batch furthest from the first's (None when all have the first's batch)."""
+    first = runs[0]
+    same = [r for r in runs[1:] if r.run.manifest.device == first.run.manifest.device
+            and r.work.local_batch != first.work.local_batch]
+    return max(same, key=lambda r: abs(r.work.local_batch - first.work.local_batch), default=None)
+
+
+def _split(t1: float, b1: int, t2: float | None, b2: int | None) -> tuple[float, float]:
+    """(fixed, per sample) through (b1, t1) and (b2, t2); all fixed without a second run, or when the
+    time does not grow with the batch. The fixed part may come out below zero (Calibration.host
+    clips the sum at zero): a host time that grows with the batch and is nothing below some batch."""
+    if t2 is None or b2 is None:
+        return max(0.0, t1), 0.0
+    per = (t2 - t1) / (b2 - b1)
+    if per <= 0:
+        return max(0.0, (t1 + t2) / 2), 0.0
+    return t1 - per * b1, per
+
+
+def host_fixed(runs: list[Measured], p: Profile) -> Calibration:
+    """Per stage, the host time the timeline leaves unexplained on the first run (and its pair, for
+    the per-sample part), found by iterating the timeline on their own configurations."""
+    first, second = runs[0], _pair(runs)
+    cal = Calibration()
+    used = [first] + ([second] if second else [])
+    names = " and ".join(m.name for m in used)
+    b = [m.work.local_batch for m in used]
+    cal.between_s, cal.between_per_sample_s = _split(first.between_s, b[0], second and second.between_s,
+                                                     second and b[1])
+    cal.sources["between_s"] = f"calibrated: {names} between_iterations mean"
+    resid = [{s: 0.0 for s in STAGES} for _ in used]
     for _ in range(FIXED_PASSES):
-        proj = project(cfg, first.work, p, cal)
-        got = proj.stage_ms("mean")
+        for i, m in enumerate(used):
+            turns = cpu_share(p, m.work)[1]
+            got = project(m.run.manifest.config, m.work, p, cal).stage_ms("mean")
+            for s in STAGES:
+                resid[i][s] = max(0.0, resid[i][s] + (m.stage_s[s] - got[s] / 1e3) / turns)
         for s in STAGES:
-            miss = first.stage_s[s] - got[s] / 1e3
-            cal.host_fixed_s[s] = max(0.0, cal.host_fixed_s.get(s, 0.0) + miss)
-    for s, v in cal.host_fixed_s.items():
-        cal.sources[f"host_fixed_{s}"] = f"calibrated: {first.name} {s} (host time beyond its launches)"
+            cal.host_fixed_s[s], cal.host_per_sample_s[s] = _split(
+                resid[0][s], b[0], resid[1][s] if second else None, b[1] if second else None)
+    for s in STAGES:
+        cal.sources[f"host_fixed_{s}"] = f"calibrated: {names} {s} (host time beyond its launches)"
     return cal
 
 
@@ -148,8 +198,8 @@ def calibrate(paths: list[Path | str]) -> tuple[Profile, Calibration, list[Measu
     runs = [measured(p) for p in paths]
     if not runs:
         raise ValueError("calibrate: give at least one run folder")
-    p = base_profile(runs[0])
+    p = base_profile(runs)
     _set_launch(runs, p)
     _set_dense_eff(runs, p)
     _set_bandwidth_effs(runs, p)
-    return p, host_fixed(runs[0], p), runs
+    return p, host_fixed(runs, p), runs

@@ -78,13 +78,23 @@ def h100() -> Profile:
     return p
 
 
-def cpu(gemm_gflops: float = 50.0, copy_gbps: float = 10.0, source: str = "assumption") -> Profile:
-    """A CPU host: peaks from a run's start-up probes where one is given, gloo for the links."""
+def cpu(gemm_gflops: float = 50.0, copy_gbps: float = 10.0, source: str = "assumption", *, cores: float = 2,
+        rank_cores: float = 2, cores_source: str = "assumption") -> Profile:
+    """A CPU host: peaks from a run's start-up probes where one is given (those of one rank that had
+    `rank_cores` of the host's `cores`), gloo for the links."""
     p = Profile("cpu", async_device=False)
     for key in PEAK_KEYS.values():
         p.set(key, gemm_gflops / 1e3, "TFLOP/s", source, "the GEMM probe (every precision alike on CPU)")
     _links(p, "cpu")
     p.set("hbm_gbps", copy_gbps, "GB/s", source, "the copy probe")
+    p.set("cores", cores, "cores", cores_source, "the host's: ranks on one host share them")
+    p.set("rank_cores", rank_cores, "cores", cores_source,
+          "what the probed rank had: the peaks and efficiencies are its")
+    for kind in ("all_to_all", "all_reduce"):
+        p.set(f"{kind}_latency_us", PROFILES["cpu"]["intra_node_latency_us"], "us", "spec (harness/launch/planning.py "
+              "PROFILES)", "gloo, a collective; make project probes this host's where the ranks fit on it")
+        p.set(f"{kind}_gbps", PROFILES["cpu"]["intra_node_gbps"], "GB/s", "spec (harness/launch/planning.py PROFILES)",
+              "gloo, a rank's bytes")
     p.set("launch_us", 20.0, "us", "assumption", "host time an op; replaced by calibration")
     p.set("graph_launch_us", 0.0, "us", "spec", "no CUDA graphs on CPU (flag inactive)")
     p.set("graph_kernel_gap_us", 0.0, "us", "spec", "no CUDA graphs on CPU (flag inactive)")
@@ -97,6 +107,19 @@ def cpu(gemm_gflops: float = 50.0, copy_gbps: float = 10.0, source: str = "assum
 
 
 HARDWARE = {"h100": h100, "cpu": cpu}
+
+
+def set_gloo(p: Profile, figures: dict[str, float], ranks: int) -> None:
+    """The gloo probe's figures (harness/projection/probe.py) for `ranks` processes on this host."""
+    for key, value in figures.items():
+        p.set(key, value, "GB/s" if key.endswith("gbps") else "us", f"probe: gloo, {ranks} processes on this host",
+              "probe.py: idle peers, so a lower bound")
+
+
+def rank_cores(cores: float, local_ranks: int) -> float:
+    """Cores a rank computes on: harness/run/worker.threads_per_rank's threads, or its share of the
+    host when the ranks outnumber the cores (then each runs a fraction of the time)."""
+    return min(max(1, int(cores) // local_ranks), cores / local_ranks)
 
 
 def peak_flops(p: Profile, precision: str) -> float:

@@ -14,6 +14,10 @@ What each flag is credited with (the mechanism, nothing else):
   runs every kernel, a small gap apart;
 - avoid_record_streams: no time credited (it changes the NCCL allocator's bookkeeping; inactive on
   torch >= 2.8).
+
+On a CPU every rank computes on its share of the host's cores and its single-threaded host work
+takes turns when the ranks outnumber the cores (cpu_share); gloo's exchanges cost what the probe
+measured (probe.py), the pipelined ids exchange running on gloo's thread.
 """
 
 from __future__ import annotations
@@ -23,22 +27,34 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harness.names import OPTIMIZATION_FLAGS, STAGES
-from harness.projection.hardware import Profile, dense_precision, peak_flops
+from harness.projection.hardware import Profile, dense_precision, peak_flops, rank_cores
 from harness.projection.kernels import StageKernels, stage_kernels
 from harness.projection.timeline import Collective, Host, Launch, Result, Sync, simulate
 from harness.projection.work import Work
 
 CUDA_ONLY = ("cuda_graphs", "pinned_d2h", "avoid_record_streams")
+FORWARD_SHARE = 1 / 3
+"""The dense step's forward: a third of its FLOPs (the backward computes two gradients a GEMM)."""
 
 
 @dataclass
 class Calibration:
     """What calibration runs measured beyond the profile's figures: per-stage host time the launch
-    count does not explain, and the time between iterations (each with its source)."""
+    count does not explain, and the time between iterations, each a fixed part and a part a sample
+    of the local batch (identified when two runs of different batch sizes are given; else all
+    fixed), each with its source. CPU figures are of a rank that has a core to itself."""
 
     host_fixed_s: dict[str, float] = field(default_factory=dict)
+    host_per_sample_s: dict[str, float] = field(default_factory=dict)
     between_s: float = 0.0
+    between_per_sample_s: float = 0.0
     sources: dict[str, str] = field(default_factory=dict)
+
+    def host(self, stage: str, batch: int) -> float:
+        return max(0.0, self.host_fixed_s.get(stage, 0.0) + self.host_per_sample_s.get(stage, 0.0) * batch)
+
+    def between(self, batch: int) -> float:
+        return max(0.0, self.between_s + self.between_per_sample_s * batch)
 
 
 def effective_flags(cfg, profile: Profile) -> dict[str, bool]:
@@ -58,29 +74,88 @@ def dense_eff(profile: Profile, precision: str) -> float:
     return profile.value(key) if key in profile.figures else profile.value("dense_eff")
 
 
-def _latency(profile: Profile, work: Work) -> float:
+def cpu_share(profile: Profile, work: Work) -> tuple[float, float]:
+    """(speed, turns) of a rank against the profile's probed rank: its multi-threaded work (GEMMs,
+    memory) runs `speed` times as fast (its cores over the probed rank's), its single-threaded host
+    work (ops, Python) `turns` times as long (ranks outnumbering the cores run in turns). (1, 1) on a GPU."""
+    if profile.async_device:
+        return 1.0, 1.0
+    speed = cpu_rank_cores(profile, work) / profile.value("rank_cores")
+    return speed, max(1.0, work.ranks_per_node / profile.value("cores"))
+
+
+def cpu_rank_cores(profile: Profile, work: Work) -> float:
+    """The cores a CPU rank of this layout computes on (hardware.rank_cores)."""
+    return rank_cores(profile.value("cores"), work.ranks_per_node)
+
+
+def collectives(group: str, exchange: str) -> tuple[str, int]:
+    """(kind, count) of the collectives a sharding group runs for an exchange (model/planner.py
+    COLLECTIVES_OF_GROUP): data-parallel tables one gradient all-reduce in the backward; every
+    other sharding an all-to-all each for the splits, the ids (lengths and values packed), the
+    forward and the backward; table-row-wise one more in the node in the forward and the backward."""
+    if group == "data_parallel":
+        return "all_reduce", int(exchange == "backward")
+    extra = int(group == "table_row_wise" and exchange in ("forward", "backward"))
+    return "all_to_all", 1 + extra
+
+
+def _exchange_parts(work: Work, profile: Profile, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(moving, latency): an exchange's seconds on each rank moving bytes (each sharding group's on
+    each link level at that level's bandwidth) and waiting (a latency a collective). One rank: local
+    copies, no latency. On a CPU (gloo) the node's link is the probe's figures of the collective's kind."""
+    moving, latency = np.zeros(work.world_size), np.zeros(work.world_size)
     if work.world_size == 1:
-        return 0.0  # one rank: exchanges are local copies
-    key = "inter_node_latency_us" if work.spans_nodes else "intra_node_latency_us"
-    return profile.value(key) * 1e-6
+        return moving, latency
+    inter_bw = profile.value("inter_node_gbps") * 1e9
+    for group in work.groups:
+        kind, count = collectives(group, name)
+        if count == 0:
+            continue
+        if profile.async_device:
+            lat = profile.value("inter_node_latency_us" if work.spans_nodes else "intra_node_latency_us") * 1e-6
+            intra = profile.value("intra_node_gbps") * 1e9
+        else:
+            lat, intra = profile.value(f"{kind}_latency_us") * 1e-6, profile.value(f"{kind}_gbps") * 1e9
+            if work.spans_nodes:
+                lat = max(lat, profile.value("inter_node_latency_us") * 1e-6)
+        if name != "splits":
+            moving = moving + work.exchange_seconds(name, intra, inter_bw, group=group)
+        latency = latency + count * lat
+    return moving, latency
 
 
 def _exchange(work: Work, profile: Profile, name: str) -> np.ndarray:
-    return work.exchange_seconds(name, profile.value("intra_node_gbps") * 1e9, profile.value("inter_node_gbps") * 1e9)
+    return sum(_exchange_parts(work, profile, name))
 
 
-def _input_dist_ops(work: Work, profile: Profile, k: StageKernels, flags: dict, cal: Calibration, lat: float) -> list:
-    launch, groups = profile.value("launch_us") * 1e-6, len(work.groups)
-    ops = [Launch("input_dist", cal.host_fixed_s.get("input_dist", 0.0) + k.input_dist * launch, 0.0)]
+def _allreduce_parts(work: Work, profile: Profile, buckets: int) -> tuple[float, float]:
+    """(moving, latency) of the dense gradients' all-reduce: NCCL's ring bytes on each level
+    (Work.allreduce_bytes) on a GPU; on a CPU the gloo probe's all-reduce of the gradients; a
+    latency a bucket."""
+    if profile.async_device:
+        intra, inter = work.allreduce_bytes()
+        lat = profile.value("inter_node_latency_us" if work.spans_nodes else "intra_node_latency_us") * 1e-6
+        return (intra / (profile.value("intra_node_gbps") * 1e9) + inter / (profile.value("inter_node_gbps") * 1e9),
+                max(buckets, 1) * lat)
+    return (4.0 * work.params / (profile.value("all_reduce_gbps") * 1e9),
+            max(buckets, 1) * profile.value("all_reduce_latency_us") * 1e-6)
+
+
+def _input_dist_ops(work: Work, profile: Profile, k: StageKernels, flags: dict, cal: Calibration, turns: float,
+                    pipelined: bool) -> list:
+    launch = profile.value("launch_us") * 1e-6
+    ops = [Launch("input_dist", turns * (cal.host("input_dist", work.local_batch) + k.input_dist * launch), 0.0)]
     if not flags["skip_splits_a2a"]:
-        ops.append(Collective("splits", "input_dist", groups * lat))
+        ops.append(Collective("splits", "input_dist", _exchange(work, profile, "splits")))
         if flags["threaded_input_dist"]:
             ops.append(Host("input_dist", profile.value("thread_handoff_us") * 1e-6))
         elif flags["pinned_d2h"]:
             ops.append(Sync("input_dist", profile.value("sync_us") * 1e-6, drain=False, on="splits"))
         else:
             ops.append(Sync("input_dist", profile.value("sync_us") * 1e-6, drain=True))
-    ops.append(Collective("ids", "input_dist", _exchange(work, profile, "ids") + groups * lat))
+    # Pipelined, the ids exchange is async (gloo's thread on a CPU): emb_fwd of the next iteration waits.
+    ops.append(Collective("ids", "input_dist", _exchange(work, profile, "ids"), blocks_host=not pipelined))
     return ops
 
 
@@ -88,31 +163,39 @@ def iteration_ops(cfg, work: Work, profile: Profile, cal: Calibration, flags: di
     """One iteration's ops on every rank (module docstring for what each flag changes)."""
     k = stage_kernels(cfg, groups=len(work.groups), params=work.params, world_size=work.world_size, flags=flags)
     launch, hbm = profile.value("launch_us") * 1e-6, profile.value("hbm_gbps") * 1e9
-    lat, groups, fixed = _latency(profile, work), len(work.groups), cal.host_fixed_s
+    speed, turns = cpu_share(profile, work)
+    B = work.local_batch
     prec = dense_precision(cfg)
-    ops = _input_dist_ops(work, profile, k, flags, cal, lat)
+    ops = _input_dist_ops(work, profile, k, flags, cal, turns, cfg.optimizations.pipeline)
     ids = "ids@prev" if cfg.optimizations.pipeline else "ids"
-    ops.append(Launch("emb_fwd", fixed.get("emb_fwd", 0.0) + k.emb_fwd * launch,
-                      work.lookup_fwd / (hbm * profile.value("lookup_eff")), waits=(ids,)))
-    ops.append(Collective("forward", "emb_fwd", _exchange(work, profile, "forward") + groups * lat))
-    dense_dev = dense_roof_s(work, profile, prec) / dense_eff(profile, prec)
+    ops.append(Launch("emb_fwd", turns * (cal.host("emb_fwd", B) + k.emb_fwd * launch),
+                      work.lookup_fwd / (hbm * profile.value("lookup_eff") * speed), waits=(ids,)))
+    ops.append(Collective("forward", "emb_fwd", _exchange(work, profile, "forward")))
+    dense_dev = dense_roof_s(work, profile, prec) / dense_eff(profile, prec) / speed
     if flags["cuda_graphs"]:
         host = profile.value("graph_launch_us") * 1e-6
         dense_dev += k.dense_fwd_bwd * profile.value("graph_kernel_gap_us") * 1e-6
     else:
-        host = fixed.get("dense_fwd_bwd", 0.0) + k.dense_fwd_bwd * launch
-    ops.append(Launch("dense_fwd_bwd", host, dense_dev, waits=("forward",)))
+        host = turns * (cal.host("dense_fwd_bwd", B) + k.dense_fwd_bwd * launch)
+    # The gradient buckets are all-reduced while the backward runs (from its start: an optimistic
+    # bound), the pooled gradient's exchange when it ends (the embeddings are the graph's inputs);
+    # emb_bwd waits for the exchange, dense_update (finish_gradients) for the all-reduce
+    # (harness/run/step.py). On a CPU rank without a core to spare, gloo's thread moves the
+    # buckets' bytes on the rank's own core, under the backward.
+    ops.append(Launch("dense_fwd_bwd", host * FORWARD_SHARE, dense_dev * FORWARD_SHARE, waits=("forward",)))
     if work.world_size > 1:
-        intra, inter = work.allreduce_bytes()
-        ar = intra / (profile.value("intra_node_gbps") * 1e9) + inter / (profile.value("inter_node_gbps") * 1e9)
-        ops.append(Collective("allreduce", "dense_fwd_bwd", ar + max(k.dense_buckets, 1) * lat))
-    ops.append(Collective("backward", "emb_bwd", _exchange(work, profile, "backward") + groups * lat))
-    ops.append(Launch("emb_bwd", fixed.get("emb_bwd", 0.0) + k.emb_bwd * launch,
-                      work.lookup_bwd / (hbm * profile.value("lookup_eff")), waits=("backward",)))
-    ops.append(Launch("dense_update", fixed.get("dense_update", 0.0) + k.dense_update * launch,
-                      work.update_bytes / (hbm * profile.value("update_eff")),
+        ar_moving, ar_latency = _allreduce_parts(work, profile, k.dense_buckets)
+        ops.append(Collective("allreduce", "dense_fwd_bwd", ar_moving + ar_latency, blocks_host=False))
+    ops.append(Launch("dense_fwd_bwd", host * (1 - FORWARD_SHARE), dense_dev * (1 - FORWARD_SHARE)))
+    if work.world_size > 1 and not profile.async_device and cpu_rank_cores(profile, work) < 2:
+        ops.append(Host("dense_fwd_bwd", ar_moving))
+    ops.append(Collective("backward", "dense_fwd_bwd", _exchange(work, profile, "backward"), blocks_host=False))
+    ops.append(Launch("emb_bwd", turns * (cal.host("emb_bwd", B) + k.emb_bwd * launch),
+                      work.lookup_bwd / (hbm * profile.value("lookup_eff") * speed), waits=("backward",)))
+    ops.append(Launch("dense_update", turns * (cal.host("dense_update", B) + k.dense_update * launch),
+                      work.update_bytes / (hbm * profile.value("update_eff") * speed),
                       waits=("allreduce",) if work.world_size > 1 else ()))
-    ops.append(Host("between_iterations", cal.between_s))
+    ops.append(Host("between_iterations", turns * cal.between(B)))
     return ops, k
 
 

@@ -9,7 +9,8 @@ iteration is a list of ops, the same list on every rank, with per-rank durations
   launched). On a synchronous device (CPU) the host runs the work itself: host_s + dev_s.
 - `Collective`: a collective on the communication stream. It starts when every rank has reached
   it (the latest rank's ready time: its compute stream's work so far, or its host when the data
-  is on the host) and lasts the busiest rank's transfer plus the latency.
+  is on the host) and lasts the busiest rank's transfer plus the latency. On a CPU the host waits
+  for it unless it was launched async (`blocks_host=False`).
 - `Sync`: the host blocks until the compute stream drains (`drain=True`: a pageable D2H copy's
   sync) or until the named collective ends (a pinned copy waited by its event), plus `host_s`.
 - `Host`: host-only time (between iterations, a thread hand-off).
@@ -40,6 +41,9 @@ class Collective:
     stage: str
     seconds: np.ndarray | float
     from_host: bool = False
+    blocks_host: bool = True
+    """On a CPU (gloo), whether the host thread waits for it here; False for one launched async and
+    waited for later (the pipelined ids exchange, by the stage that names it in `waits`)."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,7 @@ def _step(lanes: Lanes, op, it: int) -> None:
         lanes.comm = np.full(lanes.ranks, end)
         lanes.done[f"{op.name}@{it}"] = lanes.comm.copy()
         lanes.spans.append((it, op.stage, "comm", np.full(lanes.ranks, start), lanes.comm.copy()))
-        if not lanes.async_device:  # gloo: the host thread runs the collective
+        if not lanes.async_device and op.blocks_host:  # gloo: the host thread waits for the collective
             lanes.host = np.maximum(lanes.host, lanes.comm)
             lanes.dev = lanes.host.copy()
     elif isinstance(op, Sync):

@@ -40,11 +40,14 @@ class Work:
     """exchange -> (levels, 2 directions out/in, ranks) bytes."""
     groups: tuple[str, ...]
     """Sharding groups in use (each runs its own exchanges)."""
+    group_exchange: dict[str, dict[str, np.ndarray]]
+    """group -> exchange -> (levels, 2, ranks) bytes: `exchange` split by the sharding that moves them."""
     spans_nodes: bool
 
-    def exchange_seconds(self, name: str, intra_bw: float, inter_bw: float) -> np.ndarray:
-        """Per rank: each level's busier direction over its bandwidth, the levels one after the other."""
-        x = self.exchange[name]
+    def exchange_seconds(self, name: str, intra_bw: float, inter_bw: float, group: str | None = None) -> np.ndarray:
+        """Per rank: each level's busier direction over its bandwidth, the levels one after the other
+        (of one sharding group's collectives where `group` is given)."""
+        x = self.exchange[name] if group is None else self.group_exchange[group][name]
         return x[0].max(axis=0) / intra_bw + x[1].max(axis=0) / inter_bw
 
     def allreduce_bytes(self) -> tuple[float, float]:
@@ -55,6 +58,11 @@ class Work:
         intra = 2 * (L - 1) / L * grad if L > 1 else 0.0
         inter = 2 * (N - 1) / N * grad / L if N > 1 else 0.0
         return intra, inter
+
+
+def _exchanges(fp: np.ndarray) -> dict[str, np.ndarray]:
+    return {name: np.array([[fp[row(phase, lvl, False)], fp[row(phase, lvl, True)]] for lvl in range(len(LEVELS))])
+            for name, phase in EXCHANGES.items()}
 
 
 def work_of(cfg, plan, *, world_size: int, ranks_per_node: int) -> Work:
@@ -68,15 +76,16 @@ def work_of(cfg, plan, *, world_size: int, ranks_per_node: int) -> Work:
                    weight_bytes=WEIGHT_BYTES[cfg.precision.tables])
     tables = [TableSpec(rows=r, dim=m.embedding_dim, pooling=h) for r, h in zip(m.table_rows, m.multi_hot)]
     fp = plan_footprint(plan, tables, geo)
-    exchange = {}
-    for name, phase in EXCHANGES.items():
-        exchange[name] = np.array([[fp[row(phase, lvl, False)], fp[row(phase, lvl, True)]]
-                                   for lvl in range(len(LEVELS))])
+    exchange = _exchanges(fp)
+    by_group: dict[str, dict[str, np.ndarray]] = {}
+    for g in sorted({GROUP_OF_KIND[tp.kind] for tp in plan}):
+        mine = [(tp, t) for tp, t in zip(plan, tables) if GROUP_OF_KIND[tp.kind] == g]
+        by_group[g] = _exchanges(plan_footprint([tp for tp, _ in mine], [t for _, t in mine], geo))
     return Work(
         world_size=world_size, ranks_per_node=ranks_per_node, local_batch=B,
         dense_flops=float(flops_sample) * B, dense_bytes=4.0 * 5 * P + 4.0 * 3 * B * A,
         update_bytes=4.0 * 6 * P, params=int(P),
         lookup_fwd=fp[LOOKUP] / 3.0, lookup_bwd=fp[LOOKUP] * 2.0 / 3.0,
-        exchange=exchange, groups=tuple(sorted({GROUP_OF_KIND[tp.kind] for tp in plan})),
+        exchange=exchange, groups=tuple(by_group), group_exchange=by_group,
         spans_nodes=world_size > ranks_per_node,
     )
