@@ -1,9 +1,13 @@
-"""The projected report: stage table, a text Gantt of one rank, findings, the flag waterfall and
-every assumption with its source; all marked "projected". Markdown, plus a waterfall PNG drawn by
-harness/report/plots.py."""
+"""The projected report: stage table, a Gantt of one iteration (text for rank 0, a PNG of up to
+eight ranks), findings, the flag waterfall with the mechanism the model credits each flag with,
+the planner's alternatives projected the same way, and every assumption with its source; all
+marked "projected". Markdown, plus PNGs drawn by harness/report/plots.py."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -12,13 +16,35 @@ import pandas as pd
 from harness.names import STAGES
 from harness.projection.hardware import Profile
 from harness.projection.project import Calibration, Projection
+from harness.projection.work import Work
+from harness.report.plots import plot_lanes, plot_waterfall
+from model.plan_traffic import LEVELS
 
 PUBLISHED = (("TorchRec published baseline step, 16 DGX H100", 7.6), ("TorchRec published optimized step", 3.4),
              ("MLPerf record step, 16 DGX H100", 2.3))
 MISS = 0.30
+SHOWN_RANKS = 8
+"""The Gantt PNG draws at most this many ranks (rank 0, the slowest, and others evenly spaced)."""
+
+# What the model credits each flag with, one line each: harness/projection/project.py's module
+# docstring (the ops each flag changes in iteration_ops), said here once more for the report.
+MECHANISMS = {
+    "skip_splits_a2a": "no splits all-to-all, no D2H of the splits and no host sync in input_dist",
+    "pinned_d2h": "the splits' copy is waited by its event: the host waits for the splits exchange only, "
+                  "not for the compute stream to drain (a pageable copy's sync)",
+    "threaded_input_dist": "input dist's wait moves to its own thread; the main thread pays a hand-off and "
+                           "still runs the launches (the GIL)",
+    "cuda_graphs": "dense_fwd_bwd's launches become one graph replay on the host; the device still runs "
+                   "every kernel, a small gap apart",
+    "avoid_record_streams": "no time credited (it changes the NCCL allocator's bookkeeping; inactive on "
+                            "torch >= 2.8)",
+}
+PLAN_STAGES = ("input_dist", "emb_fwd", "emb_bwd")
+"""The stages a sharding plan changes: its exchanges, its groups' kernels, its lookups."""
 
 
 def stage_table(p: Projection) -> pd.DataFrame:
+    """Each stage's projected time over the ranks (max, mean, min) and its share of the period."""
     rows = []
     for s in (*STAGES, "between_iterations"):
         v = p.result.stage_s[s] * 1e3
@@ -27,31 +53,101 @@ def stage_table(p: Projection) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _measured(p: Projection) -> list:
+    """The spans of the measured (steady-state) iteration."""
+    return [s for s in p.result.spans if s[0] == p.result.iteration]
+
+
 def gantt(p: Projection, rank: int = 0, width: int = 72) -> str:
-    spans = [(st, lane, float(a[rank]), float(b[rank])) for it, st, lane, a, b in p.result.spans if it == p.result.iteration]
+    """One rank's measured iteration as text: a row per lane, a letter per stage."""
+    spans = [(st, lane, float(a[rank]), float(b[rank])) for _, st, lane, a, b in _measured(p)]
     t0 = min(a for _, _, a, _ in spans)
     t1 = max(t0 + p.result.period_s, max(b for *_, b in spans))
     scale = width / max(t1 - t0, 1e-12)
-    out = [f"rank {rank}, one iteration ({(t1 - t0) * 1e3:.2f} ms across; letters: i input_dist, f emb_fwd, d dense_fwd_bwd, "
-           "b emb_bwd, u dense_update, . between)"]
+    out = [f"rank {rank}, one iteration ({(t1 - t0) * 1e3:.2f} ms across; letters: i input_dist, f emb_fwd, "
+           "d dense_fwd_bwd, b emb_bwd, u dense_update, . between)"]
     letter = {"input_dist": "i", "emb_fwd": "f", "dense_fwd_bwd": "d", "emb_bwd": "b", "dense_update": "u",
               "between_iterations": "."}
     for lane in ("host", "compute", "comm"):
         row = [" "] * width
         for st, ln, a, b in spans:
             if ln == lane and b > a:
-                for x in range(int((a - t0) * scale), min(width, max(int((b - t0) * scale), int((a - t0) * scale) + 1))):
+                first = int((a - t0) * scale)
+                for x in range(first, min(width, max(int((b - t0) * scale), first + 1))):
                     row[x] = letter[st]
         out.append(f"{lane:>8} |{''.join(row)}|")
     return "\n".join(out)
 
 
+def iteration_end(p: Projection) -> np.ndarray:
+    """Per rank, when its last op of the measured iteration ends (seconds)."""
+    return np.max([b for *_, b in _measured(p)], axis=0)
+
+
+def iteration_start(p: Projection) -> np.ndarray:
+    """Per rank, when the measured iteration starts as timeline.simulate marks it: the later of its
+    host's and its compute stream's ends in the iteration before (both lanes only move forward)."""
+    before = [b for it, _, lane, _, b in p.result.spans if it == p.result.iteration - 1 and lane != "comm"]
+    return np.max(before, axis=0)
+
+
+def shown_ranks(p: Projection, limit: int = SHOWN_RANKS) -> tuple[list[int], str]:
+    """The ranks the Gantt PNG draws and a phrase saying which: every rank up to `limit`; beyond,
+    rank 0, the rank whose measured iteration ends last, and the rest evenly spaced."""
+    world = p.world_size
+    if world <= limit:
+        return list(range(world)), f"ranks 0-{world - 1}" if world > 1 else "rank 0"
+    end = iteration_end(p)
+    slowest = int(np.argmax(end))
+    must = sorted({0, slowest})
+    others = [r for r in range(world) if r not in must]
+    # Spread over the whole range, the last rank included, so a straggler at either end can show.
+    picks = np.unique(np.linspace(0, len(others) - 1, limit - len(must)).round().astype(int))
+    ranks = sorted({*must, *(others[i] for i in picks)})
+    rest = ", ".join(str(r) for r in ranks if r not in must)
+    # Collectives line the ranks up: often none ends later than another, and "slowest" would mislead.
+    last = f"slowest {slowest}" if np.ptp(end) > 1e-9 else "all end together"
+    return ranks, f"{len(ranks)} of {world} ranks: 0, {last}, evenly spaced {rest}"
+
+
+def lane_spans(p: Projection, ranks: Sequence[int] | None = None) -> pd.DataFrame:
+    """The measured iteration's ops on `ranks` (all by default), a row a rank, op and lane: rank,
+    lane, stage, start_ms, end_ms, from the iteration's start on its earliest rank (so the next one
+    starts at the period). A host running ahead launches before that start: negative times. Empty
+    ops (a launch with no device work, a wait that did not wait) are left out: nothing to draw."""
+    t0 = float(np.min(iteration_start(p)))
+    ranks = range(p.world_size) if ranks is None else ranks
+    rows = [dict(rank=r, lane=lane, stage=st, start_ms=(float(a[r]) - t0) * 1e3, end_ms=(float(b[r]) - t0) * 1e3)
+            for _, st, lane, a, b in _measured(p) for r in ranks if b[r] > a[r]]
+    return pd.DataFrame(rows, columns=["rank", "lane", "stage", "start_ms", "end_ms"])
+
+
+def plot_gantt(p: Projection, path: Path) -> Path:
+    """timeline.png: the measured iteration on the ranks shown_ranks picks, marked projected."""
+    ranks, which = shown_ranks(p)
+    return plot_lanes(lane_spans(p, ranks), path, period_ms=p.period_ms,
+                      title=f"PROJECTED timeline ({p.label}), one iteration, {which}")
+
+
 def waterfall(base: Projection, alone: dict[str, Projection], every: Projection) -> pd.DataFrame:
-    rows = [{"config": "baseline (no flag)", "period_ms": base.period_ms, "vs_baseline": 1.0}]
+    """Baseline, each flag alone and all flags: their periods, against the baseline, and the
+    mechanism the model credits each flag with (MECHANISMS)."""
+    rows = [{"config": "baseline (no flag)", "period_ms": base.period_ms, "vs_baseline": 1.0,
+             "mechanism": "every flag off (pipeline as configured)"}]
     for flag, p in alone.items():
-        rows.append({"config": f"+{flag} alone", "period_ms": p.period_ms, "vs_baseline": p.period_ms / base.period_ms})
-    rows.append({"config": "all flags", "period_ms": every.period_ms, "vs_baseline": every.period_ms / base.period_ms})
+        how = MECHANISMS[flag] if p.flags.get(flag) else f"inactive on this hardware: {MECHANISMS[flag]}"
+        rows.append({"config": f"+{flag} alone", "period_ms": p.period_ms, "vs_baseline": p.period_ms / base.period_ms,
+                     "mechanism": how})
+    rows.append({"config": "all flags", "period_ms": every.period_ms, "vs_baseline": every.period_ms / base.period_ms,
+                 "mechanism": "every mechanism above at once (where they hide the same wait, they do not add)"})
     return pd.DataFrame(rows)
+
+
+def waterfall_contrib(base: Projection, alone: dict[str, Projection]) -> pd.DataFrame:
+    """plot_waterfall's frame: each flag's period saved alone (ms); NaN where the profile turns it off."""
+    # + 0.0: a flag that changes nothing reads 0, not -0.
+    return pd.DataFrame([{"flag": f, "alone_ms": base.period_ms - p.period_ms + 0.0 if p.flags.get(f) else np.nan}
+                         for f, p in alone.items()], columns=["flag", "alone_ms"])
 
 
 def _md(df: pd.DataFrame) -> str:
@@ -63,15 +159,23 @@ def _md(df: pd.DataFrame) -> str:
 
 
 def assumptions_table(profile: Profile, cal: Calibration) -> pd.DataFrame:
+    """Every figure the projection used, with its source: the profile's, then the calibration's."""
     rows = [dict(figure=k, value=v, source=s, note=n) for k, v, s, n in profile.assumptions()]
-    rows += [dict(figure=f"host_fixed_{s}", value=f"{v * 1e3:.3f} ms", source=cal.sources.get(f"host_fixed_{s}", ""),
-                  note="applied to every projected configuration") for s, v in cal.host_fixed_s.items()]
-    rows.append(dict(figure="between_iterations", value=f"{cal.between_s * 1e3:.3f} ms", source=cal.sources.get("between_s", ""),
+    per = cal.host_per_sample_s
+    rows += [dict(figure=f"host_fixed_{s}", value=f"{v * 1e3:.3f} ms + {per.get(s, 0.0) * 1e6:.3f} us a sample",
+                  source=cal.sources.get(f"host_fixed_{s}", ""),
+                  note="host time beyond launches, a fixed part and a part a sample of the local batch (their "
+                       "sum at least 0); in turns where CPU ranks outnumber cores")
+             for s, v in cal.host_fixed_s.items()]
+    rows.append(dict(figure="between_iterations", value=f"{cal.between_s * 1e3:.3f} ms + "
+                     f"{cal.between_per_sample_s * 1e6:.3f} us a sample",
+                     source=cal.sources.get("between_s", ""),
                      note="host-side batch and records; the same on every configuration"))
     return pd.DataFrame(rows)
 
 
 def findings(base: Projection, every: Projection) -> list[str]:
+    """The baseline's and all flags' periods, their dominant stages, their ratio."""
     out = []
     for p in (base, every):
         st = stage_table(p)
@@ -84,30 +188,160 @@ def findings(base: Projection, every: Projection) -> list[str]:
 
 def against_published(base: Projection, every: Projection) -> list[str]:
     """Beside the published figures; where the model misses by more than MISS, the stage it cannot explain."""
-    pairs = ((base, 7.6, "TorchRec baseline 7.6 ms"), (every, 3.4, "TorchRec optimized 3.4 ms"), (every, 2.3, "MLPerf record ~2.3 ms"))
+    pairs = ((base, 7.6, "TorchRec baseline 7.6 ms"), (every, 3.4, "TorchRec optimized 3.4 ms"),
+             (every, 2.3, "MLPerf record ~2.3 ms"))
     out = []
     for p, ms, name in pairs:
         err = p.period_ms / ms - 1
         line = f"{p.label} {p.period_ms:.2f} ms vs {name}: {err:+.0%}"
         if abs(err) > MISS:
             st = stage_table(p).set_index("stage")["max_ms"]
-            line += f" (> {MISS:.0%}: largest projected stage {st.idxmax()} {st.max():.2f} ms; the window without between_iterations " \
-                    f"is {p.window_ms:.2f} ms)"
+            line += f" (> {MISS:.0%}: largest projected stage {st.idxmax()} {st.max():.2f} ms; the window without " \
+                    f"between_iterations is {p.window_ms:.2f} ms)"
         out.append(line)
     out.append(f"ratio {base.period_ms / every.period_ms:.2f}x vs published 7.6/3.4 = 2.24x")
     return out
 
 
+@dataclass(frozen=True)
+class PlanProjection:
+    """One sharding plan of the configuration projected on the same profile and calibration: its
+    baseline (no flag) and all flags."""
+
+    name: str
+    plan: tuple
+    work: Work
+    base: Projection
+    every: Projection
+
+
+def kinds_used(plan: Sequence) -> str:
+    """How many tables each sharding kind holds, e.g. "column_wise:10 data_parallel:16"."""
+    counts = Counter(str(tp.kind) for tp in plan)
+    return " ".join(f"{k}:{n}" for k, n in sorted(counts.items()))
+
+
+def exchange_mb(work: Work) -> dict[tuple[str, str], float]:
+    """(exchange, link level) -> MB the busiest rank moves in its busier direction (what the
+    exchange's time is priced on: Work.exchange_seconds)."""
+    return {(name, level): float(x[i].max()) / 1e6
+            for name, x in work.exchange.items() for i, level in enumerate(LEVELS)}
+
+
+def _lane_ms(p: Projection, lane: str, stages: Sequence[str]) -> float:
+    """Time on `lane` in `stages` of the measured iteration, busiest rank (ms)."""
+    spans = [b - a for _, st, ln, a, b in _measured(p) if ln == lane and st in stages]
+    return float(np.max(np.sum(spans, axis=0))) * 1e3 if spans else 0.0
+
+
+def _plan_kernels(p: Projection) -> int:
+    """Kernels launched in the stages a plan changes, a rank an iteration."""
+    return sum(p.kernels.of(s) for s in PLAN_STAGES)
+
+
+def plan_costs(pp: PlanProjection, profile: Profile) -> dict[str, float]:
+    """What a plan changes in the baseline's iteration (ms, busiest rank): its embedding exchanges
+    as the comm lane runs them (transfer and latency, no waiting), the launches of its stages'
+    kernels (each sharding group its own), and its lookups at the calibrated share of HBM."""
+    lookup = (pp.work.lookup_fwd + pp.work.lookup_bwd).max() / (profile.value("hbm_gbps") * 1e9
+                                                                 * profile.value("lookup_eff"))
+    return {"embedding exchanges on the comm lane": _lane_ms(pp.base, "comm", PLAN_STAGES),
+            "kernel launches of input_dist, emb_fwd, emb_bwd": _plan_kernels(pp.base) * profile.value("launch_us")
+            / 1e3,
+            "lookups on the busiest rank": float(lookup) * 1e3}
+
+
+def _bytes_by_level(work: Work) -> dict[str, float]:
+    """Link level -> MB the busiest rank moves over the three exchanges (busier direction each)."""
+    mb = exchange_mb(work)
+    return {level: sum(v for (_, lv), v in mb.items() if lv == level) for level in LEVELS}
+
+
+def plan_mechanism(ref: PlanProjection, pp: PlanProjection, profile: Profile) -> str:
+    """One line: what in `pp` makes its baseline period differ from `ref`'s, as the model credits
+    it: plan_costs' differences, largest first, each with the bytes or groups behind it (they
+    overlap in the timeline, so they need not add up to the period's difference)."""
+    a, b = plan_costs(ref, profile), plan_costs(pp, profile)
+    ma, mb = _bytes_by_level(ref.work), _bytes_by_level(pp.work)
+    la, lb = ((x.work.lookup_fwd + x.work.lookup_bwd).max() / 1e6 for x in (ref, pp))
+    groups = (f"sharding groups {len(ref.work.groups)} -> {len(pp.work.groups)}, each its own kernels: "
+              f"{_plan_kernels(ref.base)} -> {_plan_kernels(pp.base)} kernels")
+    why = {"embedding exchanges on the comm lane": f"the busiest rank's exchange bytes across nodes "
+           f"{ma['inter']:.2f} -> {mb['inter']:.2f} MB, in the node {ma['intra']:.2f} -> {mb['intra']:.2f} MB; "
+           f"each sharding group's collectives pay the latency: {len(ref.work.groups)} -> {len(pp.work.groups)} groups",
+           "kernel launches of input_dist, emb_fwd, emb_bwd": groups,
+           "lookups on the busiest rank": f"lookup bytes {la:.2f} -> {lb:.2f} MB"}
+    order = sorted(a, key=lambda k: -abs(b[k] - a[k]))
+    parts = [f"{k} {a[k]:.3f} -> {b[k]:.3f} ms ({why[k]})" for k in order]
+    return (f"{pp.name} against {ref.name}: baseline period {pp.base.period_ms - ref.base.period_ms:+.3f} ms; "
+            f"modelled differences, largest first: {'; '.join(parts)}")
+
+
+def plans_stage_table(plans: Sequence[PlanProjection]) -> pd.DataFrame:
+    """The period and the stages whose projected time (busiest rank) differs between the plans, a
+    column a plan and flag set; stages every plan gives the same time are left out."""
+    cols = {f"{pp.name} {which}_ms": getattr(pp, key) for pp in plans
+            for which, key in (("baseline", "base"), ("all_flags", "every"))}
+    rows = [{"stage": "period", **{c: p.period_ms for c, p in cols.items()}}]
+    for s in (*STAGES, "between_iterations"):
+        vals = {c: p.stage_ms("max")[s] for c, p in cols.items()}
+        by_plan = np.array(list(vals.values())).reshape(len(plans), 2)
+        # Differs: between plans, by more than rounding (a microsecond or 0.5%).
+        if np.any(np.abs(by_plan - by_plan[0]) > np.maximum(1e-3, 5e-3 * np.abs(by_plan[0]))):
+            rows.append({"stage": s, **vals})
+    return pd.DataFrame(rows)
+
+
+def plans_exchange_table(plans: Sequence[PlanProjection]) -> pd.DataFrame:
+    """Each exchange's MB on the busiest rank (busier direction) by link level, a column a plan and level."""
+    mb = {pp.name: exchange_mb(pp.work) for pp in plans}
+    rows = []
+    for name in plans[0].work.exchange:
+        rows.append({"exchange": name, **{f"{pp.name} {level}_MB": mb[pp.name][(name, level)]
+                                          for pp in plans for level in LEVELS}})
+    return pd.DataFrame(rows)
+
+
+def plan_line(pp: PlanProjection) -> str:
+    """A plan in one line: its kinds, groups and projected periods."""
+    return (f"plan {pp.name}: {kinds_used(pp.plan)}; groups {', '.join(pp.work.groups)}; projected period "
+            f"baseline {pp.base.period_ms:.2f} ms, all flags {pp.every.period_ms:.2f} ms")
+
+
+def plans_section(plans: Sequence[PlanProjection], profile: Profile) -> list[str]:
+    """The "Plans (projected)" section: each plan's kinds and periods, the stages that differ, the
+    exchange bytes by link level, and the mechanism behind each difference from the first plan."""
+    text = ["## Plans (projected)", "",
+            "Each plan projected with the same profile and calibration; the first is the reference.", ""]
+    text += [f"- {plan_line(pp)}" for pp in plans]
+    text += [f"- mechanism: {plan_mechanism(plans[0], pp, profile)}" for pp in plans[1:]]
+    if any(pp.name == "torchrec" for pp in plans):
+        text.append("- TorchRec's plan can differ from one process to the next unless PYTHONHASHSEED is fixed "
+                    "(seen on tiny at 2 x 2: column_wise or table_wise, grid_shard or table_row_wise)")
+    text += ["", "Period and the stages that differ between plans (busiest rank, ms):", "",
+             _md(plans_stage_table(plans)), "",
+             "Exchange bytes on the busiest rank (busier direction, MB) by link level:", "",
+             _md(plans_exchange_table(plans)), ""]
+    return text
+
+
 def write(out: Path, *, title: str, base: Projection, alone: dict, every: Projection, main: Projection,
-          profile: Profile, cal: Calibration, extra: list[str]) -> Path:
+          profile: Profile, cal: Calibration, extra: list[str], plans: Sequence[PlanProjection] = ()) -> Path:
+    """projection.md, its CSVs and its PNGs (timeline.png, waterfall.png) under `out`."""
     out.mkdir(parents=True, exist_ok=True)
     wf = waterfall(base, alone, every)
+    plot_gantt(main, out / "timeline.png")
+    plot_waterfall(waterfall_contrib(base, alone), base.period_ms, every.period_ms, out / "waterfall.png",
+                   title="PROJECTED ablation waterfall: baseline period to all flags (ms; green: faster)")
     text = [f"# {title} (PROJECTED, not measured)", "", "## Findings (projected)", ""]
     text += [f"- {x}" for x in findings(base, every) + against_published(base, every) + extra]
     text += ["", f"## Stage table (projected: {main.label})", "", _md(stage_table(main)), "",
-             "## Timeline (projected)", "", "```", gantt(main), "```", "",
-             "## Flag waterfall (projected)", "", _md(wf), "", "## Assumptions and sources", "",
-             _md(assumptions_table(profile, cal)), ""]
+             "## Timeline (projected)", "", f"![projected timeline, {main.label}](timeline.png)", "",
+             "```", gantt(main), "```", "",
+             "## Flag waterfall (projected)", "", "![projected flag waterfall](waterfall.png)", "", _md(wf), ""]
+    if plans:
+        text += plans_section(plans, profile)
+    text += ["## Assumptions and sources", "", _md(assumptions_table(profile, cal)), ""]
     path = out / "projection.md"
     path.write_text("\n".join(text))
     stage_table(main).to_csv(out / "stages.csv", index=False)

@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from harness.report.tables import job_iterations, rank_iterations  # noqa: E402
@@ -255,4 +256,45 @@ def plot_waterfall(contrib: pd.DataFrame, base_ms: float, all_ms: float, path: P
     ax.grid(axis="y", alpha=0.3)
     # Every bar (a step may climb above both totals) and its label above it stay inside the axes.
     ax.set_ylim(0, max(tops) * 1.18 if tops and max(tops) > 0 else 1)
+    return _save(fig, path)
+
+
+LANES = ("host", "compute", "comm")
+"""The lanes of a projected rank (harness/projection/timeline.py): host thread, compute stream, comm stream."""
+
+
+def plot_lanes(spans: pd.DataFrame, path: Path, *, title: str, period_ms: float) -> Path:
+    """Gantt of one iteration as the projection's timeline runs it: a group of three thin lanes
+    (host, compute, comm) per rank in `spans` (columns rank, lane, stage, start_ms, end_ms), bars
+    coloured by stage, and a dotted line where the next iteration starts (`period_ms`)."""
+    ranks = sorted(spans["rank"].unique())
+    row = {r: i for i, r in enumerate(ranks)}
+    fig = Figure(figsize=(11, 1.6 + 0.7 * len(ranks)), layout="constrained")
+    ax = fig.add_subplot()
+    step = len(LANES) + 1  # a blank lane between ranks keeps the groups apart
+    for _, s in spans.iterrows():
+        y = row[s["rank"]] * step + LANES.index(s["lane"])
+        color = COLORS.get(s["stage"], BETWEEN_COLOR)
+        ax.broken_barh([(s["start_ms"], s["end_ms"] - s["start_ms"])], (y - 0.4, 0.8), facecolors=color,
+                       edgecolor="white", linewidth=0.3)
+    ticks = [row[r] * step + i for r in ranks for i in range(len(LANES))]
+    labels = [f"rank {r}  {lane}" if i == 0 else lane for r in ranks for i, lane in enumerate(LANES)]
+    ax.set_yticks(ticks, labels, fontsize=8)
+    ax.set_ylim(len(ranks) * step - 1, -1)  # rank 0's host lane on top
+    ax.axvline(period_ms, color="black", linestyle=":", linewidth=1.0)
+    start = min(0.0, float(spans["start_ms"].min()) if len(spans) else 0.0)
+    if start < 0:  # a host running ahead launches before the iteration starts: mark where it does
+        ax.axvline(0, color="grey", linestyle="-", linewidth=0.8)
+    end = max(period_ms, float(spans["end_ms"].max()) if len(spans) else 0.0)
+    ax.set_xlim(start, end + 0.03 * (end - start) if end > start else start + 1)
+    ax.set_xlabel("time since the iteration started (ms; grey line: its start, where the host launched before it)"
+                  if start < 0 else "time since the iteration started (ms)")
+    ax.set_title(title)
+    ax.grid(axis="x", alpha=0.3)
+    present = set(spans["stage"])
+    handles = [Patch(color=COLORS[s], label=s) for s in STAGES if s in present]
+    if BETWEEN_ITERATIONS in present:
+        handles.append(Patch(color=BETWEEN_COLOR, label="between iterations"))
+    handles.append(Line2D([], [], color="black", linestyle=":", label=f"next iteration starts ({period_ms:.3g} ms)"))
+    fig.legend(handles=handles, ncols=min(len(handles), 4), fontsize=8, loc="outside lower center", frameon=False)
     return _save(fig, path)

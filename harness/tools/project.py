@@ -1,18 +1,26 @@
 """`make project`: what a configuration would take on hardware it has not run on (issue 46).
 
 python -m harness.tools.project [--preset mlperf] [--nodes 16] [--gpus-per-node 8] [--hardware h100]
-    [--calibrate run,...] [--opts all | any bench option] [--out reports/projection-...]
+    [--calibrate run,...] [--plans harness,torchrec] [--opts all | any bench option] [--out reports/projection-...]
 
 Calibrated on the run folders given (default for h100: the second H100 session's bf16 defaults and
 --cuda-graphs runs in tests/data/h100-runs-2/), it projects the configuration, its baseline (no
 flag), each flag alone and all flags (harness/projection/), and writes a report marked projected.
+With --plans it also projects each sharding plan named (this harness's planner's, TorchRec's
+EmbeddingShardingPlanner's: harness/tools/plan_compare.py) at baseline and all flags.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import importlib.util
+import logging
 import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from harness.launch.options import add_config_options, config_from_args
@@ -20,12 +28,17 @@ from harness.launch.planning import make_plan
 from harness.names import OPTIMIZATION_FLAGS, PRESET_NAMES
 from harness.projection import render
 from harness.projection.calibrate import calibrate
+from harness.projection.hardware import set_gloo
+from harness.projection.probe import gloo_collectives
 from harness.projection.project import project
 from harness.projection.work import work_of
+from harness.tools.plan_compare import torchrec_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CALIBRATION = {"h100": ("tests/data/h100-runs-2/s-bf16-r0", "tests/data/h100-runs-2/s-bf16-cuda-graphs-r0")}
 SEARCH = ("runs", "tests/data/h100-runs-2", "tests/data/h100-runs")
+PLANS = ("harness", "torchrec")
+"""--plans: this harness's planner (harness/launch/planning.py), TorchRec's EmbeddingShardingPlanner."""
 
 
 def resolve_run(name: str) -> Path:
@@ -40,23 +53,126 @@ def resolve_run(name: str) -> Path:
 
 
 def with_flags(cfg, flags: dict[str, bool]):
+    """The config with these optimization flags set (the others as they are)."""
     return cfg.replace(optimizations=dataclasses.replace(cfg.optimizations, **flags))
 
 
-def _projections(cfg, work, profile, cal):
-    off = {f: False for f in OPTIMIZATION_FLAGS}
-    base = project(with_flags(cfg, off), work, profile, cal, label="baseline (no flag)")
-    alone = {f: project(with_flags(cfg, {**off, f: True}), work, profile, cal, label=f"+{f}") for f in OPTIMIZATION_FLAGS}
+def _base_and_every(cfg, work, profile, cal):
+    """The baseline (every flag off) and all flags on, projected on `work`."""
+    base = project(with_flags(cfg, {f: False for f in OPTIMIZATION_FLAGS}), work, profile, cal,
+                   label="baseline (no flag)")
     every = project(with_flags(cfg, {f: True for f in OPTIMIZATION_FLAGS}), work, profile, cal, label="all flags")
+    return base, every
+
+
+def _projections(cfg, work, profile, cal):
+    """Baseline, each flag alone, all flags and the config as given, on `work`."""
+    off = {f: False for f in OPTIMIZATION_FLAGS}
+    base, every = _base_and_every(cfg, work, profile, cal)
+    alone = {f: project(with_flags(cfg, {**off, f: True}), work, profile, cal, label=f"+{f}")
+             for f in OPTIMIZATION_FLAGS}
     main = project(cfg, work, profile, cal, label="as configured")
     return base, alone, every, main
 
 
-def run_projection(cfg, calibration: list[Path], out: Path | None = None) -> dict:
+def torchrec_installed() -> bool:
+    """Whether TorchRec's planner can be imported here (--plans torchrec needs it)."""
+    return importlib.util.find_spec("torchrec") is not None
+
+
+def parse_plans(value: str | None) -> list[str] | None:
+    """--plans: the names given, in order, each once (None: the default, which needs the world size).
+    Raises ValueError naming the valid plans for an unknown one."""
+    if value is None:
+        return None
+    names = list(dict.fromkeys(n.strip() for n in value.split(",")))
+    bad = [n for n in names if n not in PLANS]
+    if bad:
+        raise ValueError(f"--plans: unknown plan {bad[0]!r}; valid plans: {', '.join(PLANS)}")
+    if "torchrec" in names and not torchrec_installed():
+        raise ValueError("--plans torchrec: torchrec is not installed in this environment")
+    return names
+
+
+def default_plans(world_size: int) -> list[str]:
+    """Both planners on several ranks; on one, TorchRec's plan is trivial (every table on rank 0)."""
+    return ["harness", "torchrec"] if world_size > 1 and torchrec_installed() else ["harness"]
+
+
+@contextlib.contextmanager
+def _quiet_torchrec():
+    """TorchRec's planner logs its stats table and warns; silence both, then restore (tests share the process)."""
+    loggers = [logging.getLogger(), logging.getLogger("torchrec")]
+    levels = [lg.level for lg in loggers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels):
+                lg.setLevel(level)
+
+
+def plan_of(name: str, cfg, log: Callable[[str], None]) -> tuple:
+    """The named planner's plan of the config's tables (TorchRec's with a progress line and its time)."""
+    if name == "harness":
+        return make_plan(cfg, ranks_per_host=cfg.run.gpus_per_node)[0]
+    log(f"TorchRec planning ({cfg.run.nodes} x {cfg.run.gpus_per_node} ranks) ...")
+    start = time.perf_counter()
+    with _quiet_torchrec():
+        plan = torchrec_plan(cfg, cfg.run.nodes, cfg.run.gpus_per_node)
+    log(f"TorchRec plan in {time.perf_counter() - start:.1f} s")
+    return plan
+
+
+def _torchrec_failed(exc: Exception) -> bool:
+    """Whether `exc` is TorchRec's planner saying no plan fits (its PlannerError)."""
+    from torchrec.distributed.planner.types import PlannerError
+    return isinstance(exc, PlannerError)
+
+
+def project_plans(cfg, names: Sequence[str], profile, cal, log: Callable[[str], None],
+                  known: dict[str, render.PlanProjection] | None = None) -> list[render.PlanProjection]:
+    """Each named plan projected at baseline and all flags (`known`: plans already projected)."""
+    out = []
+    for name in names:
+        if known and name in known:
+            out.append(known[name])
+            continue
+        try:
+            plan = plan_of(name, cfg, log)
+        except Exception as exc:  # a layout TorchRec finds no plan for costs its section, not the report
+            if not _torchrec_failed(exc):
+                raise
+            log(f"plan {name}: TorchRec found no plan ({str(exc).splitlines()[0]}); left out of the report")
+            continue
+        work = work_of(cfg, plan, world_size=cfg.run.world_size, ranks_per_node=cfg.run.gpus_per_node)
+        out.append(render.PlanProjection(name, plan, work, *_base_and_every(cfg, work, profile, cal)))
+    return out
+
+
+def probe_gloo(profile, cfg, log: Callable[[str], None]) -> None:
+    """A CPU layout whose ranks fit on this host: its gloo exchanges as the probe measures them here
+    (harness/projection/probe.py); elsewhere the spec figures stay, named in the report."""
+    if profile.async_device or cfg.run.nodes != 1 or cfg.run.gpus_per_node < 2:
+        return
+    log(f"probing gloo's collectives between {cfg.run.gpus_per_node} processes on this host ...")
+    set_gloo(profile, gloo_collectives(cfg.run.gpus_per_node), cfg.run.gpus_per_node)
+
+
+def run_projection(cfg, calibration: list[Path], out: Path | None = None, *, plans: Sequence[str] = ("harness",),
+                   log: Callable[[str], None] = print) -> dict:
+    """Calibrate, project the config on this harness's plan (baseline, each flag, all flags, as
+    given) and each of `plans` (baseline, all flags); write the report under `out` if given."""
     profile, cal, _ = calibrate(calibration)
+    probe_gloo(profile, cfg, log)
     plan, _ = make_plan(cfg, ranks_per_host=cfg.run.gpus_per_node)
     work = work_of(cfg, plan, world_size=cfg.run.world_size, ranks_per_node=cfg.run.gpus_per_node)
     base, alone, every, main = _projections(cfg, work, profile, cal)
+    ours = render.PlanProjection("harness", plan, work, base, every)
+    projected = project_plans(cfg, plans, profile, cal, log, known={"harness": ours})
     extra = [f"calibrated on: {', '.join(str(p) for p in calibration)}",
              f"plan: {len(plan)} tables, sharding groups {', '.join(work.groups)}; world size {work.world_size}"]
     for f, p in alone.items():
@@ -65,8 +181,9 @@ def run_projection(cfg, calibration: list[Path], out: Path | None = None) -> dic
     if out is not None:
         path = render.write(out, title=f"{cfg.run.preset} on {cfg.run.nodes} x {cfg.run.gpus_per_node} "
                             f"{profile.name}", base=base, alone=alone, every=every, main=main, profile=profile,
-                            cal=cal, extra=extra)
-    return dict(base=base, alone=alone, every=every, main=main, profile=profile, cal=cal, path=path, extra=extra)
+                            cal=cal, extra=extra, plans=projected)
+    return dict(base=base, alone=alone, every=every, main=main, profile=profile, cal=cal, path=path, extra=extra,
+                plans=projected)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,9 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", choices=PRESET_NAMES, default="mlperf")
     parser.add_argument("--calibrate", default=None, help="run folders or ids, comma-separated")
     parser.add_argument("--out", type=Path, default=None, help="report folder [reports/projection-<preset>-<N>x<L>]")
+    parser.add_argument("--plans", default=None,
+                        help=f"sharding plans to project, comma-separated, of {', '.join(PLANS)} "
+                             "[harness,torchrec on several ranks, harness on one]")
     add_config_options(parser)
     args = parser.parse_args(argv)
     try:
+        plans = parse_plans(args.plans)
         cfg = config_from_args(args)
         names = args.calibrate.split(",") if args.calibrate else DEFAULT_CALIBRATION.get(cfg.sharding.hardware, ())
         if not names:
@@ -86,9 +207,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"make project: {exc}", file=sys.stderr)
         return 2
     out = args.out or ROOT / "reports" / f"projection-{cfg.run.preset}-{cfg.run.nodes}x{cfg.run.gpus_per_node}"
-    res = run_projection(cfg, calibration, out)
-    for line in render.findings(res["base"], res["every"]) + render.against_published(res["base"], res["every"]) + res["extra"]:
+    res = run_projection(cfg, calibration, out, plans=plans or default_plans(cfg.run.world_size),
+                         log=lambda line: print(line, flush=True))
+    base, every, projected = res["base"], res["every"], res["plans"]
+    for line in render.findings(base, every) + render.against_published(base, every) + res["extra"]:
         print(line)
+    for pp in projected:
+        print(render.plan_line(pp))
+    for pp in projected[1:]:
+        print(render.plan_mechanism(projected[0], pp, res["profile"]))
     print(f"report: {res['path']}")
     return 0
 
