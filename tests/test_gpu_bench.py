@@ -91,3 +91,31 @@ def test_the_gemm_probe_is_the_dense_steps_widest_gemm_at_its_precision():
     little = dense_gemm_probe(t.model, 48, "fp32")
     assert (little.k, little.n) == ((t.model.num_sparse + 1) * t.model.embedding_dim, t.model.top_mlp[0])
     assert measure_gemm_gflops(torch.device("cpu"), little, reps=2) > 0
+
+
+def test_the_projection_check_projects_each_run_from_the_defaults_at_two_batches(tmp_path):
+    """Wired on recorded CPU runs (tests/data/cpu-runs-2core): calibrated on small and tiny at one
+    rank, the runs named as a flag's and the tiny compare's are projected; each measured period is
+    the report's (an independent reader), and the summary gets one line of errors."""
+    import shutil
+    from pathlib import Path
+
+    from harness.report.api import iteration_summary, load_run
+    from harness.tools.gpu_bench import projection_targets, run_projection_check
+
+    shutil.copytree(Path("tests/data/cpu-runs-2core"), tmp_path, dirs_exist_ok=True)
+    outcome = Outcome(folder=str(tmp_path), plan={"small": "small"}, quarter_run="tiny-1",
+                      compares={"small defaults": {"runs": {"harness": ["small-1", "small-2"]}},
+                                "tiny": {"runs": {"harness": ["tiny-2"]}}},
+                      flags={"+threaded_input_dist": {"runs": ["small-4"]}})
+    assert projection_targets(outcome) == {"+threaded_input_dist": "small-4", "tiny": "tiny-2",
+                                           "defaults (another run)": "small-2"}
+    run_projection_check(outcome, Plan(device="cpu", gpus=1, small="small"))
+    assert not outcome.failures
+    assert set(outcome.projection) == {"+threaded_input_dist", "tiny", "defaults (another run)"}
+    for label, p in outcome.projection.items():
+        want = iteration_summary(load_run(tmp_path / p["run"]))["period_ms_mean"]
+        assert p["measured_ms"] == want and abs(p["error"]) < 0.5, (label, p)
+    found = Outcome(folder=str(tmp_path), plan={}, projection=outcome.projection)
+    row = [line for line in summary(found).splitlines() if line.startswith("projected/measured period")]
+    assert len(row) == 1 and "tiny " in row[0] and "calibrated on the defaults at two batch sizes" in row[0]

@@ -6,7 +6,10 @@ On whatever GPUs the host has (one rank a GPU, one node), in this order:
 3. each optimization flag alone against the defaults, runs interleaved (defaults, +flag, ... each
    round), the period ratio of each flag with a bootstrap 95% CI;
 4. one run of the defaults with a --profile window in its warm-up: host against device per stage;
-5. `compare` on `tiny` (the latency-bound regime: launch and input-distribution overheads).
+5. `compare` on `tiny` (the latency-bound regime: launch and input-distribution overheads);
+6. one run of the defaults at a quarter of the batch, then the projection check (issue 46): the
+   projection (harness/projection/) calibrated on the defaults at both batch sizes (the host time
+   a sample needs two), each other run's period projected against what it measured.
 Everything goes into one folder, runs/gpu-bench-<stamp>/ (run folders, compares/, reports/,
 battery.txt, gpu-bench.json, summary.md), and one summary table is printed last. Every figure is
 the period between iteration starts (what a user waits for), never the timed window alone.
@@ -72,6 +75,10 @@ class Outcome:
     seconds: dict[str, float] = field(default_factory=dict)
     profiled: str | None = None
     """The profiled run's host-against-device finding (harness/report/profile_trace.py)."""
+    quarter_run: str | None = None
+    """The defaults at a quarter of the batch (a calibration run of the projection check)."""
+    projection: dict[str, dict] = field(default_factory=dict)
+    """Run label -> its measured and projected period and the error (the projection check)."""
     archive: str | None = None
     """A .tar.gz of the folder, rewritten after every step (a device lease brings back few files)."""
 
@@ -194,6 +201,61 @@ def run_profiled(outcome: Outcome, plan: Plan) -> None:
     print(f"profiled: {outcome.profiled}", flush=True)
 
 
+def run_quarter(outcome: Outcome, plan: Plan) -> None:
+    """The defaults at a quarter of the batch: with the full batch's run, the projection's
+    calibration tells host time that grows with the batch from host time that does not."""
+    folder = Path(outcome.folder)
+    run_id = f"{folder.name}-quarter"
+    code, _ = _cli(["bench", *plan.common(plan.small, max(1, plan.batch_per_gpu // 4)), "--run-id", run_id,
+                    "--runs-root", str(folder)])
+    if code != 0:
+        outcome.failures.append(f"quarter-batch run exited {code} ({folder / run_id})")
+        return
+    outcome.quarter_run = run_id
+
+
+def projection_targets(outcome: Outcome) -> dict[str, str]:
+    """label -> run id of the runs the projection check projects: each flag's first run alone, the
+    --opts all and tiny compares' first harness runs, and the second defaults run (the same config)."""
+    def harness_runs(step: str) -> list[str]:
+        return outcome.compares.get(step, {}).get("runs", {}).get("harness", [])
+
+    small = outcome.plan.get("small", "small")
+    out = {name: f["runs"][0] for name, f in outcome.flags.items() if f.get("runs")}
+    for step, label in ((f"{small} --opts all", "--opts all"), ("tiny", "tiny")):
+        if harness_runs(step):
+            out[label] = harness_runs(step)[0]
+    defaults = harness_runs(f"{small} defaults")
+    if len(defaults) > 1:
+        out["defaults (another run)"] = defaults[1]
+    return out
+
+
+def run_projection_check(outcome: Outcome, plan: Plan) -> None:
+    """Calibrated on the first defaults run and the quarter-batch run, each target's period
+    projected against its measured one (issue 46: within 25%)."""
+    from harness.projection.calibrate import calibrate, measured
+    from harness.projection.project import project
+
+    folder = Path(outcome.folder)
+    defaults = outcome.compares.get(f"{plan.small} defaults", {}).get("runs", {}).get("harness", [])
+    if not defaults or not outcome.quarter_run:
+        outcome.failures.append("projection check: needs the defaults compare and the quarter-batch run")
+        return
+    profile, cal, _ = calibrate([folder / defaults[0], folder / outcome.quarter_run])
+    if not profile.async_device and plan.gpus > 1:  # a CPU rehearsal: gloo as this host runs it
+        from harness.projection.hardware import set_gloo
+        from harness.projection.probe import gloo_collectives
+        set_gloo(profile, gloo_collectives(plan.gpus), plan.gpus)
+    for label, run_id in projection_targets(outcome).items():
+        m = measured(folder / run_id)
+        got = project(m.run.manifest.config, m.work, profile, cal).period_ms
+        want = m.period_s * 1e3
+        outcome.projection[label] = {"run": run_id, "measured_ms": want, "projected_ms": got, "error": got / want - 1}
+        print(f"  projection {label:26s} measured {want:8.3f} ms, projected {got:8.3f} ms ({got / want - 1:+.0%})",
+              flush=True)
+
+
 def _inactive(run_dir: Path, flag: str) -> str | None:
     """Why the flag did not take effect in that run (its manifest), or None."""
     flags = json.loads((run_dir / "manifest.json").read_text())["optimizations"]
@@ -220,6 +282,9 @@ def summary(outcome: Outcome) -> str:
                          f"{shares['between_iterations']:.1%}, input_dist exposed {shares['input_dist']:.1%}", ""))
     if outcome.profiled:
         rows.append(("host against device", outcome.profiled, ""))
+    if outcome.projection:
+        errs = ", ".join(f"{k} {v['error']:+.0%}" for k, v in outcome.projection.items())
+        rows.append(("projected/measured period", errs, "calibrated on the defaults at two batch sizes"))
     rows += [("FAILED", f, "") for f in outcome.failures]
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"{a:{width}s}  {b}" + (f"  ({c})" if c else "") for a, b, c in rows)
@@ -282,6 +347,8 @@ def run(plan: Plan, runs_root: Path, *, archive: Path | None = None) -> int:
         ("each flag alone", lambda: run_flags(outcome, plan)),
         ("profiled run", lambda: run_profiled(outcome, plan)),
         ("tiny (latency-bound)", lambda: run_compare(outcome, plan, "tiny", "tiny", None, [])),
+        ("quarter-batch run", lambda: run_quarter(outcome, plan)),
+        ("projection check", lambda: run_projection_check(outcome, plan)),
     ]
     print(f"gpu-bench: {plan.gpus} {plan.device} rank(s), {len(steps)} steps -> {folder}", flush=True)
     start = time.monotonic()
