@@ -175,8 +175,8 @@ def host_fixed(runs: list[Measured], p: Profile) -> Calibration:
     used = [first] + ([second] if second else [])
     names = " and ".join(m.name for m in used)
     b = [m.work.local_batch for m in used]
-    cal.between_s, cal.between_per_sample_s = _split(first.between_s, b[0], second and second.between_s,
-                                                     second and b[1])
+    t2, b2 = (second.between_s, b[1]) if second else (None, None)
+    cal.between_s, cal.between_per_sample_s = _split(first.between_s, b[0], t2, b2)
     cal.sources["between_s"] = f"calibrated: {names} between_iterations mean"
     resid = [{s: 0.0 for s in STAGES} for _ in used]
     for _ in range(FIXED_PASSES):
@@ -186,8 +186,8 @@ def host_fixed(runs: list[Measured], p: Profile) -> Calibration:
             for s in STAGES:
                 resid[i][s] = max(0.0, resid[i][s] + (m.stage_s[s] - got[s] / 1e3) / turns)
         for s in STAGES:
-            cal.host_fixed_s[s], cal.host_per_sample_s[s] = _split(
-                resid[0][s], b[0], resid[1][s] if second else None, b[1] if second else None)
+            t2 = resid[1][s] if second else None
+            cal.host_fixed_s[s], cal.host_per_sample_s[s] = _split(resid[0][s], b[0], t2, b2)
     for s in STAGES:
         cal.sources[f"host_fixed_{s}"] = f"calibrated: {names} {s} (host time beyond its launches)"
     return cal
