@@ -128,7 +128,7 @@ def test_exchange_mb_is_the_busiest_rank_a_level():
     ids[0, 1, 1], ids[0, 0, 0], ids[1, 0, 0], ids[1, 1, 1] = 3e6, 1e6, 5e6, 2e6
     work = Work(world_size=2, ranks_per_node=1, local_batch=1, dense_flops=0.0, dense_bytes=0.0, update_bytes=0.0,
                 params=0, lookup_fwd=np.zeros(2), lookup_bwd=np.zeros(2), exchange={"ids": ids}, groups=("pooled",),
-                group_exchange={"pooled": {"ids": ids}}, spans_nodes=True)
+                group_exchange={"pooled": {"ids": ids}}, kinds=("table_wise",), spans_nodes=True)
     assert render.exchange_mb(work) == {("ids", "intra"): pytest.approx(3.0), ("ids", "inter"): pytest.approx(5.0)}
 
 
@@ -151,7 +151,8 @@ def _plan(name: str, forward_s: float, lookup_bytes: float, emb_fwd_kernels: int
                 params=0, lookup_fwd=np.array([0.0, lookup_bytes / 3]),
                 lookup_bwd=np.array([0.0, 2 * lookup_bytes / 3]),
                 exchange={"forward": np.zeros((2, 2, 2))}, groups=("pooled",),
-                group_exchange={"pooled": {"forward": np.zeros((2, 2, 2))}}, spans_nodes=False)
+                group_exchange={"pooled": {"forward": np.zeros((2, 2, 2))}}, kinds=("table_wise",),
+                spans_nodes=False)
     return render.PlanProjection(name, (), work, p, p)
 
 

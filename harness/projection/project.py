@@ -31,8 +31,8 @@ from harness.projection.hardware import Profile, dense_precision, peak_flops, ra
 from harness.projection.kernels import StageKernels, stage_kernels
 from harness.projection.timeline import Collective, Host, Launch, Result, Sync, simulate
 from harness.projection.work import Work
+from harness.run.optimizations import resolve
 
-CUDA_ONLY = ("cuda_graphs", "pinned_d2h", "avoid_record_streams")
 FORWARD_SHARE = 1 / 3
 """The dense step's forward: a third of its FLOPs (the backward computes two gradients a GEMM)."""
 
@@ -57,11 +57,16 @@ class Calibration:
         return max(0.0, self.between_s + self.between_per_sample_s * batch)
 
 
-def effective_flags(cfg, profile: Profile) -> dict[str, bool]:
-    flags = {f: bool(getattr(cfg.optimizations, f)) for f in OPTIMIZATION_FLAGS}
-    if not profile.async_device:
-        flags.update({f: False for f in CUDA_ONLY})
-    return flags
+def resolved_flags(cfg, profile: Profile, work: Work):
+    """The flags that take effect on this device, plan and world size, and why the others do not:
+    the harness's own decision (harness/run/optimizations.resolve), so a flag a run would record as
+    inactive is credited nothing."""
+    return resolve(cfg.optimizations, cuda=profile.async_device, plan_kinds=work.kinds, precision=cfg.precision,
+                   world_size=work.world_size, local_ranks=work.ranks_per_node)
+
+
+def effective_flags(cfg, profile: Profile, work: Work) -> dict[str, bool]:
+    return dict(resolved_flags(cfg, profile, work).effective)
 
 
 def dense_roof_s(work: Work, profile: Profile, precision: str) -> float:
@@ -112,17 +117,21 @@ def _exchange_parts(work: Work, profile: Profile, name: str) -> tuple[np.ndarray
         kind, count = collectives(group, name)
         if count == 0:
             continue
-        if profile.async_device:
-            lat = profile.value("inter_node_latency_us" if work.spans_nodes else "intra_node_latency_us") * 1e-6
-            intra = profile.value("intra_node_gbps") * 1e9
-        else:
-            lat, intra = profile.value(f"{kind}_latency_us") * 1e-6, profile.value(f"{kind}_gbps") * 1e9
-            if work.spans_nodes:
-                lat = max(lat, profile.value("inter_node_latency_us") * 1e-6)
-        if name != "splits":
-            moving = moving + work.exchange_seconds(name, intra, inter_bw, group=group)
-        latency = latency + count * lat
+        key = "intra_node_gbps" if profile.async_device else f"{kind}_gbps"
+        moving = moving + work.exchange_seconds(name, profile.value(key) * 1e9, inter_bw, group=group)
+        latency = latency + count * _latency(work, profile, kind)
     return moving, latency
+
+
+def _latency(work: Work, profile: Profile, kind: str) -> float:
+    """One collective's latency: the spec link's on a GPU (NCCL); on a CPU the gloo probe's of its
+    kind, at least the spec inter-node figure across nodes. One rank: local copies, none."""
+    if work.world_size == 1:
+        return 0.0
+    if profile.async_device:
+        return profile.value("inter_node_latency_us" if work.spans_nodes else "intra_node_latency_us") * 1e-6
+    lat = profile.value(f"{kind}_latency_us") * 1e-6
+    return max(lat, profile.value("inter_node_latency_us") * 1e-6) if work.spans_nodes else lat
 
 
 def _exchange(work: Work, profile: Profile, name: str) -> np.ndarray:
@@ -133,21 +142,22 @@ def _allreduce_parts(work: Work, profile: Profile, buckets: int) -> tuple[float,
     """(moving, latency) of the dense gradients' all-reduce: NCCL's ring bytes on each level
     (Work.allreduce_bytes) on a GPU; on a CPU the gloo probe's all-reduce of the gradients; a
     latency a bucket."""
+    lat = max(buckets, 1) * _latency(work, profile, "all_reduce")
     if profile.async_device:
         intra, inter = work.allreduce_bytes()
-        lat = profile.value("inter_node_latency_us" if work.spans_nodes else "intra_node_latency_us") * 1e-6
-        return (intra / (profile.value("intra_node_gbps") * 1e9) + inter / (profile.value("inter_node_gbps") * 1e9),
-                max(buckets, 1) * lat)
-    return (4.0 * work.params / (profile.value("all_reduce_gbps") * 1e9),
-            max(buckets, 1) * profile.value("all_reduce_latency_us") * 1e-6)
+        return intra / (profile.value("intra_node_gbps") * 1e9) + inter / (profile.value("inter_node_gbps") * 1e9), lat
+    return 4.0 * work.params / (profile.value("all_reduce_gbps") * 1e9), lat
 
 
 def _input_dist_ops(work: Work, profile: Profile, k: StageKernels, flags: dict, cal: Calibration, turns: float,
                     pipelined: bool) -> list:
     launch = profile.value("launch_us") * 1e-6
     ops = [Launch("input_dist", turns * (cal.host("input_dist", work.local_batch) + k.input_dist * launch), 0.0)]
-    if not flags["skip_splits_a2a"]:
-        ops.append(Collective("splits", "input_dist", _exchange(work, profile, "splits")))
+    # Table/column-wise splits are known with skip_splits_a2a; the other shardings' depend on the
+    # ids; data-parallel tables exchange none (run/optimizations.resolve says the same).
+    exchanging = [g for g in work.groups if g != "data_parallel" and not (g == "pooled" and flags["skip_splits_a2a"])]
+    if exchanging:
+        ops.append(Collective("splits", "input_dist", len(exchanging) * _latency(work, profile, "all_to_all")))
         if flags["threaded_input_dist"]:
             ops.append(Host("input_dist", profile.value("thread_handoff_us") * 1e-6))
         elif flags["pinned_d2h"]:
@@ -206,6 +216,8 @@ class Projection:
     result: Result
     kernels: StageKernels
     world_size: int
+    inactive: dict[str, str] = field(default_factory=dict)
+    """Flag -> why it cannot take effect in this configuration (resolved_flags)."""
 
     def stage_ms(self, how: str = "max") -> dict[str, float]:
         f = np.max if how == "max" else np.mean
@@ -221,7 +233,9 @@ class Projection:
 
 
 def project(cfg, work: Work, profile: Profile, cal: Calibration, *, label: str = "") -> Projection:
-    flags = effective_flags(cfg, profile)
+    res = resolved_flags(cfg, profile, work)
+    flags = dict(res.effective)
     ops, k = iteration_ops(cfg, work, profile, cal, flags)
     result = simulate(ops, ranks=work.world_size, async_device=profile.async_device)
-    return Projection(label=label, flags=flags, result=result, kernels=k, world_size=work.world_size)
+    return Projection(label=label, flags=flags, result=result, kernels=k, world_size=work.world_size,
+                      inactive=dict(res.inactive_reasons))

@@ -40,6 +40,8 @@ class Work:
     """exchange -> (levels, 2 directions out/in, ranks) bytes."""
     groups: tuple[str, ...]
     """Sharding groups in use (each runs its own exchanges)."""
+    kinds: tuple[str, ...]
+    """The plan's sharding kinds (what decides which flags can take effect: run/optimizations.resolve)."""
     group_exchange: dict[str, dict[str, np.ndarray]]
     """group -> exchange -> (levels, 2, ranks) bytes: `exchange` split by the sharding that moves them."""
     spans_nodes: bool
@@ -87,5 +89,6 @@ def work_of(cfg, plan, *, world_size: int, ranks_per_node: int) -> Work:
         update_bytes=4.0 * 6 * P, params=int(P),
         lookup_fwd=fp[LOOKUP] / 3.0, lookup_bwd=fp[LOOKUP] * 2.0 / 3.0,
         exchange=exchange, groups=tuple(by_group), group_exchange=by_group,
+        kinds=tuple(sorted({str(tp.kind) for tp in plan})),
         spans_nodes=world_size > ranks_per_node,
     )
