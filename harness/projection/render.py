@@ -20,8 +20,6 @@ from harness.projection.work import Work
 from harness.report.plots import plot_lanes, plot_waterfall
 from model.plan_traffic import LEVELS
 
-PUBLISHED = (("TorchRec published baseline step, 16 DGX H100", 7.6), ("TorchRec published optimized step", 3.4),
-             ("MLPerf record step, 16 DGX H100", 2.3))
 MISS = 0.30
 SHOWN_RANKS = 8
 """The Gantt PNG draws at most this many ranks (rank 0, the slowest, and others evenly spaced)."""
