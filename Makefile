@@ -238,7 +238,8 @@ gpu-bench: $(DEPS) $(EXT)
 	$(PY) -m harness.tools.gpu_bench $(OPTS)
 
 # A projection (harness/projection/, docs/projection.md): the config on hardware it has not run on,
-# calibrated on run folders (CALIBRATE=run,...; h100 default: tests/data/h100-runs-2/), marked projected.
+# calibrated on run folders (CALIBRATE=run,...; by default the recorded ones of tests/data/), marked
+# projected.
 project: check-bench-knobs $(DEPS)
 	@case "$(or $(HARDWARE),h100)" in cpu|h100) ;; \
 	  *) echo "make: HARDWARE=$(HARDWARE) is not valid; valid values: cpu h100" >&2; exit 2;; esac
