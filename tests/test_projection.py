@@ -52,11 +52,37 @@ def test_h100_other_flag_sets_within_25_percent(h100_cal, run):
 
 def test_h100_tiny_dense_step_within_25_percent_period_a_known_miss(h100_cal):
     """tiny (fp32, 96 samples) from small bf16's calibration: its dense step (launch-bound, 96
-    kernels at the calibrated launch cost) lands within 25%; its period does not (about +31%):
-    input_dist and emb_fwd carry small's host time, which tiny does not pay."""
+    kernels at the calibrated launch cost) lands within 25%; its period does not (about +26%):
+    input_dist and emb_fwd carry small's host time, which tiny does not pay (a second run of small
+    at another batch would split it, as make gpu-bench's projection check does)."""
     err, got, meas = _err("t-r0", *h100_cal)
     assert abs(got["dense_fwd_bwd"] / meas["dense_fwd_bwd"] - 1) < 0.25
-    assert 0.25 < err < 0.40, f"tiny's period off by {err:+.0%}: update docs/projection.md if it moved"
+    assert 0.2 < err < 0.35, f"tiny's period off by {err:+.0%}: update docs/projection.md if it moved"
+
+
+FIRST = Path(__file__).parent / "data" / "h100-runs"
+"""The first H100 run (fp32, small at 8192; its code drew each batch on the host between iterations)."""
+
+
+def test_first_h100_run_calibrated_on_one_run_projects_the_others():
+    """Calibrated on one run of the first H100 session (the defaults, r0 of a compare): its host
+    waited for the device before drawing the next batch (the timeline reproduces its period with
+    that wait, 38% off without), and the gap was the batch drawn (a part a sample). Projected within
+    25%: the same config's other run, --pinned-d2h, --skip-splits-a2a, --cuda-graphs and tiny
+    (measured -2%, -6%, -2%, +19%, -20%). --threaded-input-dist drew the batch on its thread in that
+    code; it is inactive on one GPU now (batches are drawn ahead), so the projection, which models
+    today's code path, credits it nothing: +48% off, a known miss."""
+    profile, cal, _ = calibrate([FIRST / "20261126-102122-compare-small-1x1-415d-r0-harness"])
+    assert cal.between_drains and cal.between_s == 0.0 and cal.between_per_sample_s > 0
+    errs = {}
+    for run in ("20261126-102122-compare-small-1x1-415d-r1-harness", "g-pinned-d2h", "g-skip-splits-a2a",
+                "g-cuda-graphs", "g-tiny", "g-threaded-input-dist"):
+        m = measured(FIRST / run)
+        errs[run] = project(m.run.manifest.config, m.work, profile, cal).period_ms / (m.period_s * 1e3) - 1
+    threaded = errs.pop("g-threaded-input-dist")
+    assert all(abs(e) < 0.25 for e in errs.values()), errs
+    assert threaded > 0.3
+    assert not calibrate([CALIBRATION])[1].between_drains  # launch-bound: nothing tells the wait; none
 
 
 def test_h100_cuda_graphs_needs_a_graphed_calibration_run():
@@ -164,8 +190,8 @@ def test_cpu_calibration_on_one_rank_projects_two_and_four_recorded():
     """The recorded runs (record_cpu_runs on this 2-core VM): calibrated on tiny and small at one
     rank (two batch sizes: the host time a sample), with the gloo probe for the exchanges and the
     cores each rank gets (4 ranks on 2 cores take turns), each layout's period is projected within
-    CPU_BOUND. Issue 46 asks CPU_TARGET: this set meets it (tiny -14% and -16% on 2 and 4 ranks,
-    small +14% and +20%); three other sets each missed it for tiny on 2 or 4 ranks (down to -27%):
+    CPU_BOUND. Issue 46 asks CPU_TARGET: this set meets it (tiny -16% and -20% on 2 and 4 ranks,
+    small +15% and +20%); three other sets each missed it for tiny on 2 or 4 ranks (down to -29%):
     its gloo exchanges cost about twice what the idle probe measures (docs/projection.md)."""
     _check_cpu(_cpu_errors(CPU_RECORDED, _recorded_gloo()))
 

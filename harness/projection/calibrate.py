@@ -45,6 +45,7 @@ from harness.projection.work import Work, work_of
 ROOF_SHARE = 0.5
 LAUNCH_SHARE = 0.8
 FIXED_PASSES = 6
+DRAIN_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,9 @@ class Measured:
     period_s: float
     work: Work
     name: str
+    drawn_s: float | None
+    """Of between_s, the mean time an iteration waited for its next batch (the records' next_batch
+    sub-spans); None for records older than those sub-spans."""
 
 
 def measured(path: Path | str) -> Measured:
@@ -65,7 +69,19 @@ def measured(path: Path | str) -> Measured:
     stage_s = {s: float(means.get(s, 0.0)) / 1e3 for s in STAGES}
     work = work_of(m.config, m.plan, world_size=m.world_size, ranks_per_node=m.config.run.gpus_per_node)
     return Measured(run=run, stage_s=stage_s, between_s=float(summ["between_ms_mean"]) / 1e3,
-                    period_s=float(summ["period_ms_mean"]) / 1e3, work=work, name=Path(path).name)
+                    period_s=float(summ["period_ms_mean"]) / 1e3, work=work, name=Path(path).name,
+                    drawn_s=_drawn_s(run))
+
+
+def _drawn_s(run: Run) -> float | None:
+    """The mean wait for the next batch an iteration (rank 0's next_batch sub-spans over its timed
+    iterations), None where the records have no sub-spans."""
+    sub = run.subspans
+    if sub is None or len(sub) == 0:
+        return None
+    its = run.iterations[(~run.iterations["warmup"]) & (run.iterations["rank"] == 0)]
+    waits = sub[(~sub["warmup"]) & (sub["rank"] == 0) & (sub["name"] == "next_batch")]["duration_ms"]
+    return float(waits.sum()) / max(1, len(its)) / 1e3
 
 
 def base_profile(runs: list[Measured]) -> Profile:
@@ -176,8 +192,16 @@ def host_fixed(runs: list[Measured], p: Profile) -> Calibration:
     names = " and ".join(m.name for m in used)
     b = [m.work.local_batch for m in used]
     t2, b2 = (second.between_s, b[1]) if second else (None, None)
-    cal.between_s, cal.between_per_sample_s = _split(first.between_s, b[0], t2, b2)
-    cal.sources["between_s"] = f"calibrated: {names} between_iterations mean"
+    if first.drawn_s is not None:  # the batch wait grows with the batch, the rest (flushes) does not
+        cal.between_s = max(0.0, first.between_s - first.drawn_s)
+        cal.between_per_sample_s = first.drawn_s / b[0]
+        cal.sources["between_s"] = f"calibrated: {first.name} between_iterations mean, its next_batch part a sample"
+    elif second is None:  # records before the sub-spans: the gap was the next batch drawn on the host
+        cal.between_per_sample_s = first.between_s / b[0]
+        cal.sources["between_s"] = f"calibrated: {first.name} between_iterations mean (older records: the batch drawn)"
+    else:
+        cal.between_s, cal.between_per_sample_s = _split(first.between_s, b[0], t2, b2)
+        cal.sources["between_s"] = f"calibrated: {names} between_iterations mean"
     resid = [{s: 0.0 for s in STAGES} for _ in used]
     for _ in range(FIXED_PASSES):
         for i, m in enumerate(used):
@@ -190,7 +214,23 @@ def host_fixed(runs: list[Measured], p: Profile) -> Calibration:
             cal.host_fixed_s[s], cal.host_per_sample_s[s] = _split(resid[0][s], b[0], t2, b2)
     for s in STAGES:
         cal.sources[f"host_fixed_{s}"] = f"calibrated: {names} {s} (host time beyond its launches)"
+    _set_drains(first, p, cal)
     return cal
+
+
+def _set_drains(first: Measured, p: Profile, cal: Calibration) -> None:
+    """Whether the host waited for the device before its between-iterations work: the timeline run
+    both ways on the first run's own configuration, the one that reproduces its period clearly
+    better (by DRAIN_MARGIN) taken; a launch-bound run cannot tell them apart: no wait."""
+    if not p.async_device:
+        return
+    err = {}
+    for drains in (False, True):
+        cal.between_drains = drains
+        err[drains] = abs(project(first.run.manifest.config, first.work, p, cal).period_ms / (first.period_s * 1e3) - 1)
+    cal.between_drains = err[True] + DRAIN_MARGIN < err[False]
+    cal.sources["between_drains"] = (f"calibrated: {first.name} period reproduced within {err[True]:.0%} with the "
+                                     f"wait, {err[False]:.0%} without")
 
 
 def calibrate(paths: list[Path | str]) -> tuple[Profile, Calibration, list[Measured]]:

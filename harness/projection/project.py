@@ -48,6 +48,9 @@ class Calibration:
     host_per_sample_s: dict[str, float] = field(default_factory=dict)
     between_s: float = 0.0
     between_per_sample_s: float = 0.0
+    between_drains: bool = False
+    """The host waited for the device to drain before its between-iterations work (a sync at the
+    iteration's end: the first H100 run's code), identified from the calibration run (calibrate.py)."""
     sources: dict[str, str] = field(default_factory=dict)
 
     def host(self, stage: str, batch: int) -> float:
@@ -205,6 +208,8 @@ def iteration_ops(cfg, work: Work, profile: Profile, cal: Calibration, flags: di
     ops.append(Launch("dense_update", turns * (cal.host("dense_update", B) + k.dense_update * launch),
                       work.update_bytes / (hbm * profile.value("update_eff") * speed),
                       waits=("allreduce",) if work.world_size > 1 else ()))
+    if cal.between_drains and profile.async_device:
+        ops.append(Sync("between_iterations", 0.0, drain=True))
     ops.append(Host("between_iterations", turns * cal.between(B)))
     return ops, k
 

@@ -169,6 +169,9 @@ def assumptions_table(profile: Profile, cal: Calibration) -> pd.DataFrame:
                      f"{cal.between_per_sample_s * 1e6:.3f} us a sample",
                      source=cal.sources.get("between_s", ""),
                      note="host-side batch and records; the same on every configuration"))
+    if "between_drains" in cal.sources:
+        rows.append(dict(figure="between_drains", value=str(cal.between_drains), source=cal.sources["between_drains"],
+                         note="the host waits for the device before its between-iterations work"))
     return pd.DataFrame(rows)
 
 
