@@ -214,18 +214,20 @@ def run_quarter(outcome: Outcome, plan: Plan) -> None:
     outcome.quarter_run = run_id
 
 
+def _harness_runs(outcome: Outcome, step: str) -> list[str]:
+    """The harness side's run ids of a compare step (none if it did not run)."""
+    return outcome.compares.get(step, {}).get("runs", {}).get("harness", [])
+
+
 def projection_targets(outcome: Outcome) -> dict[str, str]:
     """label -> run id of the runs the projection check projects: each flag's first run alone, the
     --opts all and tiny compares' first harness runs, and the second defaults run (the same config)."""
-    def harness_runs(step: str) -> list[str]:
-        return outcome.compares.get(step, {}).get("runs", {}).get("harness", [])
-
     small = outcome.plan.get("small", "small")
     out = {name: f["runs"][0] for name, f in outcome.flags.items() if f.get("runs")}
     for step, label in ((f"{small} --opts all", "--opts all"), ("tiny", "tiny")):
-        if harness_runs(step):
-            out[label] = harness_runs(step)[0]
-    defaults = harness_runs(f"{small} defaults")
+        if _harness_runs(outcome, step):
+            out[label] = _harness_runs(outcome, step)[0]
+    defaults = _harness_runs(outcome, f"{small} defaults")
     if len(defaults) > 1:
         out["defaults (another run)"] = defaults[1]
     return out
@@ -238,7 +240,7 @@ def run_projection_check(outcome: Outcome, plan: Plan) -> None:
     from harness.projection.project import project
 
     folder = Path(outcome.folder)
-    defaults = outcome.compares.get(f"{plan.small} defaults", {}).get("runs", {}).get("harness", [])
+    defaults = _harness_runs(outcome, f"{plan.small} defaults")
     if not defaults or not outcome.quarter_run:
         outcome.failures.append("projection check: needs the defaults compare and the quarter-batch run")
         return
