@@ -181,6 +181,11 @@ class OptimizationsConfig:
     skip_splits_a2a: bool = False
     """Fixed batch and hotness: splits computed locally, the splits all-to-all and its host sync
     skipped (table/column-wise tables; row-wise splits depend on the ids and are still exchanged)."""
+    fused_cross: bool = True
+    """Run each DCNv2 cross layer as one autograd function (model/cross_layer.py): the same math as
+    the formula autograd would differentiate, in fewer passes over the (batch, width) activations.
+    Not one of the five flags: the harness engine's own dense kernels (stock TorchRec's are the
+    formula's; the torchrec engine records it as taking no effect). --no-fused-cross measures it."""
     collective_wait: str = option("poll", choices=COLLECTIVE_WAITS)
     """How the host waits for its collectives: poll (ask is_completed() in a loop, yielding the core:
     the core never idles, so no wake-up latency; what MPI libraries do) or block (torch's wait(),

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from model.cross_layer import CrossLayer
+
 
 def mlp(in_features: int, widths: Sequence[int], *, last_relu: bool) -> nn.Sequential:
     """Linear layers of the given widths with ReLU between them (and after the last if asked)."""
@@ -19,11 +21,22 @@ def mlp(in_features: int, widths: Sequence[int], *, last_relu: bool) -> nn.Seque
     return nn.Sequential(*layers)
 
 
-class LowRankCrossNet(nn.Module):
-    """DCNv2 cross layers: x_{l+1} = x0 * (W_l (V_l x_l) + b_l) + x_l, V_l without bias."""
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast runs matmuls in here, None when autocast is off."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
-    def __init__(self, width: int, num_layers: int, rank: int) -> None:
+
+class LowRankCrossNet(nn.Module):
+    """DCNv2 cross layers: x_{l+1} = x0 * (W_l (V_l x_l) + b_l) + x_l, V_l without bias.
+
+    fused: each layer is one autograd function (model/cross_layer.py), the same math in fewer
+    passes over the activations; False: the formula as written, autograd's graph of it (what
+    stock TorchRec runs).
+    """
+
+    def __init__(self, width: int, num_layers: int, rank: int, *, fused: bool = True) -> None:
         super().__init__()
+        self.fused = fused
         self.V = nn.ModuleList(nn.Linear(width, rank, bias=False) for _ in range(num_layers))
         self.W = nn.ModuleList(nn.Linear(rank, width, bias=True) for _ in range(num_layers))
         # As TorchRec's LowRankCrossNet (the MLPerf reference's DLRM_DCN): xavier-normal kernels,
@@ -35,6 +48,11 @@ class LowRankCrossNet(nn.Module):
 
     def forward(self, x0: torch.Tensor) -> torch.Tensor:
         x = x0
+        if self.fused:
+            dtype = autocast_dtype(x0.device.type)
+            for V, W in zip(self.V, self.W):
+                x = CrossLayer.apply(x, x0, V.weight, W.weight, W.bias, dtype)
+            return x
         for V, W in zip(self.V, self.W):
             x = x0 * W(V(x)) + x
         return x
@@ -53,11 +71,13 @@ class DenseArch(nn.Module):
         cross_layers: int,
         cross_rank: int,
         top_mlp: Sequence[int],
+        fused_cross: bool = True,
     ) -> None:
+        """fused_cross: LowRankCrossNet's `fused` (config optimizations.fused_cross)."""
         super().__init__()
         self.bottom = mlp(num_dense, bottom_mlp, last_relu=True)
         width = (num_sparse + 1) * embedding_dim
-        self.cross = LowRankCrossNet(width, cross_layers, cross_rank)
+        self.cross = LowRankCrossNet(width, cross_layers, cross_rank, fused=fused_cross)
         self.top = mlp(width, top_mlp, last_relu=False)
 
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:

@@ -58,3 +58,75 @@ def test_cross_layers_start_as_torchrecs_xavier_normal_with_zero_bias():
             assert abs(kernel.std().item() / xavier - 1) < 0.1
             assert abs(kernel.mean().item()) < 0.01 * xavier * 10
         assert torch.count_nonzero(w.bias) == 0
+
+
+def _cross_step(net, x0: torch.Tensor, bf16: bool):
+    """The cross net's output, and the gradients of a weighted sum of it: x0's and each parameter's."""
+    x = x0.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
+        y = net(x)
+    (y.double() * torch.linspace(-1, 1, y.shape[1], dtype=torch.float64)).sum().backward()
+    return [y.detach(), x.grad, *(p.grad for p in net.parameters())]
+
+
+def _hand_cross(net, x0: torch.Tensor) -> list[torch.Tensor]:
+    """The same in float64, from the written formula x_{l+1} = x0 * (W (V x) + b) + x, through autograd."""
+    p = [q.detach().double().requires_grad_(True) for q in net.parameters()]
+    V, W, b = p[: len(net.V)], p[len(net.V) :: 2], p[len(net.V) + 1 :: 2]
+    x0 = x0.double().requires_grad_(True)
+    x = x0
+    for v, w, bias in zip(V, W, b):
+        x = x0 * ((x @ v.T) @ w.T + bias) + x
+    (x * torch.linspace(-1, 1, x.shape[1], dtype=torch.float64)).sum().backward()
+    grads = {id(q): q.grad for q in p}
+    order = [*V, *(t for pair in zip(W, b) for t in pair)]  # nn.Module's order: V.0.., then W.0 weight, bias, ...
+    assert [tuple(q.shape) for q in order] == [tuple(q.shape) for q in net.parameters()]
+    return [x.detach(), x0.grad, *(grads[id(q)] for q in order)]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+
+def test_fused_cross_layers_match_the_formula_in_float64():
+    """The fused layers (model/cross_layer.py): output and every gradient against the formula
+    differentiated by autograd in float64, to float64's and to float32's rounding."""
+    from model.dense import LowRankCrossNet
+
+    torch.manual_seed(0)
+    net = LowRankCrossNet(width=48, num_layers=3, rank=6)
+    for w in net.W:  # a non-zero bias, so that its gradient and its place in the product are checked
+        torch.nn.init.normal_(w.bias)
+    x0 = torch.randn(20, 48)
+    want = _hand_cross(net, x0)
+    got32 = _cross_step(net, x0, bf16=False)
+    assert all(_rel(g, w) < 1e-5 for g, w in zip(got32, want)), [_rel(g, w) for g, w in zip(got32, want)]
+    net64 = net.double()
+    for q in net64.parameters():
+        q.grad = None
+    got64 = _cross_step(net64, x0.double(), bf16=False)
+    assert all(_rel(g, w) < 1e-13 for g, w in zip(got64, want)), [_rel(g, w) for g, w in zip(got64, want)]
+
+
+def test_fused_cross_layers_round_as_autocast_does_in_bf16():
+    """Under bf16 autocast the fused layers round where torch's autocast + autograd round the
+    formula (GEMMs in bf16, elementwise in fp32): within a bf16 unit of them (GEMM layouts may
+    round one element differently), while both are far further from fp32."""
+    import copy
+
+    from model.dense import LowRankCrossNet
+
+    torch.manual_seed(1)
+    fused = LowRankCrossNet(width=64, num_layers=3, rank=8)
+    for w in fused.W:
+        torch.nn.init.normal_(w.bias)
+    formula = copy.deepcopy(fused)
+    formula.fused = False
+    fp32 = copy.deepcopy(formula)
+    x0 = torch.randn(32, 64)
+    got, auto, exact = _cross_step(fused, x0, True), _cross_step(formula, x0, True), _cross_step(fp32, x0, False)
+    bf16_unit = 2.0**-8
+    for g, a, e in zip(got, auto, exact):
+        assert g.dtype == a.dtype == torch.float32
+        assert _rel(g, a) <= bf16_unit, _rel(g, a)
+        assert _rel(a, e) > 4 * _rel(g, a)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -195,3 +196,21 @@ def test_ablation_runs_each_config_and_repeats_only_active_ones(tmp_path, capsys
         assert not by_name[name]["all_inactive"] and len(by_name[name]["runs"]) == 3
     assert len(calls) == sum(len(c["runs"]) for c in manifest["configs"])
     assert calls[0][1] == {f: False for f in OPTIMIZATION_FLAGS}
+
+
+def test_cross_layers_are_recorded_fused_or_as_written():
+    """Not a flag: the harness engine runs fused cross layers unless told --no-fused-cross; the
+    torchrec engine runs its own and says so; manifests written before the choice read as written."""
+    from harness.records.manifest import RunManifest
+    from harness.run.optimizations import describe, resolve
+
+    on = resolve(OptimizationsConfig(), cuda=False, plan_kinds=["table_wise"])
+    off = resolve(OptimizationsConfig(fused_cross=False), cuda=False, plan_kinds=["table_wise"])
+    stock = resolve(OptimizationsConfig(), cuda=True, plan_kinds=["table_wise"], engine="torchrec")
+    assert (on.cross_net.impl, off.cross_net.impl, stock.cross_net.impl) == ("fused", "autograd", "autograd")
+    assert "torchrec engine" in stock.cross_net.reason and not off.cross_net.reason
+    assert "cross layers: fused" in describe(on) and "cross layers: autograd" in describe(off)
+    old = Path(__file__).parent / "data" / "h100-runs" / "g-tiny" / "manifest.json"
+    assert '"fused_cross"' not in old.read_text()
+    m = RunManifest.from_json(old.read_text())
+    assert m.config.optimizations.fused_cross is False and m.optimizations.cross_net.impl == "autograd"

@@ -193,6 +193,13 @@ def test_mixed_plan_matches_unsharded_reference(world, tmp_path):
     check_against_reference(world, ShardingConfig(kind="auto", per_table=MIXED), tmp_path)
 
 
+def test_cross_layers_as_written_match_unsharded_reference(tmp_path):
+    """--no-fused-cross: the cross layers as autograd's graph of the formula (every other test here
+    trains the fused ones, the default) against the same reference."""
+    check_against_reference(2, ShardingConfig(kind="auto", per_table=MIXED), tmp_path,
+                            optimizations=OptimizationsConfig(fused_cross=False))
+
+
 @pytest.mark.parametrize("kind", ["table_wise", "row_wise", "table_row_wise"])
 def test_one_rank_matches_unsharded_reference(kind, tmp_path):
     """One rank: every all-to-all is a local copy (model/collective_ops.py), and the math is the reference's."""

@@ -9,14 +9,19 @@ Counted per layer from what the dense step runs (model/dense.py, harness/run/den
   (weight and bias gradients cast back to fp32): 13 a Linear;
 - a DCNv2 cross layer is two Linears (V: 3456->512, W: 512->3456) plus x0 * (.) and + x_l forward
   (2) and their backward (4) and the residual's gradient add (1): 7 elementwise kernels;
+- fused cross layers (model/cross_layer.py, the harness's default): x0 * y + x in one addcmul
+  forward (1 fewer), and backward the residual's gradient added inside the GEMM in fp32 (1 fewer)
+  or, in bf16, d/dy rounded to bf16 in its multiply and the V GEMM's bf16 gradient added to the
+  fp32 one in one mixed-dtype add (2 fewer casts): 2 fewer kernels a layer in fp32, 3 in bf16;
 - the interaction's concat and its gradient's split, the BCE-with-logits loss forward (3) and
   backward (3), the backward's seed and the loss's copy: 10 a step;
 - world size > 1: each 4 MiB gradient bucket (harness/run/dense_gradients.py DEFAULT_BUCKET_MIB)
   one copy and one all-reduce.
 
-small in bf16: 14 Linears x 13 + 3 cross layers x 7 + 10 = 213 kernels in dense_fwd_bwd; the
-H100 trace (docs/gpu-session-2-notes.md, tests/data/h100-runs-2/trace-small-bf16.json.gz) counted
-217. The embedding stages are counted from the same trace (one sharding group, world size 1:
+small in bf16 with autograd's cross layers: 14 Linears x 13 + 3 cross layers x 7 + 10 = 213
+kernels in dense_fwd_bwd; the H100 trace (docs/gpu-session-2-notes.md,
+tests/data/h100-runs-2/trace-small-bf16.json.gz, made before the fused layers) counted 217; fused,
+204 (not yet traced on a GPU). The embedding stages are counted from the same trace (one sharding group, world size 1:
 emb_fwd 11, emb_bwd 25, dense_update 6) and split into a fixed part and a part a sharding group
 (each group runs its own lookup kernel, exchanges and permutes): an assumption, stated in the output.
 """
@@ -29,6 +34,8 @@ from dataclasses import dataclass
 KERNELS_FP32_LINEAR = 8
 KERNELS_BF16_LINEAR = 13
 KERNELS_CROSS_ELEMENTWISE = 7
+FUSED_CROSS_SAVES = {False: 2, True: 3}
+"""Kernels a fused cross layer launches fewer than autograd's, in fp32 (False) and bf16 (True)."""
 KERNELS_DENSE_FIXED = 10
 BUCKET_BYTES = 4 * 2**20
 KERNELS_A_BUCKET = 2
@@ -62,17 +69,21 @@ def linear_count(model) -> int:
     return len(model.bottom_mlp) + len(model.top_mlp) + 2 * model.cross_layers
 
 
-def dense_kernels(model, *, bf16: bool, params: int, world_size: int) -> tuple[int, int]:
+def dense_kernels(model, *, bf16: bool, params: int, world_size: int, fused_cross: bool = False) -> tuple[int, int]:
     """(kernels of dense_fwd_bwd, gradient buckets)."""
     per_linear = KERNELS_BF16_LINEAR if bf16 else KERNELS_FP32_LINEAR
     buckets = math.ceil(4 * params / BUCKET_BYTES) if world_size > 1 else 0
-    k = linear_count(model) * per_linear + model.cross_layers * KERNELS_CROSS_ELEMENTWISE + KERNELS_DENSE_FIXED
+    cross = KERNELS_CROSS_ELEMENTWISE - (FUSED_CROSS_SAVES[bf16] if fused_cross else 0)
+    k = linear_count(model) * per_linear + model.cross_layers * cross + KERNELS_DENSE_FIXED
     return k + KERNELS_A_BUCKET * buckets, buckets
 
 
-def stage_kernels(cfg, *, groups: int, params: int, world_size: int, flags: dict[str, bool]) -> StageKernels:
-    """Kernels a stage launches on one rank in one iteration (module docstring)."""
-    dense, buckets = dense_kernels(cfg.model, bf16=cfg.precision.dense == "bf16", params=params, world_size=world_size)
+def stage_kernels(cfg, *, groups: int, params: int, world_size: int, flags: dict[str, bool],
+                  fused_cross: bool = False) -> StageKernels:
+    """Kernels a stage launches on one rank in one iteration (module docstring). fused_cross: how
+    the cross layers run (ResolvedFlags.cross_net)."""
+    dense, buckets = dense_kernels(cfg.model, bf16=cfg.precision.dense == "bf16", params=params, world_size=world_size,
+                                   fused_cross=fused_cross)
     splits = 0 if flags.get("skip_splits_a2a") else INPUT_DIST_SPLITS
     return StageKernels(
         input_dist=INPUT_DIST_FIXED + groups * (INPUT_DIST_GROUP + splits),

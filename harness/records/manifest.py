@@ -8,6 +8,7 @@ Importing this module imports neither torch nor fbgemm, so reports run without t
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from harness.records import typed_json
@@ -64,6 +65,19 @@ class DenseOptimizerEntry:
 
 
 @dataclass(kw_only=True, frozen=True)
+class CrossNetEntry:
+    """How the dense arch's DCNv2 cross layers ran (config optimizations.fused_cross, resolved): not a
+    flag, the same math, but it moves the dense step's device time, so recorded."""
+
+    impl: str = "autograd"
+    """fused (one autograd function a layer, model/cross_layer.py) or autograd (the formula as
+    written, as stock TorchRec runs it); manifests written before it was recorded read autograd,
+    which is what those runs ran."""
+    reason: str = ""
+    """Why autograd where fused was asked, for reports."""
+
+
+@dataclass(kw_only=True, frozen=True)
 class AheadEntry:
     """How many batches a thread draws ahead of the loop on the run's device (config data.ahead,
     resolved): not a flag, it changes no number, but where the batch time goes."""
@@ -100,6 +114,8 @@ class ResolvedFlags:
     """The dense Adagrad's implementation on the run's device (not a flag)."""
     batches_ahead: AheadEntry = field(default_factory=AheadEntry)
     """Batches a thread draws ahead of the loop (not a flag)."""
+    cross_net: CrossNetEntry = field(default_factory=CrossNetEntry)
+    """How the cross layers ran (not a flag)."""
 
     def __post_init__(self) -> None:
         for name in ("requested", "effective"):
@@ -333,4 +349,10 @@ class RunManifest:
     @classmethod
     def from_json(cls, text: str) -> RunManifest:
         """Raises ValueError naming the field when the text is not a manifest of this version."""
-        return typed_json.loads(cls, text)
+        data = json.loads(text)
+        opts = data.get("config", {}).get("optimizations") if isinstance(data, dict) else None
+        if isinstance(opts, dict) and "fused_cross" not in opts:
+            # Written before the fused cross layers existed: those runs ran the formula (autograd),
+            # not what the field's default would now say.
+            opts["fused_cross"] = False
+        return typed_json.from_jsonable(cls, data)

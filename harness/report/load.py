@@ -31,7 +31,8 @@ EVAL_COLUMNS = ("run_id", "rank", "index", "after_iteration", "trained_samples",
                 "start_ns", "end_ns", "reached_target")
 SUBSPAN_COLUMNS = ("run_id", "rank", "node", "iteration", "stage", "name", "start_ns", "end_ns", "duration_ms", "warmup")
 # Columns of the flat frame besides the flags, in order.
-RUN_COLUMNS = ("run_id", "preset", "world_size", "nodes", "device", "status", "pipeline", "collective_wait")
+RUN_COLUMNS = ("run_id", "preset", "world_size", "nodes", "device", "status", "pipeline", "collective_wait",
+               "cross_net")
 RECORD_COLUMNS = ("rank", "node", "iteration", "warmup", "stage", "start_ns", "end_ns", "duration_ms",
                   "iter_start_ns", "iter_end_ns", "iter_ms", "period_ms", "between_ms", "samples", "loss")
 
@@ -255,6 +256,7 @@ def run_info(run: Run) -> dict[str, object]:
         "status": run.status,
         "pipeline": m.optimizations.pipeline if m else pd.NA,
         "collective_wait": m.optimizations.collective_wait.effective if m else None,
+        "cross_net": m.optimizations.cross_net.impl if m else None,
         **effective_flags(run),
     }
 
@@ -263,7 +265,7 @@ def records(run: Run) -> pd.DataFrame:
     """One run as the flat frame: a row per stage record, its iteration's figures beside it.
 
     Columns: run_id, preset, world_size, nodes, device, status, pipeline, collective_wait (poll or
-    block; None for a trace), one boolean column per
+    block; None for a trace), cross_net (fused or autograd; None for a trace), one boolean column per
     optimization flag (effective value; NA for records without a manifest), then rank, node,
     iteration, warmup, stage, start_ns, end_ns, duration_ms, and from the iteration record
     iter_start_ns, iter_end_ns, iter_ms, samples, loss, with period_ms and between_ms from the

@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 
 from harness.config import OptimizationsConfig, PrecisionConfig
-from harness.records.manifest import AheadEntry, DenseOptimizerEntry, PrecisionEntry, ResolvedFlags, WaitEntry
+from harness.records.manifest import (AheadEntry, CrossNetEntry, DenseOptimizerEntry, PrecisionEntry, ResolvedFlags,
+                                      WaitEntry)
 from harness.names import OPTIMIZATION_FLAGS
 from model.names import KNOWN_SPLITS_KINDS, ROW_BLOCKED_KINDS, ShardingType
 
@@ -144,7 +145,14 @@ def resolve(
                          precision=_precision_entry(precision, plan_kinds, cuda=cuda),
                          collective_wait=_wait_entry(opts.collective_wait, cuda=cuda, engine=engine),
                          dense_optimizer=dense_adagrad("cuda" if cuda else "cpu", engine=engine),
-                         batches_ahead=batches_ahead(ahead, cuda=cuda, local_ranks=local_ranks))
+                         batches_ahead=batches_ahead(ahead, cuda=cuda, local_ranks=local_ranks),
+                         cross_net=_cross_entry(opts.fused_cross, engine=engine))
+
+
+def _cross_entry(fused: bool, *, engine: str) -> CrossNetEntry:
+    if fused and engine != "harness":
+        return CrossNetEntry(impl="autograd", reason=f"the {engine} engine runs its own (stock) cross layers")
+    return CrossNetEntry(impl="fused" if fused else "autograd")
 
 
 def _wait_entry(requested: str, *, cuda: bool, engine: str) -> WaitEntry:
@@ -207,6 +215,8 @@ def describe(res: ResolvedFlags) -> str:
     lines.append(f"collective wait: {wait.effective}" + (f" (requested {wait.requested}: {wait.reason})" if wait.reason else ""))
     ahead = res.batches_ahead
     lines.append(f"batches ahead: {ahead.depth}" + (f" ({ahead.reason})" if ahead.reason else ""))
+    cross = res.cross_net
+    lines.append(f"cross layers: {cross.impl}" + (f" ({cross.reason})" if cross.reason else ""))
     dense_opt = res.dense_optimizer
     lines.append(f"dense optimizer: Adagrad {dense_opt.impl}" + (f" ({dense_opt.reason})" if dense_opt.reason else ""))
     prec = res.precision

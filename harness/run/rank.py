@@ -73,11 +73,12 @@ class RankEnv:
     """The job's process group (None: the default one, or no process group on one rank)."""
 
 
-def build_dense(cfg: BenchConfig, device: torch.device) -> DenseArch:
-    """Same seed on every rank: data-parallel replicas start identical without a broadcast."""
+def build_dense(cfg: BenchConfig, device: torch.device, *, fused_cross: bool = True) -> DenseArch:
+    """Same seed on every rank: data-parallel replicas start identical without a broadcast.
+    fused_cross: the manifest's cross-layer choice (ResolvedFlags.cross_net)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.data.seed)
-        return DenseArch(**cfg.model.dense_arch_kwargs()).to(device)
+        return DenseArch(**cfg.model.dense_arch_kwargs(), fused_cross=fused_cross).to(device)
 
 
 def dense_optimizer(grads: FlatGradients, cfg: BenchConfig, impl: str) -> torch.optim.Optimizer:
@@ -151,7 +152,7 @@ def build_rank(env: RankEnv, data: BatchSource, flags: ResolvedFlags | None = No
     cfg, device, world = env.cfg, env.device, env.cfg.run.world_size
     flags = flags or resolved_flags(env)
     on, wait = flags.effective, WAITS[flags.collective_wait.effective]
-    dense = build_dense(cfg, device)
+    dense = build_dense(cfg, device, fused_cross=flags.cross_net.impl == "fused")
     moved = CollectiveBytes()  # every collective counts the bytes it moves here; each iteration's go to its records
     grads = FlatGradients(dense, world_size=world, group=env.group, wait=wait, bytes_moved=moved)
     dense_opt = dense_optimizer(grads, cfg, flags.dense_optimizer.impl)
