@@ -137,7 +137,7 @@ def test_tool_writes_a_projected_report(tmp_path):
 
 
 CPU_LAYOUTS = {"tiny": (1, 2, 4), "small": (1, 2, 4)}
-CPU_ITERS = {"tiny": ("12", "3"), "small": ("3", "1")}
+CPU_ITERS = {"tiny": ("60", "10"), "small": ("3", "1")}
 """(iterations, warm-up): small trains about 3 s an iteration on 2 cores."""
 CPU_RECORDED = Path(__file__).parent / "data" / "cpu-runs-2core"
 CPU_TARGET, CPU_BOUND = 0.25, 0.35
@@ -195,9 +195,10 @@ def test_cpu_calibration_on_one_rank_projects_two_and_four_recorded():
     """The recorded runs (record_cpu_runs on this 2-core VM): calibrated on tiny and small at one
     rank (two batch sizes: the host time a sample), with the gloo probe for the exchanges and the
     cores each rank gets (4 ranks on 2 cores take turns), each layout's period is projected within
-    CPU_BOUND. Issue 46 asks CPU_TARGET: this set meets it (tiny -16% and -20% on 2 and 4 ranks,
-    small +15% and +20%); three other sets each missed it for tiny on 2 or 4 ranks (down to -29%):
-    its gloo exchanges cost about twice what the idle probe measures (docs/projection.md)."""
+    CPU_BOUND. Issue 46 asks CPU_TARGET: this set gives tiny -19% and -26% on 2 and 4 ranks, small
+    +15% and +20%. On this VM one configuration's period moves by a fifth or more from run to run
+    (tiny at one rank: medians 3.6 to 6.2 ms in three sets of 60 iterations), so no set meets it
+    for certain (docs/projection.md)."""
     _check_cpu(_cpu_errors(CPU_RECORDED, _recorded_gloo()))
 
 
@@ -205,6 +206,19 @@ def test_cpu_calibration_on_one_rank_projects_two_and_four_recorded():
 def test_cpu_calibration_on_one_rank_projects_two_and_four_live(tmp_path):
     """The same on runs made now (about 90 s; make test-slow)."""
     _check_cpu(_cpu_errors(tmp_path, record_cpu_runs(tmp_path)))
+
+
+def test_runs_of_one_configuration_calibrate_as_their_mean():
+    """Two runs of the same configuration (the H100 bf16 defaults, r0 and r1) are pooled: the
+    calibration sees one run whose period and stages are their means."""
+    from harness.projection.calibrate import by_config
+
+    paths = [H100 / f"s-bf16-r{k}" for k in (0, 1)]
+    runs = [measured(p) for p in paths]
+    (one,) = by_config(runs)
+    assert one.period_s == pytest.approx((runs[0].period_s + runs[1].period_s) / 2)
+    assert one.stage_s["dense_fwd_bwd"] == pytest.approx(sum(r.stage_s["dense_fwd_bwd"] for r in runs) / 2)
+    assert len(by_config([runs[0], measured(H100 / "t-r0")])) == 2
 
 
 def test_cpu_projection_needs_the_cores_and_the_probe():

@@ -1,6 +1,7 @@
 """Calibration: the per-device compute figures a run folder measures, each named with its source.
 
-From each run (any device; world size any, its records read with harness/report): its measured
+From each run (any device; world size any, its records read with harness/report; runs of one
+configuration pooled, each figure their mean): its measured
 per-stage means (critical_stage_means), its config and plan (manifest), the kernels its code path
 launches (kernels.py) and the spec-sheet roofline of each stage (project.py). Then:
 
@@ -17,7 +18,9 @@ launches (kernels.py) and the spec-sheet roofline of each stage (project.py). Th
 - host_fixed_s and host_per_sample_s: per stage, the time the timeline leaves unexplained, found
   by iterating the timeline on the first run's own configuration (what Python costs besides
   launches); split into a fixed part and a part a sample of the local batch when a second run on
-  the same device has another local batch (`_pair`), else all fixed;
+  the same device has another local batch (`_pair`), else all fixed. On a CPU it may be below
+  zero, down to the stage's launches: launch_us is the dense step's per-op cost (autograd's), and
+  other stages' ops can cost less;
 - between_s (and a part a sample, likewise): the mean time between iterations (batch drawn,
   records flushed);
 - on a CPU, the GEMM and copy probes of the run with the most dense FLOPs a rank, and the cores
@@ -71,6 +74,31 @@ def measured(path: Path | str) -> Measured:
     return Measured(run=run, stage_s=stage_s, between_s=float(summ["between_ms_mean"]) / 1e3,
                     period_s=float(summ["period_ms_mean"]) / 1e3, work=work, name=Path(path).name,
                     drawn_s=_drawn_s(run))
+
+
+def pooled(runs: list[Measured]) -> Measured:
+    """Runs of one configuration as one: each figure their mean (one run's period on a shared host
+    moves by a fifth from run to run; docs/projection.md)."""
+    if len(runs) == 1:
+        return runs[0]
+    first, n = runs[0], len(runs)
+    drawn = [m.drawn_s for m in runs]
+    return Measured(run=first.run, stage_s={s: sum(m.stage_s[s] for m in runs) / n for s in first.stage_s},
+                    between_s=sum(m.between_s for m in runs) / n, period_s=sum(m.period_s for m in runs) / n,
+                    work=first.work, name=f"{'+'.join(m.name for m in runs)} (pooled)",
+                    drawn_s=None if None in drawn else sum(drawn) / n)
+
+
+def by_config(runs: list[Measured]) -> list[Measured]:
+    """The runs pooled by configuration, in the order each configuration first comes."""
+    groups: list[list[Measured]] = []
+    for m in runs:
+        same = next((g for g in groups if g[0].run.manifest.config == m.run.manifest.config), None)
+        if same is None:
+            groups.append([m])
+        else:
+            same.append(m)
+    return [pooled(g) for g in groups]
 
 
 def _drawn_s(run: Run) -> float | None:
@@ -203,12 +231,17 @@ def host_fixed(runs: list[Measured], p: Profile) -> Calibration:
         cal.between_s, cal.between_per_sample_s = _split(first.between_s, b[0], t2, b2)
         cal.sources["between_s"] = f"calibrated: {names} between_iterations mean"
     resid = [{s: 0.0 for s in STAGES} for _ in used]
+    # On a CPU the host runs each stage itself: a stage that took less than its ops at the dense
+    # step's per-op cost gets the difference back (down to no launch time at all).
+    cal.rest_offsets_launches = not p.async_device
+    launch = p.value("launch_us") * 1e-6
+    floors = [{s: 0.0 if p.async_device else -_kernels(m, p)[0].of(s) * launch for s in STAGES} for m in used]
     for _ in range(FIXED_PASSES):
         for i, m in enumerate(used):
             turns = cpu_share(p, m.work)[1]
             got = project(m.run.manifest.config, m.work, p, cal).stage_ms("mean")
             for s in STAGES:
-                resid[i][s] = max(0.0, resid[i][s] + (m.stage_s[s] - got[s] / 1e3) / turns)
+                resid[i][s] = max(floors[i][s], resid[i][s] + (m.stage_s[s] - got[s] / 1e3) / turns)
         for s in STAGES:
             t2 = resid[1][s] if second else None
             cal.host_fixed_s[s], cal.host_per_sample_s[s] = _split(resid[0][s], b[0], t2, b2)
@@ -234,8 +267,9 @@ def _set_drains(first: Measured, p: Profile, cal: Calibration) -> None:
 
 
 def calibrate(paths: list[Path | str]) -> tuple[Profile, Calibration, list[Measured]]:
-    """The profile and calibration the runs at `paths` set (the first run's device picks the profile)."""
-    runs = [measured(p) for p in paths]
+    """The profile and calibration the runs at `paths` set (the first run's device picks the profile);
+    runs of the same configuration are pooled (`by_config`)."""
+    runs = by_config([measured(p) for p in paths])
     if not runs:
         raise ValueError("calibrate: give at least one run folder")
     p = base_profile(runs)

@@ -51,10 +51,16 @@ class Calibration:
     between_drains: bool = False
     """The host waited for the device to drain before its between-iterations work (a sync at the
     iteration's end: the first H100 run's code), identified from the calibration run (calibrate.py)."""
+    rest_offsets_launches: bool = False
+    """The per-stage rest may be below zero, down to the stage's launches: on a CPU one launch cost
+    (from the dense step's ops, autograd's) prices every stage's ops, and a stage whose ops cost
+    less (fbgemm's CPU kernels, called directly) gets the difference back (calibrate.py)."""
     sources: dict[str, str] = field(default_factory=dict)
 
-    def host(self, stage: str, batch: int) -> float:
-        return max(0.0, self.host_fixed_s.get(stage, 0.0) + self.host_per_sample_s.get(stage, 0.0) * batch)
+    def host(self, stage: str, batch: int, launches_s: float) -> float:
+        """A stage's host time: its launches (`launches_s`) plus the calibrated rest."""
+        rest = self.host_fixed_s.get(stage, 0.0) + self.host_per_sample_s.get(stage, 0.0) * batch
+        return max(0.0, (rest if self.rest_offsets_launches else max(0.0, rest)) + launches_s)
 
     def between(self, batch: int) -> float:
         return max(0.0, self.between_s + self.between_per_sample_s * batch)
@@ -155,7 +161,7 @@ def _allreduce_parts(work: Work, profile: Profile, buckets: int) -> tuple[float,
 def _input_dist_ops(work: Work, profile: Profile, k: StageKernels, flags: dict, cal: Calibration, turns: float,
                     pipelined: bool) -> list:
     launch = profile.value("launch_us") * 1e-6
-    ops = [Launch("input_dist", turns * (cal.host("input_dist", work.local_batch) + k.input_dist * launch), 0.0)]
+    ops = [Launch("input_dist", turns * cal.host("input_dist", work.local_batch, k.input_dist * launch), 0.0)]
     # Table/column-wise splits are known with skip_splits_a2a; the other shardings' depend on the
     # ids; data-parallel tables exchange none (run/optimizations.resolve says the same).
     exchanging = [g for g in work.groups if g != "data_parallel" and not (g == "pooled" and flags["skip_splits_a2a"])]
@@ -183,7 +189,7 @@ def iteration_ops(cfg, work: Work, profile: Profile, cal: Calibration, flags: di
     prec = dense_precision(cfg)
     ops = _input_dist_ops(work, profile, k, flags, cal, turns, cfg.optimizations.pipeline)
     ids = "ids@prev" if cfg.optimizations.pipeline else "ids"
-    ops.append(Launch("emb_fwd", turns * (cal.host("emb_fwd", B) + k.emb_fwd * launch),
+    ops.append(Launch("emb_fwd", turns * cal.host("emb_fwd", B, k.emb_fwd * launch),
                       work.lookup_fwd / (hbm * profile.value("lookup_eff") * speed), waits=(ids,)))
     ops.append(Collective("forward", "emb_fwd", _exchange(work, profile, "forward")))
     dense_dev = dense_roof_s(work, profile, prec) / dense_eff(profile, prec) / speed
@@ -191,7 +197,7 @@ def iteration_ops(cfg, work: Work, profile: Profile, cal: Calibration, flags: di
         host = profile.value("graph_launch_us") * 1e-6
         dense_dev += k.dense_fwd_bwd * profile.value("graph_kernel_gap_us") * 1e-6
     else:
-        host = turns * (cal.host("dense_fwd_bwd", B) + k.dense_fwd_bwd * launch)
+        host = turns * cal.host("dense_fwd_bwd", B, k.dense_fwd_bwd * launch)
     # The gradient buckets are all-reduced while the backward runs (from its start: an optimistic
     # bound), the pooled gradient's exchange when it ends (the embeddings are the graph's inputs);
     # emb_bwd waits for the exchange, dense_update (finish_gradients) for the all-reduce
@@ -205,9 +211,9 @@ def iteration_ops(cfg, work: Work, profile: Profile, cal: Calibration, flags: di
     if work.world_size > 1 and not profile.async_device and cpu_rank_cores(profile, work) < 2:
         ops.append(Host("dense_fwd_bwd", ar_moving))
     ops.append(Collective("backward", "dense_fwd_bwd", _exchange(work, profile, "backward"), blocks_host=False))
-    ops.append(Launch("emb_bwd", turns * (cal.host("emb_bwd", B) + k.emb_bwd * launch),
+    ops.append(Launch("emb_bwd", turns * cal.host("emb_bwd", B, k.emb_bwd * launch),
                       work.lookup_bwd / (hbm * profile.value("lookup_eff") * speed), waits=("backward",)))
-    ops.append(Launch("dense_update", turns * (cal.host("dense_update", B) + k.dense_update * launch),
+    ops.append(Launch("dense_update", turns * cal.host("dense_update", B, k.dense_update * launch),
                       work.update_bytes / (hbm * profile.value("update_eff") * speed),
                       waits=("allreduce",) if work.world_size > 1 else ()))
     if cal.between_drains and profile.async_device:
