@@ -22,7 +22,7 @@ launches (kernels.py) and the spec-sheet roofline of each stage (project.py). Th
   zero, down to the stage's launches: launch_us is the dense step's per-op cost (autograd's), and
   other stages' ops can cost less;
 - between_s (and a part a sample, likewise): the mean time between iterations (batch drawn,
-  records flushed);
+  records flushed); its wait for the next batch split by the two runs where both recorded it;
 - on a CPU, the GEMM and copy probes of the run with the most dense FLOPs a rank, and the cores
   its rank had (`cores`, `rank_cores`): a projected rank's compute scales with its own cores, its
   single-threaded host work with the turns its ranks take on the host's cores (project.cpu_share).
@@ -112,6 +112,11 @@ def _drawn_s(run: Run) -> float | None:
     return float(waits.sum()) / max(1, len(its)) / 1e3
 
 
+def probed_run(runs: list[Measured]) -> Measured:
+    """The CPU run whose start-up probes a CPU profile takes: the most dense FLOPs a rank."""
+    return max((r for r in runs if r.run.manifest.device.startswith("cpu")), key=lambda r: r.work.dense_flops)
+
+
 def base_profile(runs: list[Measured]) -> Profile:
     """The spec profile of the first run's device: h100 for a CUDA run; on a CPU the start-up probes
     of the run with the most dense FLOPs a rank (its GEMM probe is at the largest shape, the
@@ -119,7 +124,7 @@ def base_profile(runs: list[Measured]) -> Profile:
     first = runs[0]
     if not first.run.manifest.device.startswith("cpu"):
         return h100()
-    m = max((r for r in runs if r.run.manifest.device.startswith("cpu")), key=lambda r: r.work.dense_flops)
+    m = probed_run(runs)
     r0, local = m.run.manifest.ranks[0], m.run.manifest.config.run.gpus_per_node
     if r0.threads > 1:  # threads_per_rank gave each rank cores // local of them
         cores, how = r0.threads * local, f"probe: {m.name}: {local} rank(s) x {r0.threads} threads"
@@ -220,7 +225,13 @@ def host_fixed(runs: list[Measured], p: Profile) -> Calibration:
     names = " and ".join(m.name for m in used)
     b = [m.work.local_batch for m in used]
     t2, b2 = (second.between_s, b[1]) if second else (None, None)
-    if first.drawn_s is not None:  # the batch wait grows with the batch, the rest (flushes) does not
+    if first.drawn_s is not None and second is not None and second.drawn_s is not None:
+        # the batch wait: a fixed part and a part a sample through both runs; the rest (flushes) fixed
+        drawn_fixed, cal.between_per_sample_s = _split(first.drawn_s, b[0], second.drawn_s, b[1])
+        cal.between_s = max(0.0, first.between_s - first.drawn_s) + drawn_fixed
+        cal.sources["between_s"] = (f"calibrated: {names} between_iterations means, their next_batch parts a fixed "
+                                    "part and a part a sample")
+    elif first.drawn_s is not None:  # the batch wait grows with the batch, the rest (flushes) does not
         cal.between_s = max(0.0, first.between_s - first.drawn_s)
         cal.between_per_sample_s = first.drawn_s / b[0]
         cal.sources["between_s"] = f"calibrated: {first.name} between_iterations mean, its next_batch part a sample"

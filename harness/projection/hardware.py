@@ -95,6 +95,8 @@ def cpu(gemm_gflops: float = 50.0, copy_gbps: float = 10.0, source: str = "assum
               "PROFILES)", "gloo, a collective; make project probes this host's where the ranks fit on it")
         p.set(f"{kind}_gbps", PROFILES["cpu"]["intra_node_gbps"], "GB/s", "spec (harness/launch/planning.py PROFILES)",
               "gloo, a rank's bytes")
+    p.set("one_thread_gain", 1.0, "x", "assumption", "a one-thread rank's compute rate over a core's share of "
+          "the probed rank's: compute in proportion to the cores; make project probes it (probe.dense_threads)")
     p.set("launch_us", 20.0, "us", "assumption", "host time an op; replaced by calibration")
     p.set("graph_launch_us", 0.0, "us", "spec", "no CUDA graphs on CPU (flag inactive)")
     p.set("graph_kernel_gap_us", 0.0, "us", "spec", "no CUDA graphs on CPU (flag inactive)")
@@ -114,6 +116,18 @@ def set_gloo(p: Profile, figures: dict[str, float], ranks: int) -> None:
     for key, value in figures.items():
         p.set(key, value, "GB/s" if key.endswith("gbps") else "us", f"probe: gloo, {ranks} processes on this host",
               "probe.py: idle peers, so a lower bound")
+
+
+def set_thread_gain(p: Profile, seconds: dict[int, float]) -> None:
+    """probe.dense_threads' figures: the dense step on the probed rank's threads (rank_cores) over
+    one thread's share of it on one thread. On this project's 2-core VM two threads run small's
+    dense step 9-19% under twice one thread's rate (docs/projection.md); ranks of one thread each
+    get that back."""
+    probed = int(p.value("rank_cores"))
+    if probed <= 1 or probed not in seconds or 1 not in seconds:
+        return
+    p.set("one_thread_gain", seconds[probed] / seconds[1], "x",
+          f"probe: the dense step on {probed} threads and its share on 1 on this host", "best of interleaved rounds")
 
 
 def rank_cores(cores: float, local_ranks: int) -> float:

@@ -1,6 +1,6 @@
-"""A probe of this host's gloo collectives: what an all-to-all and an all-reduce cost between local
-processes, the figures a CPU projection uses for its exchanges (issue 46: "the rest comes from
-spec sheets or probes").
+"""Probes of this host for a CPU projection (issue 46: "the rest comes from spec sheets or probes"):
+what gloo's all-to-all and all-reduce cost between local processes, the figures of its exchanges,
+and what one thread's dense step costs against the calibration rank's threads.
 
 `gloo_collectives(ranks)` starts `ranks` processes on loopback, one thread each (as the harness's
 ranks get when they outnumber the cores: harness/run/worker.threads_per_rank), and times each
@@ -86,3 +86,39 @@ def gloo_collectives(ranks: int) -> dict[str, float]:
         figures[f"{kind}_latency_us"] = small * 1e6
         figures[f"{kind}_gbps"] = (LARGE - SMALL) / max(large - small, 1e-9) / 1e9
     return figures
+
+
+DENSE_ROUNDS = 3
+
+
+def dense_threads(model, batch: int, probed: int) -> dict[int, float]:
+    """Seconds of one dense forward and backward (model.dense.DenseArch of `model`, fp32) on `batch`
+    samples with `probed` torch threads, and on one thread's share of them (batch // probed) with
+    one thread, in this process: rounds interleaved, the best of each (another process's burst only
+    ever slows a round). Equal seconds: compute in proportion to the threads."""
+    import torch.nn.functional as F
+
+    from model.dense import DenseArch
+
+    arch = DenseArch(**model.dense_arch_kwargs())
+    before = torch.get_num_threads()
+
+    def seconds(threads: int, b: int) -> float:
+        torch.set_num_threads(threads)
+        dense, pooled = torch.rand(b, model.num_dense), torch.randn(b, model.num_sparse * model.embedding_dim)
+        labels = torch.rand(b).round()
+        pooled.requires_grad_(True)
+        step = lambda: F.binary_cross_entropy_with_logits(arch(dense, pooled), labels).backward()  # noqa: E731
+        step()  # warm-up: allocator, kernel selection
+        start = time.perf_counter()
+        step()
+        return time.perf_counter() - start
+
+    best = {probed: float("inf"), 1: float("inf")}
+    try:
+        for _ in range(DENSE_ROUNDS):
+            best[probed] = min(best[probed], seconds(probed, batch))
+            best[1] = min(best[1], seconds(1, max(1, batch // probed)))
+    finally:
+        torch.set_num_threads(before)
+    return best

@@ -90,11 +90,13 @@ def dense_eff(profile: Profile, precision: str) -> float:
 
 def cpu_share(profile: Profile, work: Work) -> tuple[float, float]:
     """(speed, turns) of a rank against the profile's probed rank: its multi-threaded work (GEMMs,
-    memory) runs `speed` times as fast (its cores over the probed rank's), its single-threaded host
-    work (ops, Python) `turns` times as long (ranks outnumbering the cores run in turns). (1, 1) on a GPU."""
+    memory) runs `speed` times as fast (its cores over the probed rank's, times one_thread_gain for
+    a rank of one thread when the probed one had more), its single-threaded host work (ops,
+    Python) `turns` times as long (ranks outnumbering the cores run in turns). (1, 1) on a GPU."""
     if profile.async_device:
         return 1.0, 1.0
-    speed = cpu_rank_cores(profile, work) / profile.value("rank_cores")
+    cores, probed = cpu_rank_cores(profile, work), profile.value("rank_cores")
+    speed = cores / probed * (profile.value("one_thread_gain") if cores <= 1 < probed else 1.0)
     return speed, max(1.0, work.ranks_per_node / profile.value("cores"))
 
 

@@ -247,11 +247,10 @@ def run_projection_check(outcome: Outcome, plan: Plan) -> None:
     if not defaults or not outcome.quarter_run:
         outcome.failures.append("projection check: needs the defaults compare and the quarter-batch run")
         return
-    profile, cal, _ = calibrate([folder / defaults[0], folder / outcome.quarter_run])
-    if not profile.async_device and plan.gpus > 1:  # a CPU rehearsal: gloo as this host runs it
-        from harness.projection.hardware import set_gloo
-        from harness.projection.probe import gloo_collectives
-        set_gloo(profile, gloo_collectives(plan.gpus), plan.gpus)
+    profile, cal, runs = calibrate([folder / defaults[0], folder / outcome.quarter_run])
+    if not profile.async_device and plan.gpus > 1:  # a CPU rehearsal: this host's gloo and threads
+        from harness.tools.project import probe_host
+        probe_host(profile, measured(folder / defaults[0]).run.manifest.config, runs, print)
     for label, run_id in projection_targets(outcome).items():
         m = measured(folder / run_id)
         got = project(m.run.manifest.config, m.work, profile, cal).period_ms

@@ -28,9 +28,9 @@ from harness.launch.options import add_config_options, config_from_args
 from harness.launch.planning import make_plan
 from harness.names import OPTIMIZATION_FLAGS, PRESET_NAMES
 from harness.projection import render
-from harness.projection.calibrate import calibrate
-from harness.projection.hardware import set_gloo
-from harness.projection.probe import gloo_collectives
+from harness.projection.calibrate import calibrate, probed_run
+from harness.projection.hardware import set_gloo, set_thread_gain
+from harness.projection.probe import dense_threads, gloo_collectives
 from harness.projection.project import project
 from harness.projection.work import work_of
 from harness.tools.plan_compare import torchrec_plan
@@ -163,21 +163,27 @@ def compares_to_published(cfg, profile) -> bool:
     return cfg.run.preset == "mlperf" and profile.async_device
 
 
-def probe_gloo(profile, cfg, log: Callable[[str], None]) -> None:
-    """A CPU layout whose ranks fit on this host: its gloo exchanges as the probe measures them here
-    (harness/projection/probe.py); elsewhere the spec figures stay, named in the report."""
+def probe_host(profile, cfg, runs, log: Callable[[str], None]) -> None:
+    """A CPU layout whose ranks fit on this host: its gloo exchanges as the probe measures them here,
+    and one thread's dense step against the calibration rank's threads (harness/projection/probe.py);
+    elsewhere the spec figures and assumptions stay, named in the report."""
     if profile.async_device or cfg.run.nodes != 1 or cfg.run.gpus_per_node < 2:
         return
     log(f"probing gloo's collectives between {cfg.run.gpus_per_node} processes on this host ...")
     set_gloo(profile, gloo_collectives(cfg.run.gpus_per_node), cfg.run.gpus_per_node)
+    probed = int(profile.value("rank_cores"))
+    if probed > 1:
+        log(f"probing the dense step on 1 and {probed} threads ...")
+        m = probed_run(runs)
+        set_thread_gain(profile, dense_threads(m.run.manifest.config.model, m.work.local_batch, probed))
 
 
 def run_projection(cfg, calibration: list[Path], out: Path | None = None, *, plans: Sequence[str] = ("harness",),
                    log: Callable[[str], None] = print) -> dict:
     """Calibrate, project the config on this harness's plan (baseline, each flag, all flags, as
     given) and each of `plans` (baseline, all flags); write the report under `out` if given."""
-    profile, cal, _ = calibrate(calibration)
-    probe_gloo(profile, cfg, log)
+    profile, cal, runs = calibrate(calibration)
+    probe_host(profile, cfg, runs, log)
     plan, _ = make_plan(cfg, ranks_per_host=cfg.run.gpus_per_node)
     work = work_of(cfg, plan, world_size=cfg.run.world_size, ranks_per_node=cfg.run.gpus_per_node)
     base, alone, every, main = _projections(cfg, work, profile, cal)
