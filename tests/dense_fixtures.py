@@ -23,6 +23,15 @@ class SmallDense(nn.Module):
         return self.top(torch.cat([torch.relu(self.bottom(dense_x)), pooled], 1)).squeeze(1)
 
 
+def adagrad(params, *, lr: float, device: str = "cpu", **kw) -> torch.optim.Adagrad:
+    """torch's Adagrad as the harness picks it on `device`: fused where this torch runs it there,
+    else foreach (torch 2.11 refuses a fused Adagrad on CUDA: harness/run/optimizations.py)."""
+    from harness.run.optimizations import fused_adagrad_registered
+
+    fused = fused_adagrad_registered(device)
+    return torch.optim.Adagrad(params, lr=lr, fused=fused, foreach=not fused, **kw)
+
+
 def make_model(device: str = "cpu") -> nn.Module:
     torch.manual_seed(0)
     return SmallDense().to(device)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from harness.presets import mlperf, tiny
@@ -63,17 +64,17 @@ def test_cross_layers_start_as_torchrecs_xavier_normal_with_zero_bias():
 def _cross_step(net, x0: torch.Tensor, bf16: bool):
     """The cross net's output, and the gradients of a weighted sum of it: x0's and each parameter's."""
     x = x0.clone().requires_grad_(True)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
+    with torch.autocast(x0.device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
         y = net(x)
-    (y.double() * torch.linspace(-1, 1, y.shape[1], dtype=torch.float64)).sum().backward()
-    return [y.detach(), x.grad, *(p.grad for p in net.parameters())]
+    (y.double() * torch.linspace(-1, 1, y.shape[1], dtype=torch.float64, device=y.device)).sum().backward()
+    return [t.cpu() for t in (y.detach(), x.grad, *(p.grad for p in net.parameters()))]
 
 
 def _hand_cross(net, x0: torch.Tensor) -> list[torch.Tensor]:
     """The same in float64, from the written formula x_{l+1} = x0 * (W (V x) + b) + x, through autograd."""
-    p = [q.detach().double().requires_grad_(True) for q in net.parameters()]
+    p = [q.detach().cpu().double().requires_grad_(True) for q in net.parameters()]
     V, W, b = p[: len(net.V)], p[len(net.V) :: 2], p[len(net.V) + 1 :: 2]
-    x0 = x0.double().requires_grad_(True)
+    x0 = x0.cpu().double().requires_grad_(True)
     x = x0
     for v, w, bias in zip(V, W, b):
         x = x0 * ((x @ v.T) @ w.T + bias) + x
@@ -88,16 +89,22 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
 
 
-def test_fused_cross_layers_match_the_formula_in_float64():
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])]
+"""CUDA runs the mixed-dtype multiplies and adds in its own kernels (a CPU makes temporaries)."""
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_cross_layers_match_the_formula_in_float64(device):
     """The fused layers (model/cross_layer.py): output and every gradient against the formula
     differentiated by autograd in float64, to float64's and to float32's rounding."""
     from model.dense import LowRankCrossNet
 
     torch.manual_seed(0)
-    net = LowRankCrossNet(width=48, num_layers=3, rank=6)
+    net = LowRankCrossNet(width=48, num_layers=3, rank=6).to(device)
     for w in net.W:  # a non-zero bias, so that its gradient and its place in the product are checked
         torch.nn.init.normal_(w.bias)
-    x0 = torch.randn(20, 48)
+    x0 = torch.randn(20, 48).to(device)
     want = _hand_cross(net, x0)
     got32 = _cross_step(net, x0, bf16=False)
     assert all(_rel(g, w) < 1e-5 for g, w in zip(got32, want)), [_rel(g, w) for g, w in zip(got32, want)]
@@ -108,7 +115,8 @@ def test_fused_cross_layers_match_the_formula_in_float64():
     assert all(_rel(g, w) < 1e-13 for g, w in zip(got64, want)), [_rel(g, w) for g, w in zip(got64, want)]
 
 
-def test_fused_cross_layers_round_as_autocast_does_in_bf16():
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_cross_layers_round_as_autocast_does_in_bf16(device):
     """Under bf16 autocast the fused layers round where torch's autocast + autograd round the
     formula (GEMMs in bf16, elementwise in fp32): within a bf16 unit of them (GEMM layouts may
     round one element differently), while both are far further from fp32."""
@@ -117,16 +125,62 @@ def test_fused_cross_layers_round_as_autocast_does_in_bf16():
     from model.dense import LowRankCrossNet
 
     torch.manual_seed(1)
-    fused = LowRankCrossNet(width=64, num_layers=3, rank=8)
+    fused = LowRankCrossNet(width=64, num_layers=3, rank=8).to(device)
     for w in fused.W:
         torch.nn.init.normal_(w.bias)
     formula = copy.deepcopy(fused)
     formula.fused = False
     fp32 = copy.deepcopy(formula)
-    x0 = torch.randn(32, 64)
+    x0 = torch.randn(32, 64).to(device)
     got, auto, exact = _cross_step(fused, x0, True), _cross_step(formula, x0, True), _cross_step(fp32, x0, False)
     bf16_unit = 2.0**-8
     for g, a, e in zip(got, auto, exact):
         assert g.dtype == a.dtype == torch.float32
         assert _rel(g, a) <= bf16_unit, _rel(g, a)
         assert _rel(a, e) > 4 * _rel(g, a)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("bf16", [False, True])
+def test_fused_cross_layers_replay_in_a_cuda_graph(bf16):
+    """Captured in a CUDA graph (as --cuda-graphs captures the dense step), forward and backward
+    replay what the eager layers compute, with new inputs copied into the captured buffers (within
+    what another cuBLAS algorithm may round differently)."""
+    import copy
+
+    from model.dense import LowRankCrossNet
+
+    torch.manual_seed(2)
+    eager = LowRankCrossNet(width=64, num_layers=3, rank=8).cuda()
+    graphed = copy.deepcopy(eager)
+    static = torch.randn(32, 64, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm-up outside the capture
+            _cross_step(graphed, static, bf16)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        x = static.clone().requires_grad_(True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
+            out = graphed(x)
+        out.float().sum().backward()
+    for seed in range(2):
+        x0 = torch.randn(32, 64, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+        static.copy_(x0)
+        for q in graphed.parameters():
+            q.grad.zero_()
+        graph.replay()
+        for q in eager.parameters():
+            q.grad = None
+        xe = x0.clone().requires_grad_(True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
+            ye = eager(xe)
+        ye.float().sum().backward()
+        tol = {"rtol": 1e-2, "atol": 1e-3} if bf16 else {"rtol": 1e-5, "atol": 1e-6}
+        torch.testing.assert_close(out, ye, **tol)
+        for qg, qe in zip(graphed.parameters(), eager.parameters()):
+            torch.testing.assert_close(qg.grad, qe.grad, **tol)
+

@@ -16,7 +16,7 @@ from harness.run.dense_gradients import FlatGradients
 from harness.run.dense_step import DenseStep, graph_input_shapes
 from harness.presets import tiny
 from harness.run.rank import build_dense
-from tests.dense_fixtures import B, ND, PW, assert_close_to_float64, make_inputs, make_model, reference_step
+from tests.dense_fixtures import B, ND, PW, adagrad, assert_close_to_float64, make_inputs, make_model, reference_step
 
 
 def build(model, *, graphed: bool = False, device: str = "cpu", precision: str = "fp32",
@@ -122,8 +122,8 @@ def test_graphed_matches_eager_over_several_steps(precision):
     eager, eager_grads = build(eager_model, device="cuda", precision=precision)
     graphed, graphed_grads = build(graphed_model, graphed=True, device="cuda", precision=precision)
     assert torch.count_nonzero(graphed_grads.buffer) == 0, "warm-up gradients leaked into the buffer"
-    eager_opt = torch.optim.Adagrad(eager_model.parameters(), lr=0.1, fused=True)
-    graphed_opt = torch.optim.Adagrad(graphed_model.parameters(), lr=0.1, fused=True)
+    eager_opt = adagrad(eager_model.parameters(), lr=0.1, device="cuda")
+    graphed_opt = adagrad(graphed_model.parameters(), lr=0.1, device="cuda")
 
     for it in range(4):
         dense_x, pooled, labels = make_inputs(it, device="cuda")

@@ -110,7 +110,7 @@ def _graphed_and_eager(rank: int, world: int, device: torch.device) -> dict:
 
     from harness.run.dense_gradients import FlatGradients
     from harness.run.dense_step import DenseStep
-    from tests.dense_fixtures import B, ND, PW, make_inputs, make_model
+    from tests.dense_fixtures import B, ND, PW, adagrad, make_inputs, make_model
 
     eager_model = make_model("cuda")
     graphed_model = copy.deepcopy(eager_model)
@@ -119,7 +119,7 @@ def _graphed_and_eager(rank: int, world: int, device: torch.device) -> dict:
         grads[name] = FlatGradients(model, world_size=world, group=dist.group.WORLD)
         steps[name] = DenseStep(dense=model, grads=grads[name], world_size=world, local_batch=B, num_dense=ND,
                                 pooled_width=PW, device=device, graphed=graphed, precision="fp32")
-        opts[name] = torch.optim.Adagrad([grads[name].flat_parameter()], lr=0.1, fused=True)
+        opts[name] = adagrad([grads[name].flat_parameter()], lr=0.1, device="cuda")
     losses = {"eager": [], "graphed": []}
     for it in range(4):
         dense_x, pooled, labels = make_inputs(100 * rank + it, device="cuda")  # each rank its own samples
