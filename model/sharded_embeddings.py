@@ -78,9 +78,10 @@ class ShardedEmbeddingCollection:
         self.shardings: list[EmbeddingSharding] = build_shardings(ctx, plan)
         self.dynamic: list[DynamicSlots] = [s for s in self.shardings if isinstance(s, DynamicSlots)]
         self.select = [FeatureOrder.of(s.features, ctx.device) for s in self.shardings]
-        sharding_order = [t for s in self.shardings for t in s.features]
-        self.sharding_order = torch.tensor(sharding_order, dtype=torch.int64, device=ctx.device)
-        self.to_feature_order = torch.argsort(self.sharding_order)
+        # Each sharding's columns of the pooled tensor, moved in one copy each way (a gather or a
+        # scatter of the sharding's features), or none where one sharding holds every feature in order.
+        self.columns = [torch.tensor(s.features, dtype=torch.int64, device=ctx.device) for s in self.shardings]
+        self.in_order = [list(s.features) for s in self.shardings] == [list(range(self.num_features))]
 
     # ---- input distribution: bucketize, splits all-to-all (host sync), ids all-to-alls ---
     def prepare_input_dist(self, features: SparseFeatures, *, splits_known: bool = False) -> PendingInputDist:
@@ -107,23 +108,31 @@ class ShardedEmbeddingCollection:
             s_out, s_fwd = s.forward(s_ids, local_batch)
             outs.append(s_out)
             fwds.append(s_fwd)
-        grouped = torch.cat(outs, dim=1).view(local_batch, self.num_features, self.dim)
         fwd = EmbeddingForward(shards=fwds, local_batch=local_batch)
-        if out is not None:
-            with torch.no_grad():  # out may be a leaf that requires grad (the graph's static input)
-                torch.index_select(grouped, 1, self.to_feature_order, out=out.view(local_batch, self.num_features, self.dim))
-            return out, fwd
-        pooled = grouped.index_select(1, self.to_feature_order).reshape(local_batch, -1)
-        return pooled.requires_grad_(True), fwd
+        if self.in_order and out is None:
+            return outs[0].reshape(local_batch, -1).requires_grad_(True), fwd
+        pooled = out if out is not None else torch.empty(local_batch, self.num_features * self.dim,
+                                                         dtype=outs[0].dtype, device=outs[0].device)
+        grouped = pooled.view(local_batch, self.num_features, self.dim)
+        with torch.no_grad():  # out may be a leaf that requires grad (the graph's static input)
+            if self.in_order:
+                grouped.copy_(outs[0].reshape(local_batch, self.num_features, self.dim))
+            else:
+                for cols, s_out in zip(self.columns, outs):
+                    grouped.index_copy_(1, cols, s_out.reshape(local_batch, len(cols), self.dim))
+        return pooled if out is not None else pooled.requires_grad_(True), fwd
 
     def start_backward(self, fwd: EmbeddingForward, grad: torch.Tensor) -> PendingBackward:
         """Launch the exchanges of the pooled gradient (`grad`, (local_batch, F * dim) in feature
         order); nothing waits here, so the caller may launch this as soon as the gradient exists
         (from a hook inside the dense backward) and wait when it has nothing else to do."""
         b = fwd.local_batch
-        grouped = grad.view(b, self.num_features, self.dim).index_select(1, self.sharding_order)
-        parts = grouped.split([len(s.features) for s in self.shardings], dim=1)
-        flights = [s.start_backward(s_fwd, part.reshape(b, -1)) for s, s_fwd, part in zip(self.shardings, fwd.shards, parts)]
+        if self.in_order:
+            parts = [grad.contiguous()]
+        else:
+            grouped = grad.view(b, self.num_features, self.dim)
+            parts = [grouped.index_select(1, cols).view(b, -1) for cols in self.columns]
+        flights = [s.start_backward(s_fwd, part) for s, s_fwd, part in zip(self.shardings, fwd.shards, parts)]
         return PendingBackward(self.shardings, flights)
 
     def dynamic_counts(self) -> dict[int, DynamicCounts]:

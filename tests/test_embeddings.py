@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from model.embeddings import _init_values_torch, _stream, build_dense_tbe, init_rows, init_shard_
@@ -59,20 +60,25 @@ def test_dense_tbe_forward_and_grad_match_embedding_bag():
     torch.testing.assert_close(tbe.weights.grad, torch.cat([b.weight.grad.flatten() for b in bags]))
 
 
-def test_pooled_output_written_into_a_given_buffer_matches_embedding_bag(tmp_path):
+@pytest.mark.parametrize("mixed", [False, True])
+def test_pooled_output_written_into_a_given_buffer_matches_embedding_bag(tmp_path, mixed):
     """The graphed dense step's static input is filled by the embedding forward itself (out=):
-    the same values as torch.nn.EmbeddingBag over each full table, and the buffer is what comes back."""
+    the same values as torch.nn.EmbeddingBag over each full table, and the buffer is what comes back.
+    mixed: every other table data-parallel, so two shardings' columns interleave (each written in
+    place by a scatter); else one sharding holds every table in order (its output is the pooled
+    tensor itself). Its gradient goes back to each sharding's own tables."""
     import torch.distributed as dist
 
     from harness.data.synthetic import SyntheticCriteo
     from harness.presets import tiny
     from model.sharded_embeddings import ShardedEmbeddingCollection
-    from model.sharding import table_wise
+    from model.sharding import data_parallel, table_wise
     from model.shardings import ShardingContext
 
     cfg = tiny(nodes=1, gpus_per_node=1)
     m = cfg.model
-    plan = [table_wise(r, m.embedding_dim, 0) for r in m.table_rows]
+    plan = [data_parallel(r, m.embedding_dim, 1) if mixed and t % 2 else table_wise(r, m.embedding_dim, 0)
+            for t, r in enumerate(m.table_rows)]
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:
         emb = ShardedEmbeddingCollection(ShardingContext(
@@ -86,15 +92,21 @@ def test_pooled_output_written_into_a_given_buffer_matches_embedding_bag(tmp_pat
         b = batch.dense.shape[0]
         static = torch.zeros(b, m.num_sparse * m.embedding_dim).requires_grad_(True)
         written, _ = emb.forward(ids, b, out=static)
-        fresh, _ = emb.forward(ids, b)
+        fresh, fwd = emb.forward(ids, b)
+        # A gradient on the even tables' columns only: those tables move, the odd ones must not.
+        before = {t: w.detach().clone() for t, _, w in emb.shard_weights()}
+        grad = torch.cat([torch.full((b, m.embedding_dim), float(t % 2 == 0)) for t in range(m.num_sparse)], dim=1)
+        emb.start_backward(fwd, grad).wait()
+        moved = {t: bool((w.detach() != before[t]).any()) for t, _, w in emb.shard_weights()}
     finally:
         dist.destroy_process_group()
     assert written is static and static.requires_grad
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), batch.sparse.lengths.reshape(-1).cumsum(0)])
     expected = []
-    for t, (_, shard, weights) in enumerate(sorted(emb.shard_weights(), key=lambda x: x[0])):
-        bag = torch.nn.EmbeddingBag.from_pretrained(weights.detach(), mode="sum")
+    for t in range(m.num_sparse):  # the weights the forward read, before the update
+        bag = torch.nn.EmbeddingBag.from_pretrained(before[t], mode="sum")
         lo, hi = offsets[t * b], offsets[(t + 1) * b]
         expected.append(bag(batch.sparse.values[lo:hi], offsets[t * b:(t + 1) * b] - lo))
     torch.testing.assert_close(static.detach(), torch.cat(expected, dim=1))
     assert torch.equal(static.detach(), fresh.detach())
+    assert moved == {t: t % 2 == 0 for t in range(m.num_sparse)}

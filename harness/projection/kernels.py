@@ -24,7 +24,9 @@ tests/data/h100-runs-2/trace-small-bf16.json.gz, made before the fused layers) c
 204 (not yet traced on a GPU). The embedding stages are counted from the same trace (one sharding
 group, world size 1: emb_fwd 11, emb_bwd 25, dense_update 6) and split into a fixed part and a part
 a sharding group (each group runs its own lookup kernel, exchanges and permutes): an assumption,
-stated in the output.
+stated in the output. Since the trace, one sharding holding every table in order hands its output
+to the dense step as it is (model/sharded_embeddings.py): two copies fewer each way, left in these
+counts (2 of 36 kernels at the calibrated launch cost; the calibration's rest absorbs them).
 """
 
 from __future__ import annotations
