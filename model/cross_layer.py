@@ -39,7 +39,6 @@ class CrossLayer(torch.autograd.Function):
             y = torch.addmm(bc, u, Wc.t())
             out = torch.addcmul(x, x0, y)
         ctx.save_for_backward(x0, xc, u, y, Vc, Wc)
-        ctx.gemm_dtype = gemm_dtype
         ctx.param_dtypes = (V.dtype, W.dtype, b.dtype)
         return out
 
@@ -47,13 +46,9 @@ class CrossLayer(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, g):
         x0, xc, u, y, Vc, Wc = ctx.saved_tensors
-        dt = ctx.gemm_dtype
         with torch.autocast(g.device.type, enabled=False):
-            if dt is None:
-                gy = g * x0
-            else:
-                gy = torch.empty_like(y)
-                torch.mul(g, x0, out=gy)  # fp32 product rounded once to bf16, as autograd's cast does
+            # in y's dtype: under bf16 the fp32 product rounded once, as autograd's cast of it does
+            gy = torch.mul(g, x0, out=torch.empty_like(y))
             g_x0 = g * y
             g_b = gy.sum(0)
             g_W = gy.t().mm(u)
