@@ -186,6 +186,13 @@ class OptimizationsConfig:
     the formula autograd would differentiate, in fewer passes over the (batch, width) activations.
     Not one of the five flags: the harness engine's own dense kernels (stock TorchRec's are the
     formula's; the torchrec engine records it as taking no effect). --no-fused-cross measures it."""
+    bf16_weight_copy: bool = True
+    """With --dense-precision bf16: the dense parameters as a bf16 copy of the fp32 weights,
+    refreshed in one cast after each update, their gradients accumulated in bf16 and cast to fp32
+    in one pass (harness/run/dense_gradients.py); False: autocast casts each parameter each forward
+    and each gradient back (two kernels a parameter a step). The same bits either way. Not one of
+    the five flags: the harness engine's own dense step (the torchrec engine records it as taking
+    no effect, as does an fp32 run). --no-bf16-weight-copy measures it."""
     collective_wait: str = option("poll", choices=COLLECTIVE_WAITS)
     """How the host waits for its collectives: poll (ask is_completed() in a loop, yielding the core:
     the core never idles, so no wake-up latency; what MPI libraries do) or block (torch's wait(),

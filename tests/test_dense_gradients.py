@@ -116,3 +116,38 @@ def test_bucketed_all_reduce_on_two_ranks(tmp_path):
             assert_close_to_float64(got["buffer"], ref["grads"])
             # 2 ranks: a + b in any bucketing, so bitwise the single all-reduce's result.
             assert torch.equal(got["buffer"], ranks[rank]["one"]["steps"][it]["buffer"])
+
+
+def _copy_or_casts(rank: int, world: int, device: torch.device) -> dict:
+    """Trains the small model in bf16 on this rank's share, small buckets: once on a bf16 copy of
+    the weights, once with autocast casting the fp32 ones."""
+    runs = {}
+    for name, dtype in (("copy", torch.bfloat16), ("casts", None)):
+        model = make_model()
+        grads = FlatGradients(model, world_size=world, group=None, bucket_mib=SMALL_BUCKETS_MIB, compute_dtype=dtype)
+        step = DenseStep(dense=model, grads=grads, world_size=world, local_batch=B, num_dense=ND, pooled_width=PW,
+                         device=device, graphed=False, precision="bf16")
+        opt = torch.optim.Adagrad([grads.flat_parameter()], lr=0.1)
+        buffers = []
+        for it in range(STEPS):
+            dense_x, pooled, labels = (t.chunk(world)[rank] for t in make_inputs(it, B * world))
+            step.run(dense_x, pooled.clone().requires_grad_(True), labels)
+            step.finish_gradients()
+            buffers.append(grads.buffer.clone())
+            opt.step()
+            grads.updated()
+        runs[name] = {"buffers": buffers, "master": grads.master.clone(),
+                      "dtypes": {p.dtype for p in model.parameters()}}
+    return runs
+
+
+def test_the_bf16_weight_copy_sums_its_gradients_over_two_ranks_as_autocast_does(tmp_path):
+    """Each bucket's bf16 gradients are cast into the fp32 buffer before its all-reduce: the
+    summed gradients and the weights are those of fp32 weights cast by autocast, to the bit."""
+    ranks = spawn_ranks(_copy_or_casts, 2, tmp_path)
+    for r in ranks:
+        assert r["copy"]["dtypes"] == {torch.bfloat16} and r["casts"]["dtypes"] == {torch.float32}
+        for got, want in zip(r["copy"]["buffers"], r["casts"]["buffers"]):
+            assert torch.count_nonzero(want) > 0 and torch.equal(got, want)
+        assert torch.equal(r["copy"]["master"], r["casts"]["master"])
+    assert torch.equal(ranks[0]["copy"]["master"], ranks[1]["copy"]["master"])

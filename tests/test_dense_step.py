@@ -20,8 +20,9 @@ from tests.dense_fixtures import B, ND, PW, adagrad, assert_close_to_float64, ma
 
 
 def build(model, *, graphed: bool = False, device: str = "cpu", precision: str = "fp32",
-          local_batch: int = B, num_dense: int = ND, pooled_width: int = PW) -> tuple[DenseStep, FlatGradients]:
-    grads = FlatGradients(model, world_size=1, group=None)
+          local_batch: int = B, num_dense: int = ND, pooled_width: int = PW,
+          compute_dtype: torch.dtype | None = None) -> tuple[DenseStep, FlatGradients]:
+    grads = FlatGradients(model, world_size=1, group=None, compute_dtype=compute_dtype)
     step = DenseStep(dense=model, grads=grads, world_size=1, local_batch=local_batch, num_dense=num_dense,
                      pooled_width=pooled_width, device=torch.device(device), graphed=graphed, precision=precision)
     return step, grads
@@ -101,6 +102,92 @@ def test_dense_matmuls_run_in_the_requested_precision(precision):
     assert grads.buffer.abs().sum() > 0
 
 
+class _Casts(TorchDispatchMode):
+    """Counts the ops that change a tensor's dtype (autocast's casts, the weight copy's copies)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        src = args[1] if func is torch.ops.aten.copy_.default else args[0]
+        if isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor) and src.dtype != out.dtype:
+            self.count += 1
+        return out
+
+
+def _tiny_dense(fused_cross: bool = True, batch: int = 8):
+    cfg = tiny()
+    dense = build_dense(cfg, torch.device("cpu"), fused_cross=fused_cross)
+    width = cfg.model.num_sparse * cfg.model.embedding_dim
+    sizes = {"local_batch": batch, "num_dense": cfg.model.num_dense, "pooled_width": width}
+
+    def inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        dense_x, pooled = torch.randn(batch, cfg.model.num_dense, generator=g), torch.randn(batch, width, generator=g)
+        return dense_x, pooled, (torch.rand(batch, generator=g) < 0.5).float()
+
+    return dense, sizes, inputs
+
+
+@pytest.mark.parametrize("fused_cross", [True, False], ids=["fused-cross", "autograd-cross"])
+def test_the_bf16_weight_copy_trains_bit_for_bit_as_autocast_casting_fp32_weights(fused_cross):
+    """The reference is torch's own mixed precision: a copy of the model with fp32 parameters,
+    torch.autocast(bf16) casting them, the per-parameter Adagrad. The harness's step on a bf16
+    copy of the weights (one flat Adagrad on the fp32 masters, the copy refreshed after each
+    update) must give the same losses, pooled gradients and weights, to the bit, step after step."""
+    dense, sizes, inputs = _tiny_dense(fused_cross)
+    ref = copy.deepcopy(dense)
+    step, grads = build(dense, precision="bf16", compute_dtype=torch.bfloat16, **sizes)
+    assert grads.copies_weights and all(p.dtype == torch.bfloat16 for p in dense.parameters())
+    opt = adagrad([grads.flat_parameter()], lr=0.1)
+    ref_opt = adagrad(ref.parameters(), lr=0.1)
+    for it in range(4):
+        dense_x, pooled, labels = inputs(it)
+        loss, pooled_grad = step.run(dense_x, pooled.clone().requires_grad_(True), labels)
+        step.finish_gradients()
+        opt.step()
+        grads.updated()
+        ref_pooled = pooled.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = ref(dense_x, ref_pooled)
+        ref_loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), labels)
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert torch.equal(loss, ref_loss.detach()), it
+        assert torch.equal(pooled_grad, ref_pooled.grad), it
+    with grads.master_weights():
+        assert all(p.dtype == torch.float32 for p in dense.parameters())
+        for (name, a), b in zip(dense.named_parameters(), ref.parameters()):
+            assert torch.equal(a, b), name
+    for a, b in zip(dense.parameters(), ref.parameters()):  # the copy is the masters rounded, refreshed
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b.to(torch.bfloat16))
+    assert not all(torch.equal(a, b) for a, b in zip(ref.parameters(), _tiny_dense(fused_cross)[0].parameters()))
+
+
+def test_the_bf16_weight_copy_casts_once_a_step_each_way_where_autocast_casts_each_parameter():
+    """A whole step (forward, backward, gradients, update): autocast casts each of the P parameters
+    to bf16 and its gradient back, 2P casts; the copy casts the gradient buffer once and refreshes
+    itself once. Every other cast (inputs, activations) is the same in both."""
+    counts = {}
+    for copy_weights in (False, True):
+        dense, sizes, inputs = _tiny_dense()
+        step, grads = build(dense, precision="bf16", compute_dtype=torch.bfloat16 if copy_weights else None, **sizes)
+        opt = adagrad([grads.flat_parameter()], lr=0.1)
+        dense_x, pooled, labels = inputs(0)
+        with _Casts() as mode:
+            step.run(dense_x, pooled.requires_grad_(True), labels)
+            step.finish_gradients()
+            opt.step()
+            grads.updated()
+        counts[copy_weights] = mode.count
+    params = len(list(dense.parameters()))
+    assert params == 2 * 2 + 2 * 3 + 3 * 2  # tiny: bottom 2 Linears, cross 2 x (V, W, b), top 3 Linears
+    assert counts[False] - counts[True] == 2 * params - 2, counts
+
+
 def test_wrong_shapes_and_non_leaf_pooled_are_refused():
     step, _ = build(make_model())
     dense_x, pooled, labels = make_inputs(0)
@@ -112,18 +199,22 @@ def test_wrong_shapes_and_non_leaf_pooled_are_refused():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_graphed_matches_eager_over_several_steps(precision):
+@pytest.mark.parametrize("precision, weight_copy", [("fp32", False), ("bf16", False), ("bf16", True)],
+                         ids=["fp32", "bf16-autocast-casts", "bf16-weight-copy"])
+def test_graphed_matches_eager_over_several_steps(precision, weight_copy):
     # Replays and eager kernels may differ in the last bits (e.g. cuBLAS picking other algorithms
-    # on another stream), hence allclose rather than equal; bf16 rounds more.
+    # on another stream), hence allclose rather than equal; bf16 rounds more. With the weight copy
+    # the replays must read the copy each update refreshes in place.
     tol = {"rtol": 1e-2, "atol": 1e-3} if precision == "bf16" else {}
+    compute = torch.bfloat16 if weight_copy else None
     eager_model = make_model("cuda")
     graphed_model = copy.deepcopy(eager_model)
-    eager, eager_grads = build(eager_model, device="cuda", precision=precision)
-    graphed, graphed_grads = build(graphed_model, graphed=True, device="cuda", precision=precision)
+    eager, eager_grads = build(eager_model, device="cuda", precision=precision, compute_dtype=compute)
+    graphed, graphed_grads = build(graphed_model, graphed=True, device="cuda", precision=precision,
+                                   compute_dtype=compute)
     assert torch.count_nonzero(graphed_grads.buffer) == 0, "warm-up gradients leaked into the buffer"
-    eager_opt = adagrad(eager_model.parameters(), lr=0.1, device="cuda")
-    graphed_opt = adagrad(graphed_model.parameters(), lr=0.1, device="cuda")
+    eager_opt = adagrad([eager_grads.flat_parameter()], lr=0.1, device="cuda")
+    graphed_opt = adagrad([graphed_grads.flat_parameter()], lr=0.1, device="cuda")
 
     for it in range(4):
         dense_x, pooled, labels = make_inputs(it, device="cuda")
@@ -140,12 +231,12 @@ def test_graphed_matches_eager_over_several_steps(precision):
         torch.testing.assert_close(g_pg, e_pg, **tol)
         torch.testing.assert_close(graphed_grads.buffer, eager_grads.buffer, **tol)
         eager_opt.step()
-        eager_grads.zero()
+        eager_grads.updated()
         graphed_opt.step()
-        graphed_grads.zero()
+        graphed_grads.updated()
 
-    for a, b in zip(eager_model.parameters(), graphed_model.parameters()):
-        torch.testing.assert_close(a, b, **tol)
+    torch.testing.assert_close(graphed_grads.master, eager_grads.master, **tol)
+    assert not torch.equal(graphed_grads.master, FlatGradients(make_model("cuda"), world_size=1, group=None).master)
 
 
 def test_an_eager_step_has_no_static_pooled_input():

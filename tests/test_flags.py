@@ -214,3 +214,29 @@ def test_cross_layers_are_recorded_fused_or_as_written():
     assert '"fused_cross"' not in old.read_text()
     m = RunManifest.from_json(old.read_text())
     assert m.config.optimizations.fused_cross is False and m.optimizations.cross_net.impl == "autograd"
+
+
+def test_dense_weights_are_recorded_as_a_bf16_copy_autocast_casts_or_fp32():
+    """Not a flag: in bf16 the harness engine computes on a bf16 copy of its weights unless told
+    --no-bf16-weight-copy; fp32 runs and the torchrec engine say why they have none; manifests
+    written before the choice read as what they ran (autocast casts in bf16, fp32 else)."""
+    from harness.config import PrecisionConfig
+    from harness.records.manifest import RunManifest
+    from harness.run.optimizations import describe, resolve
+
+    bf16 = PrecisionConfig(dense="bf16")
+    kinds = ["table_wise"]
+    copy = resolve(OptimizationsConfig(), cuda=False, plan_kinds=kinds, precision=bf16)
+    casts = resolve(OptimizationsConfig(bf16_weight_copy=False), cuda=False, plan_kinds=kinds, precision=bf16)
+    fp32 = resolve(OptimizationsConfig(), cuda=False, plan_kinds=kinds)
+    stock = resolve(OptimizationsConfig(), cuda=True, plan_kinds=kinds, precision=bf16, engine="torchrec")
+    assert [r.dense_weights.impl for r in (copy, casts, fp32, stock)] == ["bf16 copy", "autocast casts", "fp32",
+                                                                          "autocast casts"]
+    assert "torchrec engine" in stock.dense_weights.reason and not casts.dense_weights.reason
+    assert "dense weights: bf16 copy" in describe(copy) and "dense weights: autocast casts" in describe(casts)
+    data = Path(__file__).parent / "data"
+    for folder, impl in (("h100-runs-2/s-bf16-r0", "autocast casts"), ("h100-runs/g-tiny", "fp32")):
+        text = (data / folder / "manifest.json").read_text()
+        assert '"bf16_weight_copy"' not in text and '"dense_weights"' not in text
+        m = RunManifest.from_json(text)
+        assert m.config.optimizations.bf16_weight_copy is False and m.optimizations.dense_weights.impl == impl

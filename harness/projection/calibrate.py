@@ -138,7 +138,8 @@ def _kernels(m: Measured, profile: Profile):
     cfg = m.run.manifest.config
     flags = effective_flags(cfg, profile, m.work)
     return stage_kernels(cfg, groups=len(m.work.groups), params=m.work.params, world_size=m.work.world_size,
-                         flags=flags, fused_cross=m.run.manifest.optimizations.cross_net.impl == "fused"), flags
+                         flags=flags, fused_cross=m.run.manifest.optimizations.cross_net.impl == "fused",
+                         weight_copy=m.run.manifest.optimizations.dense_weights.impl == "bf16 copy"), flags
 
 
 def _set_launch(runs: list[Measured], p: Profile) -> None:

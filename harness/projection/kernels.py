@@ -13,6 +13,10 @@ Counted per layer from what the dense step runs (model/dense.py, harness/run/den
   forward (1 fewer), and backward the residual's gradient added inside the GEMM in fp32 (1 fewer)
   or, in bf16, d/dy rounded to bf16 in its multiply and the V GEMM's bf16 gradient added to the
   fp32 one in one mixed-dtype add (2 fewer casts): 2 fewer kernels a layer in fp32, 3 in bf16;
+- the bf16 weight copy (harness/run/dense_gradients.py, the harness's default in bf16): the weight
+  and bias casts are gone both ways (4 fewer a Linear: 9); the gradients' cast to fp32 moves into
+  one copy a step (world size 1, in dense_update, where the eager step waits for its gradients) or
+  one a bucket, and the copy's refresh after the update is one more in dense_update;
 - the interaction's concat and its gradient's split, the BCE-with-logits loss forward (3) and
   backward (3), the backward's seed and the loss's copy: 10 a step;
 - world size > 1: each 4 MiB gradient bucket (harness/run/dense_gradients.py DEFAULT_BUCKET_MIB)
@@ -21,7 +25,7 @@ Counted per layer from what the dense step runs (model/dense.py, harness/run/den
 small in bf16 with autograd's cross layers: 14 Linears x 13 + 3 cross layers x 7 + 10 = 213
 kernels in dense_fwd_bwd; the H100 trace (docs/gpu-session-2-notes.md,
 tests/data/h100-runs-2/trace-small-bf16.json.gz, made before the fused layers) counted 217; fused,
-204 (not yet traced on a GPU). The embedding stages are counted from the same trace (one sharding
+204, and with the bf16 weight copy 14 x 9 + 3 x 4 + 10 = 148 (neither yet traced on a GPU). The embedding stages are counted from the same trace (one sharding
 group, world size 1: emb_fwd 11, emb_bwd 25, dense_update 6) and split into a fixed part and a part
 a sharding group (each group runs its own lookup kernel, exchanges and permutes): an assumption,
 stated in the output. Since the trace, one sharding holding every table in order hands its output
@@ -39,6 +43,8 @@ KERNELS_BF16_LINEAR = 13
 KERNELS_CROSS_ELEMENTWISE = 7
 FUSED_CROSS_SAVES = {False: 2, True: 3}
 """Kernels a fused cross layer launches fewer than autograd's, in fp32 (False) and bf16 (True)."""
+WEIGHT_COPY_SAVES = 4
+"""Kernels a Linear launches fewer with the bf16 weight copy (its weight and bias casts, both ways)."""
 KERNELS_DENSE_FIXED = 10
 BUCKET_BYTES = 4 * 2**20
 KERNELS_A_BUCKET = 2
@@ -72,27 +78,32 @@ def linear_count(model) -> int:
     return len(model.bottom_mlp) + len(model.top_mlp) + 2 * model.cross_layers
 
 
-def dense_kernels(model, *, bf16: bool, params: int, world_size: int, fused_cross: bool = False) -> tuple[int, int]:
-    """(kernels of dense_fwd_bwd, gradient buckets)."""
-    per_linear = KERNELS_BF16_LINEAR if bf16 else KERNELS_FP32_LINEAR
+def dense_kernels(model, *, bf16: bool, params: int, world_size: int, fused_cross: bool = False,
+                  weight_copy: bool = False) -> tuple[int, int]:
+    """(kernels of dense_fwd_bwd, gradient buckets). weight_copy: the bf16 weight copy (bf16 only)."""
+    copy = bf16 and weight_copy
+    per_linear = (KERNELS_BF16_LINEAR - WEIGHT_COPY_SAVES * copy) if bf16 else KERNELS_FP32_LINEAR
     buckets = math.ceil(4 * params / BUCKET_BYTES) if world_size > 1 else 0
     cross = KERNELS_CROSS_ELEMENTWISE - (FUSED_CROSS_SAVES[bf16] if fused_cross else 0)
     k = linear_count(model) * per_linear + model.cross_layers * cross + KERNELS_DENSE_FIXED
-    return k + KERNELS_A_BUCKET * buckets, buckets
+    return k + (KERNELS_A_BUCKET + copy) * buckets, buckets
 
 
 def stage_kernels(cfg, *, groups: int, params: int, world_size: int, flags: dict[str, bool],
-                  fused_cross: bool = False) -> StageKernels:
+                  fused_cross: bool = False, weight_copy: bool = False) -> StageKernels:
     """Kernels a stage launches on one rank in one iteration (module docstring). fused_cross: how
-    the cross layers run (ResolvedFlags.cross_net)."""
-    dense, buckets = dense_kernels(cfg.model, bf16=cfg.precision.dense == "bf16", params=params, world_size=world_size,
-                                   fused_cross=fused_cross)
+    the cross layers run (ResolvedFlags.cross_net); weight_copy: whether the dense parameters are a
+    bf16 copy (ResolvedFlags.dense_weights)."""
+    bf16 = cfg.precision.dense == "bf16"
+    dense, buckets = dense_kernels(cfg.model, bf16=bf16, params=params, world_size=world_size,
+                                   fused_cross=fused_cross, weight_copy=weight_copy)
+    copy = bf16 and weight_copy
     splits = 0 if flags.get("skip_splits_a2a") else INPUT_DIST_SPLITS
     return StageKernels(
         input_dist=INPUT_DIST_FIXED + groups * (INPUT_DIST_GROUP + splits),
         emb_fwd=EMB_FWD[0] + groups * EMB_FWD[1],
         dense_fwd_bwd=dense,
         emb_bwd=EMB_BWD[0] + groups * EMB_BWD[1],
-        dense_update=DENSE_UPDATE,
+        dense_update=DENSE_UPDATE + copy * (1 + (world_size == 1)),
         dense_buckets=buckets,
     )

@@ -181,10 +181,10 @@ def _input_dist_ops(work: Work, profile: Profile, k: StageKernels, flags: dict, 
 
 
 def iteration_ops(cfg, work: Work, profile: Profile, cal: Calibration, flags: dict,
-                  fused_cross: bool = False) -> tuple[list, StageKernels]:
+                  fused_cross: bool = False, weight_copy: bool = False) -> tuple[list, StageKernels]:
     """One iteration's ops on every rank (module docstring for what each flag changes)."""
     k = stage_kernels(cfg, groups=len(work.groups), params=work.params, world_size=work.world_size, flags=flags,
-                      fused_cross=fused_cross)
+                      fused_cross=fused_cross, weight_copy=weight_copy)
     launch, hbm = profile.value("launch_us") * 1e-6, profile.value("hbm_gbps") * 1e9
     speed, turns = cpu_share(profile, work)
     B = work.local_batch
@@ -250,7 +250,8 @@ class Projection:
 def project(cfg, work: Work, profile: Profile, cal: Calibration, *, label: str = "") -> Projection:
     res = resolved_flags(cfg, profile, work)
     flags = dict(res.effective)
-    ops, k = iteration_ops(cfg, work, profile, cal, flags, fused_cross=res.cross_net.impl == "fused")
+    ops, k = iteration_ops(cfg, work, profile, cal, flags, fused_cross=res.cross_net.impl == "fused",
+                           weight_copy=res.dense_weights.impl == "bf16 copy")
     result = simulate(ops, ranks=work.world_size, async_device=profile.async_device)
     return Projection(label=label, flags=flags, result=result, kernels=k, world_size=work.world_size,
                       inactive=dict(res.inactive_reasons))

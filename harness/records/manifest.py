@@ -78,6 +78,19 @@ class CrossNetEntry:
 
 
 @dataclass(kw_only=True, frozen=True)
+class DenseWeightsEntry:
+    """What the dense forward reads its parameters as (config optimizations.bf16_weight_copy,
+    resolved): not a flag, the same bits, but it moves the dense step's launches, so recorded."""
+
+    impl: str = "fp32"
+    """fp32 (the weights themselves), bf16 copy (a copy refreshed once a step, gradients cast once)
+    or autocast casts (each parameter cast each forward, its gradient back). Manifests written
+    before it was recorded read autocast casts for bf16 runs (RunManifest.from_json), fp32 else."""
+    reason: str = ""
+    """Why not the bf16 copy where it was asked, for reports."""
+
+
+@dataclass(kw_only=True, frozen=True)
 class AheadEntry:
     """How many batches a thread draws ahead of the loop on the run's device (config data.ahead,
     resolved): not a flag, it changes no number, but where the batch time goes."""
@@ -116,6 +129,8 @@ class ResolvedFlags:
     """Batches a thread draws ahead of the loop (not a flag)."""
     cross_net: CrossNetEntry = field(default_factory=CrossNetEntry)
     """How the cross layers ran (not a flag)."""
+    dense_weights: DenseWeightsEntry = field(default_factory=DenseWeightsEntry)
+    """What the dense forward read its parameters as (not a flag)."""
 
     def __post_init__(self) -> None:
         for name in ("requested", "effective"):
@@ -355,4 +370,10 @@ class RunManifest:
             # Written before the fused cross layers existed: those runs ran the formula (autograd),
             # not what the field's default would now say.
             opts["fused_cross"] = False
+        if isinstance(opts, dict) and "bf16_weight_copy" not in opts:
+            opts["bf16_weight_copy"] = False  # written before the copy existed: autocast cast each parameter
+        flags = data.get("optimizations") if isinstance(data, dict) else None
+        if isinstance(flags, dict) and "dense_weights" not in flags:
+            dense = (flags.get("precision") or {}).get("dense", "fp32")
+            flags["dense_weights"] = {"impl": "fp32" if dense == "fp32" else "autocast casts"}
         return typed_json.from_jsonable(cls, data)

@@ -6,6 +6,13 @@ The buffer is all-reduced in buckets, contiguous ranges of it, each launched (as
 backward has accumulated all of its parameters' gradients, as DDP does: the collective of the
 last layers then runs while backward still computes the first ones.
 
+bf16 weight copy (compute_dtype=torch.bfloat16): the module's parameters become bf16 views of
+one buffer, a copy of the fp32 weights (the masters) refreshed in one cast after each update, and
+backward accumulates their bf16 gradients into a bf16 buffer cast to the fp32 one per bucket. Under
+bf16 autocast that is the same arithmetic as fp32 parameters cast by autocast (each parameter is
+used once: its bf16 gradient, added to zero, is exact), with one cast a step each way where
+autocast makes one a parameter each way (25 a forward and 25 a backward on DLRM-DCNv2).
+
 Bitwise: with 2 ranks every element is a + b whatever the bucketing (float addition is
 commutative), so any bucket size gives the same bits as one all-reduce of the whole buffer.
 With 3 or more ranks gloo's ring all-reduce sums each chunk of a bucket starting at a different
@@ -55,11 +62,12 @@ def bucket_ranges(sizes: list[int], cap: int) -> list[tuple[int, int]]:
 
 
 class FlatGradients:
-    """The dense parameters' gradients as views of `buffer`, summed over ranks in buckets.
+    """The dense parameters' gradients as views of `buffer`, summed over ranks in buckets, and the
+    parameters themselves as views of one buffer (the optimizer's one flat parameter).
 
     Use per step: backward (hooks launch each bucket's all-reduce when it is complete), then
     `finish()` (launches what is left, in bucket order, and waits for all), optimizer step,
-    `zero()`. Each rank's loss must already be divided by the world size.
+    `updated()`. Each rank's loss must already be divided by the world size.
 
     Every rank launches the buckets in the same order (bucket 0 first), whatever order its
     hooks fire in, as collectives on one process group must be issued in the same order.
@@ -74,22 +82,37 @@ class FlatGradients:
         bucket_mib: float = DEFAULT_BUCKET_MIB,
         wait: WaitFn = block,
         bytes_moved: CollectiveBytes | None = None,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
-        """bytes_moved: where each bucket's all-reduce is counted (the records' bytes moved)."""
+        """bytes_moved: where each bucket's all-reduce is counted (the records' bytes moved).
+        compute_dtype: the dtype the module's parameters take for forward and backward (the bf16
+        weight copy, module docstring); None: the weights' own."""
         self.bytes_moved = bytes_moved
         self._counting = True
         if not bucket_mib > 0:
             raise ValueError(f"bucket_mib must be > 0, got {bucket_mib}")
         params = [p for p in module.parameters() if p.requires_grad]
         self.params = params
-        self.buffer = torch.zeros(sum(p.numel() for p in params), device=params[0].device, dtype=params[0].dtype)
-        offsets = []
-        offset = 0
-        for p in params:
-            p.grad = self.buffer[offset : offset + p.numel()].view_as(p)
-            offsets.append(offset)
-            offset += p.numel()
-        self.offsets = offsets
+        self.offsets = [0, *itertools.accumulate(p.numel() for p in params)][:-1]
+        total = sum(p.numel() for p in params)
+        # master: the weights, laid out as the gradients (the optimizer's flat parameter); buffer:
+        # the gradients in the weights' dtype, what the all-reduce sums and the optimizer reads;
+        # weights: what the module's parameters are views of, the masters or their copy in
+        # compute_dtype; staging: where backward accumulates, the buffer or one in compute_dtype
+        # cast to it bucket by bucket.
+        self.master = torch.empty(total, device=params[0].device, dtype=params[0].dtype)
+        self.buffer = torch.zeros_like(self.master)
+        with torch.no_grad():
+            for p, off in zip(params, self.offsets):
+                self.master[off : off + p.numel()].copy_(p.reshape(-1))
+        if compute_dtype is None or compute_dtype == self.master.dtype:
+            self.weights, self.staging = self.master, self.buffer
+        else:
+            self.weights = self.master.to(compute_dtype)
+            self.staging = torch.zeros_like(self.weights)
+        self._place(self.weights)
+        for p, off in zip(params, self.offsets):
+            p.grad = self.staging[off : off + p.numel()].view_as(p)
         cap = max(1, int(bucket_mib * 2**20) // self.buffer.element_size())
         self.buckets = bucket_ranges([p.numel() for p in params], cap)
         self.world_size, self.group, self.wait = world_size, group, wait
@@ -97,11 +120,21 @@ class FlatGradients:
         self._works: list[dist.Work] = []
         self._sizes = [0] * len(self.buckets)
         if world_size > 1:
-            for p, off in zip(params, offsets):
+            for p, off in zip(params, self.offsets):
                 bucket = next(i for i, (start, end) in enumerate(self.buckets) if start <= off < end)
                 self._sizes[bucket] += 1
                 self._handles.append(p.register_post_accumulate_grad_hook(self._on_ready(bucket)))
         self._reset()
+
+    def _place(self, flat: torch.Tensor) -> None:
+        """Make each parameter a view of `flat` (same Parameter objects, so modules and hooks keep them)."""
+        for p, off in zip(self.params, self.offsets):
+            p.data = flat[off : off + p.numel()].view(p.shape)
+
+    @property
+    def copies_weights(self) -> bool:
+        """Whether the module computes on a copy of the weights in another dtype (the bf16 weight copy)."""
+        return self.weights is not self.master
 
     def _reset(self) -> None:
         self._waiting = list(self._sizes)
@@ -118,6 +151,8 @@ class FlatGradients:
     def _launch(self, bucket: int) -> None:
         self._count(bucket)
         start, end = self.buckets[bucket]
+        if self.staging is not self.buffer:
+            self.buffer[start:end].copy_(self.staging[start:end])
         self._works.append(dist.all_reduce(self.buffer[start:end], group=self.group, async_op=True))
         self._next = bucket + 1
 
@@ -144,21 +179,30 @@ class FlatGradients:
             self._counting = True
 
     def flat_parameter(self) -> nn.Parameter:
-        """The parameters as one: each becomes a view of one buffer laid out as the gradients are,
-        and the returned Parameter over that buffer has the gradient buffer as its .grad.
+        """The weights as one Parameter over `master`, with the gradient buffer as its .grad: the
+        module's parameters are views of it (or, with a weight copy, of its copy, which
+        `updated()` refreshes).
 
         For the optimizer: the fused Adagrad then runs one kernel on one tensor (tiny: 0.08 ms a
         step against 0.39 per parameter; docs/dense-gradients-notes.md), with the same bits
         (Adagrad is element-wise; tests/test_dense_gradients.py checks it against the per-parameter
         optimizer)."""
-        flat = torch.empty_like(self.buffer)
-        with torch.no_grad():
-            for p, off in zip(self.params, self.offsets):
-                flat[off : off + p.numel()].copy_(p.reshape(-1))
-                p.data = flat[off : off + p.numel()].view_as(p)  # same Parameter object, storage shared
-        param = nn.Parameter(flat)
+        param = nn.Parameter(self.master)
         param.grad = self.buffer
         return param
+
+    @contextlib.contextmanager
+    def master_weights(self):
+        """The module's parameters are the fp32 weights inside (evaluation in fp32, the final
+        weights); nothing to do without a weight copy. No backward may run inside."""
+        if not self.copies_weights:
+            yield
+            return
+        self._place(self.master)
+        try:
+            yield
+        finally:
+            self._place(self.weights)
 
     @property
     def in_flight(self) -> int:
@@ -173,10 +217,21 @@ class FlatGradients:
         if self.world_size > 1:
             while self._next < len(self.buckets):
                 self._launch(self._next)
+        elif self.staging is not self.buffer:
+            self.buffer.copy_(self.staging)
         for work in self._works:
             self.wait(work)
         self._works.clear()
         self._reset()
 
     def zero(self) -> None:
-        self.buffer.zero_()
+        """Zero what backward accumulates into (a separate fp32 buffer is overwritten by its casts)."""
+        self.staging.zero_()
+
+    def updated(self) -> None:
+        """After the optimizer step: refresh the weight copy from the masters (one cast), then zero
+        the gradients for the next step."""
+        if self.copies_weights:
+            with torch.no_grad():
+                self.weights.copy_(self.master)
+        self.zero()

@@ -9,7 +9,8 @@ as it does for DDP's bucketed all-reduces in a whole-network capture.
 
 `precision` "bf16": the dense forward runs under torch.autocast(bfloat16) (matmuls in bf16,
 weights, gradients and optimizer state stay fp32, the loss is taken in fp32), as GPU MLPerf
-submissions do. It changes the numbers by design.
+submissions do. It changes the numbers by design. The module's parameters may be a bf16 copy of
+the weights (FlatGradients' compute_dtype): autocast then has no weight to cast, same bits.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ class DenseStep:
         grads.finish()                   # eager: in finish_gradients(), after the embedding backward
 
     does. Gradients accumulate into the buffer (autograd adds into an existing .grad in place),
-    so the caller must `grads.zero()` between calls, as the train loop already does after the
-    optimizer step.
+    so the caller must zero them between calls, as the train loop's `grads.updated()` does after
+    the optimizer step.
 
     graphed=True captures that step in a CUDA graph at construction. With world_size > 1 the
     construction runs collectives (warm-up all-reduces and the captured ones), so every rank must
@@ -160,7 +161,7 @@ class DenseStep:
     def _maybe_autocast(self) -> contextlib.AbstractContextManager:
         if self._autocast_dtype is None:
             return contextlib.nullcontext()
-        # No weight-cast cache: each weight is cast once a forward anyway, and a cache kept
+        # No weight-cast cache: each weight is cast at most once a forward anyway, and a cache kept
         # across a CUDA graph capture would hold tensors outside the graph's memory pool.
         return torch.autocast(self.device.type, dtype=self._autocast_dtype, cache_enabled=False)
 

@@ -14,6 +14,8 @@ pipeline's segment first); its time goes to its own records, never into an itera
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -100,15 +102,18 @@ def _sync(device: torch.device) -> None:
 
 
 def evaluate(*, files: CriteoFiles, stage: str, embeddings: ShardedEmbeddingCollection, dense: DenseArch,
-             rank: int, world_size: int, device: torch.device, group: dist.ProcessGroup | None = None) -> EvalResult:
-    """AUROC of the model as it stands over `stage`'s half of the held-out day (val or test)."""
+             rank: int, world_size: int, device: torch.device, group: dist.ProcessGroup | None = None,
+             fp32_weights: Callable[[], AbstractContextManager] = nullcontext) -> EvalResult:
+    """AUROC of the model as it stands over `stage`'s half of the held-out day (val or test).
+    fp32_weights: makes the dense arch's parameters its fp32 weights for the block (a bf16 run
+    trains on a copy of them, FlatGradients.master_weights)."""
     _sync(device)
     start = time.perf_counter_ns()
     g = files.global_batch_size
     local = g // world_size
     scored = files.held_out_scored(stage)
     scores, labels = [], []
-    with torch.no_grad():
+    with torch.no_grad(), fp32_weights():
         for j in range(scored // g):
             batch = files.held_out_batch(stage, j * g + rank * local, local).to(device)
             pending = embeddings.prepare_input_dist(batch.sparse, splits_known=False)

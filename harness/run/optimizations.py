@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 
 from harness.config import OptimizationsConfig, PrecisionConfig
-from harness.records.manifest import (AheadEntry, CrossNetEntry, DenseOptimizerEntry, PrecisionEntry, ResolvedFlags,
-                                      WaitEntry)
+from harness.records.manifest import (AheadEntry, CrossNetEntry, DenseOptimizerEntry, DenseWeightsEntry, PrecisionEntry,
+                                      ResolvedFlags, WaitEntry)
 from harness.names import OPTIMIZATION_FLAGS
 from model.names import KNOWN_SPLITS_KINDS, ROW_BLOCKED_KINDS, ShardingType
 
@@ -146,13 +146,23 @@ def resolve(
                          collective_wait=_wait_entry(opts.collective_wait, cuda=cuda, engine=engine),
                          dense_optimizer=dense_adagrad("cuda" if cuda else "cpu", engine=engine),
                          batches_ahead=batches_ahead(ahead, cuda=cuda, local_ranks=local_ranks),
-                         cross_net=_cross_entry(opts.fused_cross, engine=engine))
+                         cross_net=_cross_entry(opts.fused_cross, engine=engine),
+                         dense_weights=_dense_weights_entry(opts.bf16_weight_copy, precision.dense, engine=engine))
 
 
 def _cross_entry(fused: bool, *, engine: str) -> CrossNetEntry:
     if fused and engine != "harness":
         return CrossNetEntry(impl="autograd", reason=f"the {engine} engine runs its own (stock) cross layers")
     return CrossNetEntry(impl="fused" if fused else "autograd")
+
+
+def _dense_weights_entry(copy: bool, dense: str, *, engine: str) -> DenseWeightsEntry:
+    if dense == "fp32":
+        return DenseWeightsEntry(impl="fp32")
+    if copy and engine != "harness":
+        return DenseWeightsEntry(impl="autocast casts",
+                                 reason=f"the {engine} engine keeps stock fp32 parameters under autocast")
+    return DenseWeightsEntry(impl="bf16 copy" if copy else "autocast casts")
 
 
 def _wait_entry(requested: str, *, cuda: bool, engine: str) -> WaitEntry:
@@ -217,6 +227,8 @@ def describe(res: ResolvedFlags) -> str:
     lines.append(f"batches ahead: {ahead.depth}" + (f" ({ahead.reason})" if ahead.reason else ""))
     cross = res.cross_net
     lines.append(f"cross layers: {cross.impl}" + (f" ({cross.reason})" if cross.reason else ""))
+    weights = res.dense_weights
+    lines.append(f"dense weights: {weights.impl}" + (f" ({weights.reason})" if weights.reason else ""))
     dense_opt = res.dense_optimizer
     lines.append(f"dense optimizer: Adagrad {dense_opt.impl}" + (f" ({dense_opt.reason})" if dense_opt.reason else ""))
     prec = res.precision

@@ -154,7 +154,8 @@ def build_rank(env: RankEnv, data: BatchSource, flags: ResolvedFlags | None = No
     on, wait = flags.effective, WAITS[flags.collective_wait.effective]
     dense = build_dense(cfg, device, fused_cross=flags.cross_net.impl == "fused")
     moved = CollectiveBytes()  # every collective counts the bytes it moves here; each iteration's go to its records
-    grads = FlatGradients(dense, world_size=world, group=env.group, wait=wait, bytes_moved=moved)
+    grads = FlatGradients(dense, world_size=world, group=env.group, wait=wait, bytes_moved=moved,
+                          compute_dtype=torch.bfloat16 if flags.dense_weights.impl == "bf16 copy" else None)
     dense_opt = dense_optimizer(grads, cfg, flags.dense_optimizer.impl)
     host = HostCopies(device=device, pinned=on["pinned_d2h"])
     timeline = Timeline(cuda=device.type == "cuda", stages=cfg.run.timeline, device=device)
@@ -175,7 +176,8 @@ def build_rank(env: RankEnv, data: BatchSource, flags: ResolvedFlags | None = No
     scores = None
     if cfg.evaluation.every_samples:
         scores = partial(evaluate, files=data, stage=cfg.evaluation.stage, embeddings=embeddings, dense=dense,
-                         rank=env.rank, world_size=world, device=device, group=env.group)
+                         rank=env.rank, world_size=world, device=device, group=env.group,
+                         fp32_weights=grads.master_weights)
     return RankParts(step=step, timeline=timeline, records=records_flusher(env, timeline),
                      data=data, evaluate=scores, close=close_store)
 

@@ -97,7 +97,7 @@ class HarnessStep:
         with tl.stage("dense_update"):
             self.dense_step.finish_gradients()
             self.dense_opt.step()
-            self.grads.zero()
+            self.grads.updated()
         return StepOutput(loss=loss, splits_exchanged=exchanged)
 
     def bytes_moved(self) -> dict[str, tuple[int, int]]:
@@ -112,5 +112,6 @@ class HarnessStep:
         return self.embeddings.dynamic_counts()
 
     def final_weights(self) -> tuple[dict[str, torch.Tensor], list[tuple[int, Shard, torch.Tensor]]]:
-        dense = {k: v.detach().cpu().clone() for k, v in self.dense.state_dict().items()}
+        with self.grads.master_weights():  # the fp32 weights, not a bf16 copy of them
+            dense = {k: v.detach().cpu().clone() for k, v in self.dense.state_dict().items()}
         return dense, [(t, s, w.detach().cpu().clone()) for t, s, w in self.embeddings.shard_weights()]
