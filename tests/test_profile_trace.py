@@ -127,6 +127,44 @@ def test_cpu_trace_has_host_ranges_only(tmp_path):
     assert profile.finding.startswith("no kernels in the trace")
 
 
+def test_input_dist_parts_are_charged_to_input_dist_on_their_own_thread(tmp_path):
+    """A pipelined input dist is annotated only by its parts (`input_dist:<piece>`), on the thread
+    that does each. By hand: the wait part [0, 2] on the loop's thread (tid 1) launches a 1 ms
+    copy; the input thread's (tid 2) prepare part [12, 16], with a nested sub-span [13, 14],
+    launches a kernel at 13, while the loop's thread launches a dense kernel at 14 inside both
+    dense_fwd_bwd [10, 20] and that part's time. The parts open no iteration (the wait before
+    emb_fwd belongs to the iteration before it), a nested part's host time counts once, and their
+    kernels are not what the GPU idles between iterations for."""
+    events = []
+    for t0, corr in ((0.0, 1), (30.0, 101)):
+        events += [_x("user_annotation", "input_dist:wait", t0, t0 + 2),
+                   _x("user_annotation", "emb_fwd", t0 + 3, t0 + 10),
+                   _x("user_annotation", "dense_fwd_bwd", t0 + 10, t0 + 20),
+                   _x("user_annotation", "input_dist:prepare", t0 + 12, t0 + 16, tid=2),
+                   _x("user_annotation", "input_dist:transform", t0 + 13, t0 + 14, tid=2)]
+        for i, (at, tid, ks, ke) in enumerate([(1.0, 1, 1.5, 2.5), (5.0, 1, 5.5, 6.5), (13.0, 2, 13.2, 13.4),
+                                               (14.0, 1, 14.5, 17.5)]):
+            events.append(_x("cuda_runtime", "cudaLaunchKernel", t0 + at, t0 + at + 0.1, tid=tid, correlation=corr + i))
+            events.append(_x("kernel", f"k{i}", t0 + ks, t0 + ke, tid=7, correlation=corr + i, stream=7, device=0))
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = pt.parse(pt.read_events(path))
+    by_launch = dict(zip(trace.kernels["launch"].round(3), trace.kernels["stage"]))
+    assert by_launch[1.0] == pt.OUTSIDE  # the wait part before iteration 0's emb_fwd: no profiled iteration's
+    assert [by_launch[t] for t in (31.0, 35.0, 43.0, 44.0)] == ["input_dist", "emb_fwd", "input_dist", "dense_fwd_bwd"]
+    profile = pt.analyze(path)
+    stages = profile.stages.set_index("stage")
+    assert profile.summary["iterations"] == 2 and profile.summary["period_ms"] == pytest.approx(30.0)
+    # iteration 0: prepare [12, 16] (its nested range not again) and the next wait [30, 32]; iteration 1:
+    # prepare [42, 46]
+    assert stages.loc["input_dist", "iterations"] == 2
+    assert stages.loc["input_dist", "host_ms"] == pytest.approx((6.0 + 4.0) / 2)
+    assert stages.loc["dense_fwd_bwd", "kernels"] == 1
+    # Between iterations: dense's last kernel ends at 17.5, iteration 1's emb_fwd kernel starts at
+    # 35.5; the wait part's copy [31.5, 32.5] in between is busy: 18 - 1 = 17 ms idle.
+    assert profile.summary["between_idle_ms"] == pytest.approx(17.0)
+
+
 def test_h100_trace_is_launch_bound():
     """The real H100 trace: the GPU idles more than 40% of the period, dense_fwd_bwd is launch-bound."""
     profile = pt.analyze(H100_TRACE)

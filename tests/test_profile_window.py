@@ -10,6 +10,7 @@ import pytest
 from harness.cli import main
 from harness.config import RunConfig
 from harness.presets import tiny
+from harness.report import profile_trace as pt
 
 
 def test_the_window_writes_a_trace_a_rank_with_every_stage_in_it(tmp_path):
@@ -28,6 +29,13 @@ def test_the_window_writes_a_trace_a_rank_with_every_stage_in_it(tmp_path):
         inside = [e for e in ranges if e["name"].startswith("aten::") and e.get("tid") == dense.get("tid")
                   and dense["ts"] <= e["ts"] <= dense["ts"] + dense["dur"]]
         assert inside, "no op under the dense stage's range"
+        # The pipelined input dist, a span across iterations, is annotated by its pieces on the
+        # thread that does each: the 2-rank exchange's start, launch and wait, each op-bearing.
+        parts = [e for e in ranges if e["name"] in ("input_dist:start", "input_dist:launch", "input_dist:wait")]
+        assert {e["name"] for e in parts} == {"input_dist:start", "input_dist:launch", "input_dist:wait"}
+        assert any(e["name"].startswith(("aten::", "fbgemm::", "c10d::", "gloo:")) and e.get("tid") == p.get("tid")
+                   and p["ts"] <= e["ts"] <= p["ts"] + p["dur"] for p in parts for e in ranges)
+        assert "input_dist" in set(pt.analyze(run_dir / rank / "trace.json").stages["stage"])
 
 
 def test_a_window_outside_the_run_is_refused():

@@ -106,8 +106,8 @@ def _complete_events(events: list[dict]) -> pd.DataFrame:
         if e.get("ph") == "X" and e.get("cat") in cats and isinstance(e.get("ts"), (int, float)):
             args = e.get("args") if isinstance(e.get("args"), dict) else {}
             rows.append((e["cat"], str(e.get("name", "")), float(e["ts"]), float(e.get("dur") or 0.0),
-                         args.get("correlation")))
-    df = pd.DataFrame(rows, columns=["cat", "name", "ts", "dur", "correlation"])
+                         args.get("correlation"), e.get("tid")))
+    df = pd.DataFrame(rows, columns=["cat", "name", "ts", "dur", "correlation", "tid"])
     t0 = df["ts"].min() if not df.empty else 0.0
     # Microseconds since the epoch are ~1e12: subtract the origin before converting, to keep ns digits.
     df["start"] = (df["ts"] - t0) / 1e3
@@ -117,19 +117,32 @@ def _complete_events(events: list[dict]) -> pd.DataFrame:
 
 def stage_spans(annotations: pd.DataFrame) -> pd.DataFrame:
     """The stage ranges, numbered by iteration: a new iteration starts at each occurrence of the
-    first stage of STAGES the trace holds (input_dist is not annotated when it is a span that
-    ends in another iteration, so emb_fwd may open the iteration). What runs between iterations
+    first stage of STAGES the trace holds as a whole range (input_dist is a span that ends in
+    another iteration, annotated only by its parts, so emb_fwd opens the iteration). A part,
+    `<stage>:<name>` (the pieces of a pipelined input dist, a stage's sub-spans), is charged to its
+    stage on its own thread (`part`, `tid`) and opens no iteration; `outer`: the range is held by no
+    other range of its stage on its thread (host time sums those). What runs between iterations
     (`between_iterations:<name>`) is named `between_iterations/<name>`, as in the stage tables.
     Ranges before the first iteration's opening stage belong to no profiled iteration: dropped."""
     prefix = BETWEEN_ITERATIONS + ":"
-    keep = annotations[annotations["name"].isin(STAGES) | annotations["name"].str.startswith(prefix)]
+    name = annotations["name"]
+    stage_of_part = name.str.split(":", n=1).str[0].where(name.str.contains(":", regex=False))
+    is_part = stage_of_part.isin(STAGES)
+    keep = annotations[name.isin(STAGES) | name.str.startswith(prefix) | is_part].assign(part=is_part)
     keep = keep.sort_values("start", kind="stable")
     names = keep["name"].str.replace(prefix, BETWEEN_ITERATIONS + "/", regex=False)
-    first = next((s for s in STAGES if (names == s).any()), None)
+    names = names.where(~keep["part"], names.str.split(":", n=1).str[0])
+    whole = names[~keep["part"]]
+    first = next((s for s in STAGES if (whole == s).any()), None)
     if first is None:
-        return pd.DataFrame(columns=["stage", "iteration", "start", "end"])
-    out = pd.DataFrame({"stage": names.to_numpy(), "iteration": ((names == first).cumsum() - 1).to_numpy(),
-                        "start": keep["start"].to_numpy(), "end": keep["end"].to_numpy()})
+        return pd.DataFrame(columns=["stage", "iteration", "start", "end", "part", "tid", "outer"])
+    opener = ((names == first) & ~keep["part"]).to_numpy()
+    out = pd.DataFrame({"stage": names.to_numpy(), "iteration": opener.cumsum() - 1,
+                        "start": keep["start"].to_numpy(), "end": keep["end"].to_numpy(),
+                        "part": keep["part"].to_numpy(bool), "tid": keep["tid"].to_numpy(object)})
+    out["outer"] = [not ((out["stage"] == r.stage) & (out["tid"] == r.tid) & (out.index != i)
+                         & (out["start"] <= r.start) & (out["end"] >= r.end)).any()
+                    for i, r in zip(out.index, out.itertuples())]
     return out[out["iteration"] >= 0].reset_index(drop=True)
 
 
@@ -182,12 +195,17 @@ def launch_waits(k: pd.DataFrame, union: np.ndarray) -> pd.Series:
 
 
 def _attribute(kernels: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
-    """Each kernel's stage (the innermost range holding its launch) and iteration. A kernel no range
-    holds is OUTSIDE, in the iteration whose host interval (its opening stage's start to the next
-    one's) holds its launch; a kernel without a matched launch is placed by its own start."""
+    """Each kernel's stage (the innermost range holding its launch) and iteration. A part's range
+    holds only launches made on its own thread (another thread's stage runs meanwhile); a whole
+    stage's holds launches of any thread (autograd's device thread launches inside dense_fwd_bwd).
+    A kernel no range holds is OUTSIDE, in the iteration whose host interval (its opening stage's
+    start to the next one's) holds its launch; a kernel without a matched launch is placed by its
+    own start. `part`: the kernel's range is a part."""
     when = kernels["launch"].fillna(kernels["start"]).to_numpy(float)
     s, e = spans["start"].to_numpy(float), spans["end"].to_numpy(float)
     inside = (s[None, :] <= when[:, None]) & (when[:, None] < e[None, :])
+    same_thread = kernels["launch_tid"].to_numpy(object)[:, None] == spans["tid"].to_numpy(object)[None, :]
+    inside &= ~spans["part"].to_numpy(bool)[None, :] | same_thread
     # Spans are sorted by start: the last one holding a launch is the innermost.
     last = len(s) - 1 - np.argmax(inside[:, ::-1], axis=1) if len(s) else np.zeros(len(when), int)
     hit = inside.any(axis=1) if len(s) else np.zeros(len(when), bool)
@@ -196,6 +214,7 @@ def _attribute(kernels: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
     out = kernels.copy()
     out["stage"] = np.where(hit, spans["stage"].to_numpy(object)[last] if len(s) else OUTSIDE, OUTSIDE)
     out["iteration"] = np.where(hit, spans["iteration"].to_numpy(int)[last] if len(s) else -1, by_time)
+    out["part"] = hit & (spans["part"].to_numpy(bool)[last] if len(s) else False)
     return out
 
 
@@ -208,6 +227,7 @@ def parse(events: list[dict]) -> Trace:
     k = df[df["cat"].isin(KERNEL_CATS)][["start", "end", "correlation"]].reset_index(drop=True)
     k["launch"] = k["correlation"].map(launches["start"])
     k["launch_ms"] = k["correlation"].map(launches["dur"] / 1e3).fillna(0.0)
+    k["launch_tid"] = k["correlation"].map(launches["tid"])
     kernels = _attribute(k.drop(columns="correlation"), spans)
     return Trace(spans=spans, kernels=kernels, busy=merged(kernels["start"].to_numpy(), kernels["end"].to_numpy()))
 
@@ -239,8 +259,8 @@ def _device_row(trace: Trace, g: pd.DataFrame) -> dict:
 
 def _per_iteration(trace: Trace) -> pd.DataFrame:
     """One row per (stage, iteration) the stage ran or launched in: its host range and device figures."""
-    host = trace.spans.assign(host_ms=trace.spans["end"] - trace.spans["start"])
-    host = host.groupby(["stage", "iteration"])["host_ms"].sum()
+    outer = trace.spans[trace.spans["outer"]]
+    host = outer.assign(host_ms=outer["end"] - outer["start"]).groupby(["stage", "iteration"])["host_ms"].sum()
     rows = [dict(stage=stage, iteration=it, **_device_row(trace, g))
             for (stage, it), g in trace.kernels[trace.kernels["iteration"] >= 0].groupby(["stage", "iteration"])]
     dev = pd.DataFrame(rows, columns=["stage", "iteration", "kernels", "launch_ms", "kernel_ms", "gpu_busy_ms",
@@ -284,9 +304,9 @@ def stage_table(trace: Trace) -> pd.DataFrame:
 
 def _between_idle(trace: Trace, n: int) -> float:
     """Mean GPU idle from the last stage kernel's end of iteration i to the first stage kernel's start
-    of i+1: the device waiting for the host between iterations. Work outside the stages running there
-    (an unannotated input dist) is busy, not idle."""
-    k = trace.kernels[(trace.kernels["stage"] != OUTSIDE) & (trace.kernels["iteration"] >= 0)]
+    of i+1: the device waiting for the host between iterations. Work outside the stages, or of a
+    stage's parts (the input dist launched between iterations), running there is busy, not idle."""
+    k = trace.kernels[(trace.kernels["stage"] != OUTSIDE) & ~trace.kernels["part"] & (trace.kernels["iteration"] >= 0)]
     last, first = k.groupby("iteration")["end"].max(), k.groupby("iteration")["start"].min()
     gaps = [max(0.0, first[i + 1] - last[i] - float(covered(trace.busy, last[i], first[i + 1])))
             for i in range(n - 1) if i in last.index and i + 1 in first.index]

@@ -135,16 +135,18 @@ class InputFeeder:
     def _start(self, it: int, item: Batch | Prepared) -> Started:
         """Open the input_dist span, prepare unless the thread did, launch the splits exchanges."""
         span = self.timeline.open_span("input_dist", it)
-        prepared = item if isinstance(item, Prepared) else self._prepare(it, item)
-        with self.streams.input():
-            prepared.pending.start_splits()
+        with self.timeline.part("input_dist", "start"):
+            prepared = item if isinstance(item, Prepared) else self._prepare(it, item)
+            with self.streams.input():
+                prepared.pending.start_splits()
         return Started(prepared.batch, prepared.pending, span)
 
     def _finish(self, started: Started) -> tuple[Batch, list[SparseFeatures], int]:
-        with self.streams.input():
-            ids = started.pending.wait()
-        b = started.batch
-        self.streams.hand_over([b.dense, b.labels, *(t for f in ids for t in (f.lengths, f.values))])
+        with self.timeline.part("input_dist", "wait"):
+            with self.streams.input():
+                ids = started.pending.wait()
+            b = started.batch
+            self.streams.hand_over([b.dense, b.labels, *(t for f in ids for t in (f.lengths, f.values))])
         self.timeline.close_span(started.span)
         return b, ids, started.pending.splits_exchanged
 
@@ -163,7 +165,7 @@ class InputFeeder:
         forward to land, so reading them now costs little, and its ids exchange launched now
         overlaps the dense step and the backward (the pipelined loop only)."""
         if self._ahead is not None:
-            with self.streams.input():
+            with self.timeline.part("input_dist", "launch"), self.streams.input():
                 self._ahead.pending.launch()
 
     # ---- the thread ---------------------------------------------------------------------
@@ -177,10 +179,13 @@ class InputFeeder:
             # with LOCAL_RANK > 0 would make its batches and a stray context on GPU 0.
             maybe_set_thread_device(self.device)
             for it in range(self.first, self.total):
-                item = self._prepare(it, self._load(it))
+                batch = self._load(it)
+                with self.timeline.part("input_dist", "prepare"):
+                    item = self._prepare(it, batch)
                 if self.thread_launches:
                     item = self._start(it, item)
-                    item.pending.launch()
+                    with self.timeline.part("input_dist", "launch"):
+                        item.pending.launch()
                 if not self._put(item):
                     return
         except BaseException as exc:  # handed to the main thread, which fails the run with it

@@ -216,6 +216,15 @@ class Timeline:
         cut counts from the front, so it holds until the next drain)."""
         return Cut(stages=len(self._stage_marks), iterations=len(self._iter_marks), subs=len(self._sub_marks))
 
+    def part(self, stage: str, name: str) -> contextlib.AbstractContextManager:
+        """A piece of `stage`'s span done now on this thread, when the span itself is open across
+        iterations or threads (open_span): under a --profile window, a torch.profiler range
+        `stage:name` on this thread, so the trace charges what it launches to `stage`
+        (harness/report/profile_trace.py). Nothing is recorded: the span times the stage."""
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
+        return maybe_record_function(self.stages_on and self.annotate, f"{stage}:{name}")
+
     def open_span(self, stage: str, iteration: int) -> tuple[int, str, object, object]:
         """Start a span that ends elsewhere (a pipelined input dist ends in a later iteration,
         possibly begun on another thread); close it with close_span. Its NVTX range is a
