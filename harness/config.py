@@ -182,22 +182,17 @@ class OptimizationsConfig:
     """Fixed batch and hotness: splits computed locally, the splits all-to-all and its host sync
     skipped (table/column-wise tables; row-wise splits depend on the ids and are still exchanged)."""
     fused_cross: bool = True
-    """Run each DCNv2 cross layer as one autograd function (model/cross_layer.py): the same math as
-    the formula autograd would differentiate, in fewer passes over the (batch, width) activations.
-    Not one of the five flags: the harness engine's own dense kernels (stock TorchRec's are the
-    formula's; the torchrec engine records it as taking no effect). --no-fused-cross measures it."""
+    """Each DCNv2 cross layer as one autograd function (model/cross_layer.py), the formula's math in
+    fewer passes over the activations. Not one of the five flags: the harness engine's own kernels
+    (the torchrec engine records it as taking no effect). --no-fused-cross measures it."""
     bf16_weight_copy: bool = True
-    """With --dense-precision bf16: the dense parameters as a bf16 copy of the fp32 weights,
-    refreshed in one cast after each update, their gradients accumulated in bf16 and cast to fp32
-    in one pass (harness/run/dense_gradients.py); False: autocast casts each parameter each forward
-    and each gradient back (two kernels a parameter a step). The same bits either way. Not one of
-    the five flags: the harness engine's own dense step (the torchrec engine records it as taking
-    no effect, as does an fp32 run). --no-bf16-weight-copy measures it."""
+    """bf16 dense: the layers compute on a bf16 copy of the fp32 weights refreshed once a step, not
+    on autocast's casts of each (harness/run/dense_gradients.py); same bits. Not a flag either
+    (inactive on fp32 and the torchrec engine). --no-bf16-weight-copy measures it."""
     collective_wait: str = option("poll", choices=COLLECTIVE_WAITS)
-    """How the host waits for its collectives: poll (ask is_completed() in a loop, yielding the core:
-    the core never idles, so no wake-up latency; what MPI libraries do) or block (torch's wait(),
-    asleep until woken). Not one of the five flags: the harness engine's own way of waiting, same
-    results either way. gloo only: NCCL waits never block the host, so CUDA runs block."""
+    """How the host waits for its collectives: poll (is_completed() in a loop yielding the core, so
+    no wake-up latency, as MPI libraries do) or block (torch's wait()). Not one of the five flags,
+    same results either way. gloo only: NCCL waits never block the host, so CUDA runs block."""
 
     def __post_init__(self) -> None:
         if self.collective_wait not in COLLECTIVE_WAITS:
@@ -208,9 +203,6 @@ class OptimizationsConfig:
 
     def requested(self) -> dict[str, bool]:
         return {f: getattr(self, f) for f in OPTIMIZATION_FLAGS}
-
-
-"""Precisions the dense arch can run in (harness/run/dense_step.py maps each to an autocast dtype)."""
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -240,3 +240,24 @@ def test_dense_weights_are_recorded_as_a_bf16_copy_autocast_casts_or_fp32():
         assert '"bf16_weight_copy"' not in text and '"dense_weights"' not in text
         m = RunManifest.from_json(text)
         assert m.config.optimizations.bf16_weight_copy is False and m.optimizations.dense_weights.impl == impl
+
+
+def test_the_bf16_weight_copy_trains_a_run_bit_for_bit_as_autocast_casts(tmp_path):
+    """Whole bf16 runs on 2 ranks (a mixed plan, 10 iterations): the weight copy against autocast
+    casting fp32 weights gives the same losses and final weights, bitwise, and the final dense
+    weights it hands back are the fp32 ones, not the bf16 copy."""
+    from harness.config import PrecisionConfig
+
+    cfg = _config(True, False, False).replace(precision=PrecisionConfig(dense="bf16"))
+    plan, _ = make_plan(cfg, ranks_per_host=2)
+    runs = {}
+    for copy in (True, False):
+        (tmp_path / str(copy)).mkdir()
+        c = cfg.replace(optimizations=OptimizationsConfig(bf16_weight_copy=copy))
+        runs[copy] = run_ranks(c, plan, tmp_path / str(copy))
+    for r, b in zip(runs[True], runs[False]):
+        assert len(b["losses"]) == 10 and r["losses"] == b["losses"]
+        for k, v in b["dense_state"].items():
+            assert r["dense_state"][k].dtype == v.dtype == torch.float32 and torch.equal(r["dense_state"][k], v), k
+        for (t, s, w), (t0, s0, w0) in zip(r["shards"], b["shards"]):
+            assert (t, s) == (t0, s0) and torch.equal(w, w0), t

@@ -117,13 +117,11 @@ def _complete_events(events: list[dict]) -> pd.DataFrame:
 
 def stage_spans(annotations: pd.DataFrame) -> pd.DataFrame:
     """The stage ranges, numbered by iteration: a new iteration starts at each occurrence of the
-    first stage of STAGES the trace holds as a whole range (input_dist is a span that ends in
-    another iteration, annotated only by its parts, so emb_fwd opens the iteration). A part,
-    `<stage>:<name>` (the pieces of a pipelined input dist, a stage's sub-spans), is charged to its
-    stage on its own thread (`part`, `tid`) and opens no iteration; `outer`: the range is held by no
-    other range of its stage on its thread (host time sums those). What runs between iterations
-    (`between_iterations:<name>`) is named `between_iterations/<name>`, as in the stage tables.
-    Ranges before the first iteration's opening stage belong to no profiled iteration: dropped."""
+    first stage of STAGES the trace holds as a whole range (input_dist has parts only, so emb_fwd).
+    A part, `<stage>:<name>` (the input dist's pieces, sub-spans), counts for its stage on its own
+    thread (`part`, `tid`) and opens no iteration; `outer`: no other range of its stage on its
+    thread holds it (host time sums those). `between_iterations:<name>` is named
+    `between_iterations/<name>`, as in the stage tables. Ranges before the first opener: dropped."""
     prefix = BETWEEN_ITERATIONS + ":"
     name = annotations["name"]
     stage_of_part = name.str.split(":", n=1).str[0].where(name.str.contains(":", regex=False))
@@ -195,12 +193,10 @@ def launch_waits(k: pd.DataFrame, union: np.ndarray) -> pd.Series:
 
 
 def _attribute(kernels: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
-    """Each kernel's stage (the innermost range holding its launch) and iteration. A part's range
-    holds only launches made on its own thread (another thread's stage runs meanwhile); a whole
-    stage's holds launches of any thread (autograd's device thread launches inside dense_fwd_bwd).
-    A kernel no range holds is OUTSIDE, in the iteration whose host interval (its opening stage's
-    start to the next one's) holds its launch; a kernel without a matched launch is placed by its
-    own start. `part`: the kernel's range is a part."""
+    """Each kernel's stage (the innermost range holding its launch) and iteration. A part holds only
+    its own thread's launches; a whole stage any thread's (autograd's thread launches in
+    dense_fwd_bwd). A kernel no range holds is OUTSIDE, in the iteration whose host interval holds
+    its launch (or its start, unmatched). `part`: the kernel's range is a part."""
     when = kernels["launch"].fillna(kernels["start"]).to_numpy(float)
     s, e = spans["start"].to_numpy(float), spans["end"].to_numpy(float)
     inside = (s[None, :] <= when[:, None]) & (when[:, None] < e[None, :])
