@@ -211,8 +211,8 @@ class PrecisionConfig:
     design, and the manifest says so (harness/optimizations.resolve)."""
 
     dense: str = option("fp32", option="dense-precision", choices=DENSE_PRECISIONS)
-    """fp32, or bf16: the dense arch's forward under torch.autocast(bfloat16), with fp32 weights,
-    gradients, optimizer state and loss (mixed precision as GPU MLPerf submissions run it)."""
+    """fp32; bf16: the forward under torch.autocast(bfloat16) (bf16 matmuls, fp32 elementwise work);
+    bf16-pure: every activation and gradient in bf16. Both keep fp32 weights, optimizer state, loss."""
     tables: str = option("fp32", option="table-precision", choices=TABLE_PRECISIONS)
     """fp32, or fp16: the fused (fbgemm) tables' weights in half precision, which halves their
     memory; fbgemm keeps the fused optimizer's state in fp32 and pools in fp32. Data-parallel tables

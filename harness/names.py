@@ -50,8 +50,10 @@ ENGINE_TIMED_STAGES = {"harness": STAGES, "torchrec": ("dense_update",)}
 `progress` call, interleaved with the next batch's input dist, with no seam to time them at
 without changing what it runs; so they are absent from its records, never estimated."""
 
-DENSE_PRECISIONS = ("fp32", "bf16")
-"""The dense arch's arithmetic: float32, or bf16 mixed precision (changes the numbers by design)."""
+DENSE_PRECISIONS = ("fp32", "bf16", "bf16-pure")
+"""The dense arch's arithmetic: float32; bf16 mixed precision (autocast: bf16 matmuls, fp32
+elementwise work); or bf16-pure (every activation and gradient in bf16, fp32 weights, optimizer
+state and loss). The last two change the numbers by design."""
 
 RUN_STATES = ("running", "completed", "failed")
 """A run's status moves running -> completed | failed (design.md, "Run records")."""

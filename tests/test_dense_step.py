@@ -188,6 +188,45 @@ def test_the_bf16_weight_copy_casts_once_a_step_each_way_where_autocast_casts_ea
     assert counts[False] - counts[True] == 2 * params - 2, counts
 
 
+class _FloatOutputs(TorchDispatchMode):
+    """Records (op, dtype, shape) of every floating-point tensor an op returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                self.seen.append((str(func), t.dtype, tuple(t.shape)))
+        return out
+
+
+def test_bf16_pure_keeps_every_activation_and_gradient_of_the_step_in_bf16():
+    """bf16-pure on the real dense arch (tiny): every 2-D tensor the step computes is bf16 (under
+    autocast the cross layers' elementwise work is fp32), but for the pooled gradient handed back
+    in fp32; the loss and the weights' gradients end fp32. It needs the bf16 weight copy."""
+    dense, sizes, inputs = _tiny_dense()
+    with pytest.raises(ValueError, match="compute_dtype=torch.bfloat16"):
+        build(copy.deepcopy(dense), precision="bf16-pure", **sizes)
+    counts = {}
+    for precision in ("bf16", "bf16-pure"):
+        step, grads = build(copy.deepcopy(dense), precision=precision, compute_dtype=torch.bfloat16, **sizes)
+        dense_x, pooled, labels = inputs(0)
+        with _FloatOutputs() as mode:
+            loss, pooled_grad = step.run(dense_x, pooled.requires_grad_(True), labels)
+            step.finish_gradients()
+        fp32_2d = [(op, shape) for op, dtype, shape in mode.seen  # computed, not views (detach)
+                   if dtype == torch.float32 and len(shape) == 2 and shape[1] > 1 and "detach" not in op]
+        counts[precision] = len(fp32_2d)
+        if precision == "bf16-pure":
+            assert fp32_2d == [("aten._to_copy.default", (sizes["local_batch"], sizes["pooled_width"]))], fp32_2d
+        assert loss.dtype == pooled_grad.dtype == grads.buffer.dtype == torch.float32
+        assert grads.buffer.abs().sum() > 0
+    assert counts["bf16"] > 4 * 2  # autocast: the cross layers' products and sums, both ways, in fp32
+
+
 def test_wrong_shapes_and_non_leaf_pooled_are_refused():
     step, _ = build(make_model())
     dense_x, pooled, labels = make_inputs(0)
@@ -199,13 +238,14 @@ def test_wrong_shapes_and_non_leaf_pooled_are_refused():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("precision, weight_copy", [("fp32", False), ("bf16", False), ("bf16", True)],
-                         ids=["fp32", "bf16-autocast-casts", "bf16-weight-copy"])
+@pytest.mark.parametrize("precision, weight_copy", [("fp32", False), ("bf16", False), ("bf16", True),
+                                                    ("bf16-pure", True)],
+                         ids=["fp32", "bf16-autocast-casts", "bf16-weight-copy", "bf16-pure"])
 def test_graphed_matches_eager_over_several_steps(precision, weight_copy):
     # Replays and eager kernels may differ in the last bits (e.g. cuBLAS picking other algorithms
     # on another stream), hence allclose rather than equal; bf16 rounds more. With the weight copy
     # the replays must read the copy each update refreshes in place.
-    tol = {"rtol": 1e-2, "atol": 1e-3} if precision == "bf16" else {}
+    tol = {"rtol": 1e-2, "atol": 1e-3} if precision != "fp32" else {}
     compute = torch.bfloat16 if weight_copy else None
     eager_model = make_model("cuda")
     graphed_model = copy.deepcopy(eager_model)

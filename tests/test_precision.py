@@ -22,7 +22,9 @@ ITERS = 20
 # tiny's dense arch has 9 linear layers in a row and its logits z stay below 0.1 in size, so
 # the first iteration's logits, and the loss with them (d loss / dz = sigmoid(z) - label, at
 # most 1 in size), move by about 9 * 2e-3 * 0.1 = 2e-3 at most; over 20 Adagrad steps the
-# weights drift apart too. Measured: at most 8e-4 over the 20 iterations of both ranks (seed 0).
+# weights drift apart too. Measured: at most 8e-4 over the 20 iterations of both ranks (seed 0);
+# 1.9e-3 at stop 53 (fused cross layers), and 5.1e-3 for bf16-pure, whose elementwise work and
+# cross layers' residual stream round to bf16 too.
 # 1e-2 leaves room for other seeds and CPUs (bf16 GEMM kernels differ by ISA), yet a bf16 step
 # that lost half of the dense gradients exceeds it (measured 2.9e-2).
 LOSS_TOLERANCE = 1e-2
@@ -52,19 +54,40 @@ def test_command_line_and_manifest_entry(capsys):
     assert "invalid choice: 'fp16'" in capsys.readouterr().err
 
 
+def test_bf16_pure_is_recorded_on_its_weight_copy_and_refused_by_the_torchrec_engine():
+    parser = build_parser()
+    cfg = config_from_args(parser.parse_args(["bench", "--preset", "tiny", "--dense-precision", "bf16-pure"]))
+    flags = plan_and_flags(cfg, ranks_per_host=2)[2]
+    assert flags.precision.dense == "bf16-pure" and flags.precision.numerics_changed
+    assert "activations and gradients all in bf16" in describe(flags)
+    assert flags.dense_weights.impl == "bf16 copy" and not flags.dense_weights.reason
+    asked_off = config_from_args(parser.parse_args(["bench", "--preset", "tiny", "--dense-precision", "bf16-pure",
+                                                    "--no-bf16-weight-copy"]))
+    off = plan_and_flags(asked_off, ranks_per_host=2)[2].dense_weights
+    assert off.impl == "bf16 copy" and "takes no effect" in off.reason
+    with pytest.raises(ValueError, match="drop --dense-precision bf16-pure"):
+        from harness.run.engine_torchrec import check_config
+
+        check_config(cfg, ["data_parallel"])
+
+
 def test_bf16_losses_stay_within_tolerance_of_fp32(tmp_path):
+    """bf16 (autocast) and bf16-pure (every activation in bf16) both stay within the bound of fp32's
+    losses, and each differs from fp32 and from the other (each reached the train loop)."""
     cfg = tiny(nodes=1, gpus_per_node=2, iters=ITERS, warmup_iters=0)
     plan, _ = make_plan(cfg, ranks_per_host=2)
     losses = {}
-    for precision in ("fp32", "bf16"):
+    for precision in ("fp32", "bf16", "bf16-pure"):
         out = tmp_path / precision
         out.mkdir()
         ranks = run_ranks(cfg.replace(precision=PrecisionConfig(dense=precision)), plan, out)
         losses[precision] = torch.tensor([r["losses"] for r in ranks], dtype=torch.float64)
     assert losses["fp32"].shape == (2, ITERS)
-    diff = (losses["bf16"] - losses["fp32"]).abs()
-    assert diff.max() < LOSS_TOLERANCE, diff
-    assert diff.max() > 0, "bf16 gave the fp32 losses bitwise: autocast did not reach the train loop"
+    for precision in ("bf16", "bf16-pure"):
+        diff = (losses[precision] - losses["fp32"]).abs()
+        assert diff.max() < LOSS_TOLERANCE, (precision, diff)
+        assert diff.max() > 0, f"{precision} gave the fp32 losses bitwise: it did not reach the train loop"
+    assert (losses["bf16-pure"] - losses["bf16"]).abs().max() > 0
 
 
 def test_tf32_is_recorded_and_said_to_take_no_effect_on_a_cpu():

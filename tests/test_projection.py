@@ -115,6 +115,11 @@ def test_dense_kernel_count_matches_the_trace():
     # fewer backward: 213 - 3 x 3 = 204.
     fused, _ = dense_kernels(m, bf16=True, params=dense_shape(m)[0], world_size=1, fused_cross=True)
     assert (k, fused) == (213, 204)
+    # The bf16 weight copy: 4 casts fewer a Linear, 204 - 14 x 4 = 148; bf16-pure: fp32's kernels
+    # (14 x 8 + 3 x (7 - 2) + 10 = 137) and the 3 casts of its inputs and pooled gradient, 140.
+    copy, _ = dense_kernels(m, bf16=True, params=dense_shape(m)[0], world_size=1, fused_cross=True, weight_copy=True)
+    pure, _ = dense_kernels(m, bf16=False, params=dense_shape(m)[0], world_size=1, fused_cross=True, pure=True)
+    assert (copy, pure) == (148, 140)
 
 
 def test_collective_waits_for_the_slowest_rank_and_pipelining_hides_it():

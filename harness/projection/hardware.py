@@ -143,6 +143,6 @@ def peak_flops(p: Profile, precision: str) -> float:
 
 def dense_precision(cfg) -> str:
     prec = cfg.precision
-    if prec.dense == "bf16":
+    if prec.dense != "fp32":  # bf16 autocast or bf16-pure: bf16 GEMMs
         return "bf16"
     return "tf32" if prec.tf32 else "fp32"

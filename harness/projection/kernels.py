@@ -17,6 +17,8 @@ Counted per layer from what the dense step runs (model/dense.py, harness/run/den
   and bias casts are gone both ways (4 fewer a Linear: 9); the gradients' cast to fp32 moves into
   one copy a step (world size 1, in dense_update, where the eager step waits for its gradients) or
   one a bucket, and the copy's refresh after the update is one more in dense_update;
+- bf16-pure: as fp32 (no autocast cast anywhere), plus the two inputs' casts to bf16 and the
+  pooled gradient's back (3), and the weight copy's gradient cast and refresh;
 - the interaction's concat and its gradient's split, the BCE-with-logits loss forward (3) and
   backward (3), the backward's seed and the loss's copy: 10 a step;
 - world size > 1: each 4 MiB gradient bucket (harness/run/dense_gradients.py DEFAULT_BUCKET_MIB)
@@ -46,6 +48,8 @@ FUSED_CROSS_SAVES = {False: 2, True: 3}
 WEIGHT_COPY_SAVES = 4
 """Kernels a Linear launches fewer with the bf16 weight copy (its weight and bias casts, both ways)."""
 KERNELS_DENSE_FIXED = 10
+PURE_CASTS = 3
+"""bf16-pure: the dense and pooled inputs cast to bf16, the pooled gradient back to fp32."""
 BUCKET_BYTES = 4 * 2**20
 KERNELS_A_BUCKET = 2
 
@@ -79,14 +83,18 @@ def linear_count(model) -> int:
 
 
 def dense_kernels(model, *, bf16: bool, params: int, world_size: int, fused_cross: bool = False,
-                  weight_copy: bool = False) -> tuple[int, int]:
-    """(kernels of dense_fwd_bwd, gradient buckets). weight_copy: the bf16 weight copy (bf16 only)."""
+                  weight_copy: bool = False, pure: bool = False) -> tuple[int, int]:
+    """(kernels of dense_fwd_bwd, gradient buckets). weight_copy: the bf16 weight copy (bf16 only);
+    pure: bf16-pure, every tensor of the step in bf16 (it computes on the weight copy): fp32's
+    kernels, with no autocast cast, plus the inputs' casts and the pooled gradient's back."""
+    if pure:
+        bf16, weight_copy = False, False
     copy = bf16 and weight_copy
     per_linear = (KERNELS_BF16_LINEAR - WEIGHT_COPY_SAVES * copy) if bf16 else KERNELS_FP32_LINEAR
     buckets = math.ceil(4 * params / BUCKET_BYTES) if world_size > 1 else 0
     cross = KERNELS_CROSS_ELEMENTWISE - (FUSED_CROSS_SAVES[bf16] if fused_cross else 0)
-    k = linear_count(model) * per_linear + model.cross_layers * cross + KERNELS_DENSE_FIXED
-    return k + (KERNELS_A_BUCKET + copy) * buckets, buckets
+    k = linear_count(model) * per_linear + model.cross_layers * cross + KERNELS_DENSE_FIXED + PURE_CASTS * pure
+    return k + (KERNELS_A_BUCKET + (copy or pure)) * buckets, buckets
 
 
 def stage_kernels(cfg, *, groups: int, params: int, world_size: int, flags: dict[str, bool],
@@ -94,10 +102,10 @@ def stage_kernels(cfg, *, groups: int, params: int, world_size: int, flags: dict
     """Kernels a stage launches on one rank in one iteration (module docstring). fused_cross: how
     the cross layers run (ResolvedFlags.cross_net); weight_copy: whether the dense parameters are a
     bf16 copy (ResolvedFlags.dense_weights)."""
-    bf16 = cfg.precision.dense == "bf16"
+    bf16, pure = cfg.precision.dense == "bf16", cfg.precision.dense == "bf16-pure"
     dense, buckets = dense_kernels(cfg.model, bf16=bf16, params=params, world_size=world_size,
-                                   fused_cross=fused_cross, weight_copy=weight_copy)
-    copy = bf16 and weight_copy
+                                   fused_cross=fused_cross, weight_copy=weight_copy, pure=pure)
+    copy = (bf16 and weight_copy) or pure
     splits = 0 if flags.get("skip_splits_a2a") else INPUT_DIST_SPLITS
     return StageKernels(
         input_dist=INPUT_DIST_FIXED + groups * (INPUT_DIST_GROUP + splits),

@@ -87,7 +87,7 @@ class DenseWeightsEntry:
     or autocast casts (each parameter cast each forward, its gradient back). Manifests written
     before it was recorded read autocast casts for bf16 runs (RunManifest.from_json), fp32 else."""
     reason: str = ""
-    """Why not the bf16 copy where it was asked, for reports."""
+    """Why not the bf16 copy where it was asked (or why asking for none took no effect), for reports."""
 
 
 @dataclass(kw_only=True, frozen=True)

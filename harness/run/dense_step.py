@@ -11,6 +11,9 @@ as it does for DDP's bucketed all-reduces in a whole-network capture.
 weights, gradients and optimizer state stay fp32, the loss is taken in fp32), as GPU MLPerf
 submissions do. It changes the numbers by design. The module's parameters may be a bf16 copy of
 the weights (FlatGradients' compute_dtype): autocast then has no weight to cast, same bits.
+"bf16-pure": no autocast; the inputs are cast to bf16 and every activation, elementwise op and
+gradient of the step stays bf16 (the cross layers' residual stream too), on the bf16 weight copy;
+the loss is taken in fp32 and the pooled gradient comes back fp32, through the input's cast.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from torch import nn
 from harness.names import DENSE_PRECISIONS
 from harness.run.dense_gradients import FlatGradients
 
-AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
+AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "bf16-pure": None}
 """Autocast dtype of each dense precision (None: no autocast)."""
-assert set(AUTOCAST_DTYPES) == set(DENSE_PRECISIONS)  # a precision added to the config needs a dtype here
+INPUT_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": None, "bf16-pure": torch.bfloat16}
+"""The dtype each precision casts the step's inputs to, so that every op runs in it (None: none)."""
+assert set(AUTOCAST_DTYPES) == set(INPUT_DTYPES) == set(DENSE_PRECISIONS)  # a precision added needs both here
 
 # Enough for the lazy one-time work (cuBLAS handles and workspaces, autograd's per-stream
 # state, the NCCL communicator) to happen outside the capture, where it is not allowed.
@@ -83,7 +88,10 @@ class DenseStep:
         if precision not in AUTOCAST_DTYPES:
             raise ValueError(f"precision {precision!r} is not one of {list(AUTOCAST_DTYPES)}")
         self.dense, self.grads, self.world_size = dense, grads, world_size
-        self._autocast_dtype = AUTOCAST_DTYPES[precision]
+        self._autocast_dtype, self._input_dtype = AUTOCAST_DTYPES[precision], INPUT_DTYPES[precision]
+        if self._input_dtype is not None and {p.dtype for p in dense.parameters()} != {self._input_dtype}:
+            raise ValueError(f"precision {precision} computes on a {self._input_dtype} copy of the weights: build "
+                             f"FlatGradients with compute_dtype={self._input_dtype}")
         self.device, self.graphed = device, graphed
         self.shapes = graph_input_shapes(local_batch, num_dense, pooled_width)
         if graphed:
@@ -139,6 +147,8 @@ class DenseStep:
                 raise ValueError(f"{name} has shape {tuple(t.shape)}, the dense step was built for {self.shapes[name]}")
 
     def _forward_backward(self, dense_x: torch.Tensor, pooled: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self._input_dtype is not None:  # bf16-pure: every op after these casts runs in bf16
+            dense_x, pooled = dense_x.to(self._input_dtype), pooled.to(self._input_dtype)
         with self._maybe_autocast():
             logits = self.dense(dense_x, pooled)
         # The loss in fp32 whatever the precision: in bf16 each sample's loss and its gradient

@@ -43,6 +43,9 @@ def check_config(cfg: BenchConfig, plan_kinds: Sequence[str]) -> None:
         if kind not in SUPPORTED_KINDS:
             raise ValueError(f"--engine torchrec cannot shard a table {kind}; pick --sharding "
                              f"{'/'.join(SUPPORTED_KINDS)}")
+    if cfg.precision.dense == "bf16-pure":
+        raise ValueError("--engine torchrec runs bf16 as autocast around stock TorchRec's arch: drop "
+                         "--dense-precision bf16-pure (bf16 compares the engines at the same math)")
     if cfg.precision.tables != "fp32":
         raise ValueError(f"--engine torchrec here runs its tables in fp32: drop --table-precision {cfg.precision.tables}")
     if cfg.precision.comm != "fp32" or cfg.precision.wire_bwd != "fp32":

@@ -159,6 +159,9 @@ def _cross_entry(fused: bool, *, engine: str) -> CrossNetEntry:
 def _dense_weights_entry(copy: bool, dense: str, *, engine: str) -> DenseWeightsEntry:
     if dense == "fp32":
         return DenseWeightsEntry(impl="fp32")
+    if dense == "bf16-pure":  # the torchrec engine refuses it (engine_torchrec.check_config)
+        return DenseWeightsEntry(impl="bf16 copy", reason="" if copy else (
+            "bf16-pure computes on the bf16 copy: --no-bf16-weight-copy takes no effect"))
     if copy and engine != "harness":
         return DenseWeightsEntry(impl="autocast casts",
                                  reason=f"the {engine} engine keeps stock fp32 parameters under autocast")
@@ -179,7 +182,9 @@ def _wait_entry(requested: str, *, cuda: bool, engine: str) -> WaitEntry:
 
 def _precision_entry(precision: PrecisionConfig, plan_kinds: Sequence[str] = (), *, cuda: bool = False) -> PrecisionEntry:
     notes = []
-    if precision.dense != "fp32":
+    if precision.dense == "bf16-pure":
+        notes.append("dense activations and gradients all in bf16 (fp32 weights, optimizer state and loss)")
+    elif precision.dense != "fp32":
         notes.append(f"dense forward under {precision.dense} autocast (fp32 weights, optimizer state and loss)")
     tf32 = precision.tf32 and cuda
     if tf32:

@@ -49,7 +49,7 @@ def dense_gemm_probe(model: ModelConfig, local_batch: int, precision: str) -> Ge
     bounds."""
     width = (model.num_sparse + 1) * model.embedding_dim
     return GemmProbe(m=local_batch, k=width, n=model.top_mlp[0],
-                     dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
+                     dtype=torch.float32 if precision == "fp32" else torch.bfloat16)
 
 
 def measure_gemm_gflops(device: torch.device, probe: GemmProbe | None = None, reps: int | None = None) -> float:

@@ -6,7 +6,8 @@ On whatever GPUs the host has (one rank a GPU, one node), in this order:
 3. each optimization flag alone against the defaults, runs interleaved (defaults, +flag, ... each
    round), the period ratio of each flag with a bootstrap 95% CI; in the same rounds, the cross
    layers as autograd's formula (--no-fused-cross) against the defaults' fused ones, and in bf16
-   autocast casting each weight (--no-bf16-weight-copy) against the defaults' bf16 weight copy;
+   autocast casting each weight (--no-bf16-weight-copy) against the defaults' bf16 weight copy,
+   and the dense step all in bf16 (--dense-precision bf16-pure, other numbers by design);
 4. one run of the defaults with a --profile window in its warm-up: host against device per stage;
 5. `compare` on `tiny` (the latency-bound regime: launch and input-distribution overheads);
 6. one run of the defaults at a quarter of the batch, then the projection check (issue 46): the
@@ -164,11 +165,13 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
 
     folder = Path(outcome.folder)
     # Not flags, the harness's own dense kernels taken away (what each buys, >1 expected):
-    # autograd_cross, the fused cross layers; autocast_casts, the bf16 weight copy (bf16 only).
+    # autograd_cross, the fused cross layers; autocast_casts, the bf16 weight copy (bf16 only);
+    # and bf16_pure, every activation in bf16 (another precision: its numbers differ by design).
     configs = {"defaults": [], **{f"+{f}": [f"--{f.replace('_', '-')}"] for f in plan.flags},
                "autograd_cross": ["--no-fused-cross"]}
     if plan.precision == "bf16":
         configs["autocast_casts"] = ["--no-bf16-weight-copy"]
+        configs["bf16_pure"] = ["--dense-precision", "bf16-pure"]
     runs: dict[str, list[str]] = {name: [] for name in configs}
     for k in range(plan.repeats):
         for name, extra in configs.items():
