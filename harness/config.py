@@ -269,8 +269,9 @@ class RunConfig:
     """auto (CUDA if present, else CPU), cpu or cuda."""
     timeline: bool = True
     """Per-stage NVTX ranges and timers; off keeps only per-iteration times (to measure their cost)."""
-    flush_every: int = 10
-    """Iterations between writes of the records to the run folder (writes happen between iterations)."""
+    flush_every: int = 100
+    """Iterations between writes of the records to the run folder, between iterations: a write costs
+    ~13 ms here whatever it holds (10 or 100 iterations), so every 10 cost tiny 1.3 ms a cycle."""
     collective_timeout_s: float = option(300.0, option="collective-timeout")
     """How long a collective may wait, in seconds, before the job is declared failed."""
     fail_at: tuple[int, int] | None = option(None, metavar="RANK:ITER")

@@ -33,6 +33,7 @@ A figure no run identifies keeps its profile value, source "assumption" or "spec
 from __future__ import annotations
 
 import os
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,10 @@ class Measured:
     drawn_s: float | None
     """Of between_s, the mean time an iteration waited for its next batch (the records' next_batch
     sub-spans); None for records older than those sub-spans."""
+    flushed_s: float | None = None
+    """Of between_s, the mean time an iteration spent writing records (flush_records sub-spans, one
+    flush every `flush_every` iterations); None for records older than those sub-spans."""
+    flush_every: int = 10
 
 
 def measured(path: Path | str) -> Measured:
@@ -73,7 +78,8 @@ def measured(path: Path | str) -> Measured:
     work = work_of(m.config, m.plan, world_size=m.world_size, ranks_per_node=m.config.run.gpus_per_node)
     return Measured(run=run, stage_s=stage_s, between_s=float(summ["between_ms_mean"]) / 1e3,
                     period_s=float(summ["period_ms_mean"]) / 1e3, work=work, name=Path(path).name,
-                    drawn_s=_drawn_s(run))
+                    drawn_s=_between_part_s(run, "next_batch"), flushed_s=_between_part_s(run, "flush_records"),
+                    flush_every=m.config.run.flush_every)
 
 
 def pooled(runs: list[Measured]) -> Measured:
@@ -82,11 +88,12 @@ def pooled(runs: list[Measured]) -> Measured:
     if len(runs) == 1:
         return runs[0]
     first, n = runs[0], len(runs)
-    drawn = [m.drawn_s for m in runs]
+    drawn, flushed = [m.drawn_s for m in runs], [m.flushed_s for m in runs]
     return Measured(run=first.run, stage_s={s: sum(m.stage_s[s] for m in runs) / n for s in first.stage_s},
                     between_s=sum(m.between_s for m in runs) / n, period_s=sum(m.period_s for m in runs) / n,
                     work=first.work, name=f"{'+'.join(m.name for m in runs)} (pooled)",
-                    drawn_s=None if None in drawn else sum(drawn) / n)
+                    drawn_s=None if None in drawn else sum(drawn) / n,
+                    flushed_s=None if None in flushed else sum(flushed) / n, flush_every=first.flush_every)
 
 
 def by_config(runs: list[Measured]) -> list[Measured]:
@@ -101,14 +108,14 @@ def by_config(runs: list[Measured]) -> list[Measured]:
     return [pooled(g) for g in groups]
 
 
-def _drawn_s(run: Run) -> float | None:
-    """The mean wait for the next batch an iteration (rank 0's next_batch sub-spans over its timed
-    iterations), None where the records have no sub-spans."""
+def _between_part_s(run: Run, name: str) -> float | None:
+    """A between-iterations part's mean time an iteration (rank 0's `name` sub-spans over its timed
+    iterations: next_batch, flush_records), None where the records have no sub-spans."""
     sub = run.subspans
     if sub is None or len(sub) == 0:
         return None
     its = run.iterations[(~run.iterations["warmup"]) & (run.iterations["rank"] == 0)]
-    waits = sub[(~sub["warmup"]) & (sub["rank"] == 0) & (sub["name"] == "next_batch")]["duration_ms"]
+    waits = sub[(~sub["warmup"]) & (sub["rank"] == 0) & (sub["name"] == name)]["duration_ms"]
     return float(waits.sum()) / max(1, len(its)) / 1e3
 
 
@@ -225,7 +232,12 @@ def host_fixed(runs: list[Measured], p: Profile) -> Calibration:
     used = [first] + ([second] if second else [])
     names = " and ".join(m.name for m in used)
     b = [m.work.local_batch for m in used]
-    t2, b2 = (second.between_s, b[1]) if second else (None, None)
+    t2, b2 = (second.between_s - (second.flushed_s or 0.0), b[1]) if second else (None, None)
+    if first.flushed_s is not None:  # a flush's cost, projected at the projected run's --flush-every
+        cal.flush_s = first.flushed_s * first.flush_every
+        cal.sources["flush_s"] = (f"calibrated: {first.name} flush_records parts, a flush every {first.flush_every} "
+                                  "iterations")
+        first = dataclasses.replace(first, between_s=first.between_s - first.flushed_s)
     if first.drawn_s is not None and second is not None and second.drawn_s is not None:
         # the batch wait: a fixed part and a part a sample through both runs; the rest (flushes) fixed
         drawn_fixed, cal.between_per_sample_s = _split(first.drawn_s, b[0], second.drawn_s, b[1])

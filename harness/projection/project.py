@@ -48,6 +48,8 @@ class Calibration:
     host_per_sample_s: dict[str, float] = field(default_factory=dict)
     between_s: float = 0.0
     between_per_sample_s: float = 0.0
+    flush_s: float = 0.0
+    """One write of the records (between iterations, every --flush-every iterations)."""
     between_drains: bool = False
     """The host waited for the device to drain before its between-iterations work (a sync at the
     iteration's end: the first H100 run's code), identified from the calibration run (calibrate.py)."""
@@ -62,8 +64,8 @@ class Calibration:
         rest = self.host_fixed_s.get(stage, 0.0) + self.host_per_sample_s.get(stage, 0.0) * batch
         return max(0.0, (rest if self.rest_offsets_launches else max(0.0, rest)) + launches_s)
 
-    def between(self, batch: int) -> float:
-        return max(0.0, self.between_s + self.between_per_sample_s * batch)
+    def between(self, batch: int, flush_every: int) -> float:
+        return max(0.0, self.between_s + self.between_per_sample_s * batch) + self.flush_s / flush_every
 
 
 def resolved_flags(cfg, profile: Profile, work: Work):
@@ -220,7 +222,7 @@ def iteration_ops(cfg, work: Work, profile: Profile, cal: Calibration, flags: di
                       waits=("allreduce",) if work.world_size > 1 else ()))
     if cal.between_drains and profile.async_device:
         ops.append(Sync("between_iterations", 0.0, drain=True))
-    ops.append(Host("between_iterations", turns * cal.between(B)))
+    ops.append(Host("between_iterations", turns * cal.between(B, cfg.run.flush_every)))
     return ops, k
 
 

@@ -168,7 +168,10 @@ def assumptions_table(profile: Profile, cal: Calibration) -> pd.DataFrame:
     rows.append(dict(figure="between_iterations", value=f"{cal.between_s * 1e3:.3f} ms + "
                      f"{cal.between_per_sample_s * 1e6:.3f} us a sample",
                      source=cal.sources.get("between_s", ""),
-                     note="host-side batch and records; the same on every configuration"))
+                     note="host-side batch (and records, where no flush_records part says otherwise)"))
+    if "flush_s" in cal.sources:
+        rows.append(dict(figure="flush", value=f"{cal.flush_s * 1e3:.3f} ms a flush", source=cal.sources["flush_s"],
+                         note="one write of the records, every --flush-every iterations of the projected run"))
     if "between_drains" in cal.sources:
         rows.append(dict(figure="between_drains", value=str(cal.between_drains), source=cal.sources["between_drains"],
                          note="the host waits for the device before its between-iterations work"))

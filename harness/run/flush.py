@@ -1,7 +1,8 @@
 """What a train loop hands to the run folder between iterations: spans, sub-spans, losses, split counts.
 
 Losses stay on the device until a flush, so the timed region never waits for a device-to-host
-copy; a flush happens between iterations (every --flush-every, at the end, after a failure).
+copy; a flush happens between iterations (every --flush-every, 100 by default: a write's cost
+hardly depends on how many iterations it holds; at the end; after a failure).
 """
 
 from __future__ import annotations
