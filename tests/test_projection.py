@@ -43,6 +43,27 @@ def test_launch_cost_comes_from_the_calibration_run(h100_cal):
     assert 20 < f.value < 50  # 7.29 ms over 213 kernels
 
 
+def test_a_flush_is_calibrated_from_the_records_and_projected_at_the_runs_cadence(h100_cal):
+    """The calibration run flushed every 10 iterations (a device sync then): one flush's cost is its
+    records' flush_records parts over the flushes they hold, read here straight from the parquet;
+    projected every 100 iterations instead, the period is 90% of a tenth of it shorter."""
+    import dataclasses
+
+    import pandas as pd
+
+    profile, cal = h100_cal
+    sub = pd.concat(pd.read_parquet(p) for p in (CALIBRATION / "rank00000").glob("subspans-*.parquet"))
+    flushes = sub[(sub["name"] == "flush_records") & ~sub["warmup"]]["duration_ms"]
+    assert len(flushes) >= 5 and cal.flush_s * 1e3 == pytest.approx(flushes.mean(), rel=0.25)
+    m = measured(CALIBRATION)
+    assert m.flush_every == 10
+    run = m.run.manifest.config.run
+    rare = m.run.manifest.config.replace(run=dataclasses.replace(run, flush_every=100))
+    every10 = project(m.run.manifest.config, m.work, profile, cal).period_ms
+    every100 = project(rare, m.work, profile, cal).period_ms
+    assert every10 - every100 == pytest.approx(cal.flush_s * 1e3 * (1 / 10 - 1 / 100), rel=1e-6)
+
+
 @pytest.mark.parametrize("run", ["s-bf16-skip-splits-a2a-r0", "s-bf16-pinned-d2h-r0", "s-bf16-threaded-input-dist-r0",
                                  "s-bf16-skip-splits-a2a-r1", "s-bf16-pinned-d2h-r1"])
 def test_h100_other_flag_sets_within_25_percent(h100_cal, run):
