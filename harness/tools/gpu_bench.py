@@ -7,7 +7,8 @@ On whatever GPUs the host has (one rank a GPU, one node), in this order:
    round), the period ratio of each flag with a bootstrap 95% CI; in the same rounds, the cross
    layers as autograd's formula (--no-fused-cross) against the defaults' fused ones, and in bf16
    autocast casting each weight (--no-bf16-weight-copy) against the defaults' bf16 weight copy,
-   and the dense step all in bf16 (--dense-precision bf16-pure, other numbers by design);
+   and the dense step all in bf16 (--dense-precision bf16-pure, other numbers by design), alone and
+   with --opts all (the fastest configuration; each row's mean period beside its ratio);
 4. one run of the defaults with a --profile window in its warm-up: host against device per stage;
 5. `compare` on `tiny` (the latency-bound regime: launch and input-distribution overheads);
 6. one run of the defaults at a quarter of the batch, then the projection check (issue 46): the
@@ -166,13 +167,16 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
     folder = Path(outcome.folder)
     # Not flags, the harness's own dense kernels taken away (what each buys, >1 expected):
     # autograd_cross, the fused cross layers; autocast_casts, the bf16 weight copy (bf16 only);
-    # and bf16_pure, every activation in bf16 (another precision: its numbers differ by design).
+    # and bf16_pure, every activation in bf16 (another precision: its numbers differ by design),
+    # alone and with every flag (the fastest the harness has: issue 45's period target).
     configs = {"defaults": [], **{f"+{f}": [f"--{f.replace('_', '-')}"] for f in plan.flags},
                "autograd_cross": ["--no-fused-cross"]}
     if plan.precision == "bf16":
         configs["autocast_casts"] = ["--no-bf16-weight-copy"]
         configs["bf16_pure"] = ["--dense-precision", "bf16-pure"]
+        configs["bf16_pure_all"] = ["--dense-precision", "bf16-pure", "--opts", "all"]
     runs: dict[str, list[str]] = {name: [] for name in configs}
+    periods: dict[str, list[float]] = {name: [] for name in configs}
     for k in range(plan.repeats):
         for name, extra in configs.items():
             run_id = f"{folder.name}-{name.strip('+')}-r{k}"
@@ -183,6 +187,7 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
                 continue
             runs[name].append(run_id)
             period = report.iteration_summary(report.load_run(folder / run_id))["period_ms_mean"]
+            periods[name].append(period)
             print(f"  {name:26s} r{k}: period {period:.3f} ms", flush=True)
     base = [report.load_run(folder / r) for r in runs["defaults"]]
     for name in list(configs)[1:]:
@@ -190,6 +195,7 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
             continue
         cmp = compare_runs({"defaults": base, name: [report.load_run(folder / r) for r in runs[name]]})
         outcome.flags[name] = {"runs": runs[name], "ratio": cmp.ratio, "ratio_ci": list(cmp.ratio_ci),
+                               "period_ms": sum(periods[name]) / len(periods[name]),
                                "inactive": _inactive(folder / runs[name][0], name.strip("+"))}
 
 
@@ -282,7 +288,8 @@ def summary(outcome: Outcome) -> str:
                      f"harness period {c['period_ms']:.2f} ms"))
     for name, f in outcome.flags.items():
         lo, hi = f["ratio_ci"]
-        note = f"inactive: {f['inactive']}" if f["inactive"] else ""
+        note = f"period {f['period_ms']:.2f} ms" if "period_ms" in f else ""
+        note += f"; inactive: {f['inactive']}" if f["inactive"] else ""
         rows.append((f"{name} / defaults", f"{f['ratio']:.3f} (95% CI {lo:.3f}-{hi:.3f})", note))
     for step, c in outcome.compares.items():
         stages = ", ".join(f"{k} {v:.2f}" for k, v in c["stage_ms"].items() if v == v)
