@@ -41,7 +41,33 @@ def test_the_summary_has_a_line_for_every_finding(tmp_path):
     assert any("inactive: torch 2.11 already avoids recordStream" in line for line in lines)
     assert any("dense_fwd_bwd 19.80, emb_fwd 1.07" in line for line in lines)
     assert lines[-1].startswith("FAILED") and "tiny: compare exited 1" in lines[-1]
-    assert lines[-2].split(None, 3)[-1] == "profiled iterations, rank 0: launch-bound: the GPU is busy 7.3 of 17.5 ms"
+    assert any(line.split(None, 3)[-1] == "profiled iterations, rank 0: launch-bound: the GPU is busy 7.3 of 17.5 ms"
+               for line in lines)
+    assert any(line.startswith("target: harness/torchrec <= 0.85") and "NOT MET: 0.870" in line for line in lines)
+
+
+def test_the_summary_says_whether_each_of_issue_45s_targets_is_met():
+    """Each target against hand-made figures: the fastest period among the steps and rows, the
+    ratio to TorchRec, the two shares, each flag that takes effect, and --opts all against the
+    best flag, both over the same defaults."""
+    from harness.tools.gpu_bench import target_rows
+
+    base = {"ratio": 0.9, "ratio_ci": [0.85, 0.95], "period_ms": 9.0,
+            "share_of_period": {"between_iterations": 0.015, "input_dist": 0.05}}
+    tiny = {**base, "ratio": 0.7, "period_ms": 4.0, "share_of_period": {"between_iterations": 0.2, "input_dist": 0.12}}
+    flags = {"+cuda_graphs": {"ratio": 0.7, "ratio_ci": [0.6, 0.8], "period_ms": 6.3, "inactive": None},
+             "+pinned_d2h": {"ratio": 1.02, "ratio_ci": [0.9, 1.1], "period_ms": 9.2, "inactive": None},
+             "+avoid_record_streams": {"ratio": 1.3, "ratio_ci": [1.2, 1.4], "period_ms": 9.0, "inactive": "torch"},
+             "opts_all": {"ratio": 0.66, "ratio_ci": [0.6, 0.7], "period_ms": 5.9, "inactive": None}}
+    rows = {a: (b, c) for a, b, c in target_rows(Outcome(folder="f", plan={"small": "small"}, flags=flags,
+                                                          compares={"small defaults": base, "tiny": tiny}))}
+    assert rows["target: period <= 6 ms"][0] == "met: fastest opts_all 5.90 ms"
+    assert rows["target: harness/torchrec <= 0.85"][0] == "NOT MET: 0.900"
+    assert rows["target: GPU idle between <= 2%"][0] == "met: 1.5%"
+    assert rows["target: tiny input_dist <= 10%"][0] == "NOT MET: 12.0%"
+    assert rows["target: each flag <= 1.00x"][0] == "NOT MET: +pinned_d2h 1.020"  # the inactive one is not counted
+    assert rows["target: --opts all <= best flag"][0] == "met: 0.660 against +cuda_graphs 0.700"
+    assert target_rows(Outcome(folder="f", plan={})) == []  # nothing ran: no verdict
 
 
 def test_the_harness_side_gives_issue_45s_shares_of_the_period():
