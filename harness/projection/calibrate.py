@@ -42,7 +42,7 @@ from harness.report.load import Run
 from harness.report.tables import critical_stage_means
 from harness.names import STAGES
 from harness.projection.hardware import Profile, cpu, dense_precision, h100, rank_cores
-from harness.projection.kernels import stage_kernels
+from harness.projection.kernels import dense_impl, stage_kernels
 from harness.projection.project import Calibration, cpu_share, dense_roof_s, effective_flags, project
 from harness.projection.work import Work, work_of
 
@@ -145,8 +145,7 @@ def _kernels(m: Measured, profile: Profile):
     cfg = m.run.manifest.config
     flags = effective_flags(cfg, profile, m.work)
     return stage_kernels(cfg, groups=len(m.work.groups), params=m.work.params, world_size=m.work.world_size,
-                         flags=flags, fused_cross=m.run.manifest.optimizations.cross_net.impl == "fused",
-                         weight_copy=m.run.manifest.optimizations.dense_weights.impl == "bf16 copy"), flags
+                         flags=flags, **dense_impl(m.run.manifest.optimizations)), flags
 
 
 def _set_launch(runs: list[Measured], p: Profile) -> None:

@@ -82,6 +82,12 @@ def linear_count(model) -> int:
     return len(model.bottom_mlp) + len(model.top_mlp) + 2 * model.cross_layers
 
 
+def dense_impl(res) -> dict[str, bool]:
+    """The dense step's kernel choices a run resolved (ResolvedFlags: cross_net, dense_weights), as
+    stage_kernels' keyword arguments."""
+    return {"fused_cross": res.cross_net.impl == "fused", "weight_copy": res.dense_weights.impl == "bf16 copy"}
+
+
 def dense_kernels(model, *, bf16: bool, params: int, world_size: int, fused_cross: bool = False,
                   weight_copy: bool = False, pure: bool = False) -> tuple[int, int]:
     """(kernels of dense_fwd_bwd, gradient buckets). weight_copy: the bf16 weight copy (bf16 only);

@@ -28,7 +28,7 @@ import numpy as np
 
 from harness.names import OPTIMIZATION_FLAGS, STAGES
 from harness.projection.hardware import Profile, dense_precision, peak_flops, rank_cores
-from harness.projection.kernels import StageKernels, stage_kernels
+from harness.projection.kernels import StageKernels, dense_impl, stage_kernels
 from harness.projection.timeline import Collective, Host, Launch, Result, Sync, simulate
 from harness.projection.work import Work
 from harness.run.optimizations import resolve
@@ -252,8 +252,7 @@ class Projection:
 def project(cfg, work: Work, profile: Profile, cal: Calibration, *, label: str = "") -> Projection:
     res = resolved_flags(cfg, profile, work)
     flags = dict(res.effective)
-    ops, k = iteration_ops(cfg, work, profile, cal, flags, fused_cross=res.cross_net.impl == "fused",
-                           weight_copy=res.dense_weights.impl == "bf16 copy")
+    ops, k = iteration_ops(cfg, work, profile, cal, flags, **dense_impl(res))
     result = simulate(ops, ranks=work.world_size, async_device=profile.async_device)
     return Projection(label=label, flags=flags, result=result, kernels=k, world_size=work.world_size,
                       inactive=dict(res.inactive_reasons))
