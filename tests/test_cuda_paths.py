@@ -76,8 +76,8 @@ def test_the_foreach_dense_optimizer_never_asks_for_fused_and_matches_it():
         dense = build_dense(cfg, torch.device("cpu"))
         grads = FlatGradients(dense, world_size=1, group=None)
         opt = dense_optimizer(grads, cfg, impl)
-        assert opt.defaults["fused"] is (impl == "fused") and opt.defaults["foreach"] is (impl == "foreach")
-        flat = opt.param_groups[0]["params"][0]
+        assert opt.fused is (impl == "fused") and opt.foreach is (impl == "foreach")
+        flat = opt.param
         p64, sums = flat.detach().double().clone(), torch.zeros(flat.shape, dtype=torch.float64)
         gen = torch.Generator().manual_seed(0)
         for _ in range(5):

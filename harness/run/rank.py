@@ -30,6 +30,7 @@ from harness.run.optimizations import input_thread_launches, resolve
 from harness.run.pinned_d2h import HostCopies
 from harness.run.step import HarnessStep, Step
 from harness.run.timeline import Timeline
+from model.adagrad import Adagrad
 from model.collective_bytes import CollectiveBytes
 from model.collective_wait import WAITS, WaitFn
 from model.dense import DenseArch
@@ -81,15 +82,14 @@ def build_dense(cfg: BenchConfig, device: torch.device, *, fused_cross: bool = T
         return DenseArch(**cfg.model.dense_arch_kwargs(), fused_cross=fused_cross).to(device)
 
 
-def dense_optimizer(grads: FlatGradients, cfg: BenchConfig, impl: str) -> torch.optim.Optimizer:
+def dense_optimizer(grads: FlatGradients, cfg: BenchConfig, impl: str) -> Adagrad:
     """Adagrad on the one flat dense parameter (FlatGradients.flat_parameter), as `impl` (the
     manifest's choice for the device, harness/run/optimizations.py dense_adagrad): fused, one pass
     over the tensor, or foreach, a few. Either differs from the for-loop Adagrad in the last bits
     only, and every run on a device uses the same one, flags or not."""
     if impl not in ("fused", "foreach"):
         raise ValueError(f"dense optimizer implementation {impl!r}: the harness engine runs fused or foreach")
-    return torch.optim.Adagrad([grads.flat_parameter()], lr=cfg.optimizer.learning_rate, eps=cfg.optimizer.eps,
-                               fused=impl == "fused", foreach=impl == "foreach")
+    return Adagrad(grads.flat_parameter(), lr=cfg.optimizer.learning_rate, eps=cfg.optimizer.eps, impl=impl)
 
 
 def process_groups(env: RankEnv) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:

@@ -18,6 +18,7 @@ from harness.run.dense_gradients import FlatGradients
 from harness.run.dense_step import DenseStep
 from harness.run.input_pipeline import InputFeeder
 from harness.run.timeline import Timeline
+from model.adagrad import Adagrad
 from model.collective_bytes import CollectiveBytes
 from model.dense import DenseArch
 from model.dynamic_table import DynamicCounts
@@ -66,7 +67,7 @@ class HarnessStep:
     emb_bwd, dense_update."""
 
     def __init__(self, *, embeddings: ShardedEmbeddingCollection, dense: DenseArch, dense_step: DenseStep,
-                 grads: FlatGradients, dense_opt: torch.optim.Optimizer, timeline: Timeline, moved: CollectiveBytes,
+                 grads: FlatGradients, dense_opt: Adagrad, timeline: Timeline, moved: CollectiveBytes,
                  local_batch: int, feeder_for: Callable[[int, int], InputFeeder]) -> None:
         """feeder_for(first, end): the input feeder of a segment (harness/run/input_pipeline.py)."""
         self.embeddings, self.dense, self.dense_step = embeddings, dense, dense_step

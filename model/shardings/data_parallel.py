@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from model.adagrad import Adagrad
 from model.embeddings import build_dense_tbe, init_shard_
 from model.features import SparseFeatures
 from model.ids_all_to_all import Ready
@@ -30,7 +31,7 @@ class DataParallelSharding:
                             seed=ctx.init_seed)
         self.rows = rows
         self.offsets = offsets
-        self.opt = torch.optim.Adagrad([self.tbe.weights], lr=ctx.learning_rate, eps=ctx.eps)
+        self.opt = Adagrad(self.tbe.weights, lr=ctx.learning_rate, eps=ctx.eps, impl=None)
 
     @classmethod
     def from_plan(cls, ctx: ShardingContext, plan: Sequence[TablePlan], tables: list[int]) -> DataParallelSharding:
