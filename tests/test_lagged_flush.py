@@ -121,3 +121,21 @@ def test_rebased_anchors_keep_spans_exact_and_placement_within_50_us_after_ten_m
     assert device.syncs == 1 and len(spans) == 5999
     worst = max(max(abs(s.start_ns - truth[s.iteration][0]), abs(s.end_ns - truth[s.iteration][1])) for s in spans)
     assert worst <= 50_000, worst
+
+
+def test_a_flush_imports_nothing():
+    """A flush runs inside the timed iterations: whatever its first call would import (pyarrow's
+    first array imports pandas) must be imported when the recorder is built, at the rank's start."""
+    import subprocess
+    import sys
+
+    code = ("import sys, tempfile; from pathlib import Path; "
+            "from harness.records.writer import RankRecorder; from harness.run.timeline import StageSpan, SubSpan; "
+            "rec = RankRecorder(Path(tempfile.mkdtemp()), run_id='r', rank=0, node=0, warmup_iters=1, local_batch=4); "
+            "before = set(sys.modules); "
+            "spans = [StageSpan(iteration=i, stage='emb_fwd', start_ns=i, end_ns=i + 1) for i in range(3)]; "
+            "rec.write(spans, spans, {0: 0.5}, moved={0: {'ids': (1, 2)}}); "
+            "rec.write_subspans([SubSpan(iteration=0, stage='emb_fwd', name='x', start_ns=0, end_ns=1)]); "
+            "print(sorted(set(sys.modules) - before))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

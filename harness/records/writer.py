@@ -32,7 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
 from harness.records.manifest import GitState, RankInfo, RunManifest, RunStatus, Versions
@@ -99,12 +100,12 @@ def launcher_facts() -> dict[str, Any]:
                 versions=versions(), git=git_state())
 
 
-def _write_parquet(frame: pd.DataFrame, final: Path) -> None:
+def _write_parquet(table: pa.Table, final: Path) -> None:
     """Written aside and renamed: a rank killed mid-write leaves no torn part for readers, and a full
     disk's half-written file is no record, so its space goes back."""
     tmp = final.parent / f".{final.name}.tmp"
     try:
-        frame.to_parquet(tmp, index=False)
+        pq.write_table(table, tmp)
         os.replace(tmp, final)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -159,13 +160,16 @@ def compact_parts(run_dir: Path) -> None:
     """A completed run's parts, one file per rank and kind: 3000 iterations flushed every 10 are
     600 files a rank otherwise. Written aside and renamed before the parts go; a reader that finds
     `<kind>-all.parquet` reads only it, so a crash between the two steps loses and doubles nothing."""
+    import pandas as pd  # here, not at the top: a rank writes its records without pandas (RankRecorder)
+
     for rank_dir in sorted(Path(run_dir).glob("rank*")):
         for kind in ("stages", "iterations", "evals", "subspans"):
             parts = sorted(rank_dir.glob(f"{kind}-[0-9]*.parquet"))
             if len(parts) < 2:
                 continue
-            _write_parquet(pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True),
-                           rank_dir / f"{kind}-{COMPACTED}.parquet")
+            # pandas' concat, which takes parts whose columns differ in type (a column all null in one).
+            frame = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+            _write_parquet(pa.Table.from_pandas(frame, preserve_index=False), rank_dir / f"{kind}-{COMPACTED}.parquet")
             for part in parts:
                 part.unlink()
 
@@ -331,67 +335,76 @@ class RankRecorder:
         self.part = 0
         self.eval_part = 0
         self.sub_part = 0
+        # pyarrow's first array imports pandas (its check for pandas input): about 0.25 s, paid
+        # here at the rank's start rather than in the first flush, inside the timed iterations.
+        pa.array([], pa.int64())
 
     def write(self, stages: list[StageSpan], iterations: list[StageSpan], losses: dict[int, float],
               *, splits_exchanged: dict[int, int] | None = None,
               moved: dict[int, dict[str, tuple[int, int]]] | None = None) -> None:
         if not iterations and not stages:
             return
-        st = pd.DataFrame(
-            {
-                **{k: [v] * len(stages) for k, v in self.keys.items()},
-                "iteration": [s.iteration for s in stages],
-                "stage": [s.stage for s in stages],
-                "start_ns": [s.start_ns for s in stages],
-                "end_ns": [s.end_ns for s in stages],
-            }
-        )
-        it = pd.DataFrame(
-            {
-                **{k: [v] * len(iterations) for k, v in self.keys.items()},
-                "iteration": [s.iteration for s in iterations],
-                "start_ns": [s.start_ns for s in iterations],
-                "end_ns": [s.end_ns for s in iterations],
-            }
-        )
-        it["loss"] = [losses.get(i, float("nan")) for i in it["iteration"]]
-        it["samples"] = self.local_batch
-        # How many splits all-to-alls the iteration's input dist ran (skip_splits_a2a makes it 0;
-        # a batch off the fixed hotness falls back to the exchange and counts here).
-        it["splits_exchanged"] = [int((splits_exchanged or {}).get(i, -1)) for i in it["iteration"]]
         # Bytes the iteration's collectives moved to and from other ranks, in all and by the stage
         # each exchange belongs to (counted at launch: the next batch's ids exchange, launched in
         # this iteration, counts in this one). -1: not counted (an engine that does not).
-        moved = moved or {}
-        by_stage = {i: _bytes_by_stage(phases) for i, phases in moved.items()}
-        for side, k in (("sent_bytes", 0), ("recv_bytes", 1)):
-            it[side] = [sum(v[k] for v in by_stage[i].values()) if i in by_stage else -1 for i in it["iteration"]]
-            st[side] = [by_stage[i].get(s, (0, 0))[k] if i in by_stage else -1
-                        for i, s in zip(st["iteration"], st["stage"])]
-        for df in (st, it):
-            df["start_ns"] = df["start_ns"].astype("int64")
-            df["end_ns"] = df["end_ns"].astype("int64")
-            df["duration_ms"] = (df["end_ns"] - df["start_ns"]) / 1e6
-            df["warmup"] = df["iteration"] < self.warmup_iters
-        it = it.rename(columns={"duration_ms": "iter_ms"})
-        for kind, frame in (("stages", st), ("iterations", it)):
-            _write_parquet(frame, self.dir / f"{kind}-{self.part:05d}.parquet")
+        by_stage = {i: _bytes_by_stage(phases) for i, phases in (moved or {}).items()}
+
+        def stage_bytes(k: int) -> list[int]:
+            return [by_stage[s.iteration].get(s.stage, (0, 0))[k] if s.iteration in by_stage else -1 for s in stages]
+
+        def iteration_bytes(k: int) -> list[int]:
+            return [sum(v[k] for v in by_stage[s.iteration].values()) if s.iteration in by_stage else -1
+                    for s in iterations]
+
+        st = self._table(stages, stage=[s.stage for s in stages], end=dict(
+            sent_bytes=stage_bytes(0), recv_bytes=stage_bytes(1)), duration="duration_ms")
+        it = self._table(iterations, end=dict(
+            loss=[losses.get(s.iteration, float("nan")) for s in iterations],
+            samples=[self.local_batch] * len(iterations),
+            # How many splits all-to-alls the iteration's input dist ran (skip_splits_a2a makes it 0;
+            # a batch off the fixed hotness falls back to the exchange and counts here).
+            splits_exchanged=[int((splits_exchanged or {}).get(s.iteration, -1)) for s in iterations],
+            sent_bytes=iteration_bytes(0), recv_bytes=iteration_bytes(1)), duration="iter_ms")
+        for kind, table in (("stages", st), ("iterations", it)):
+            _write_parquet(table, self.dir / f"{kind}-{self.part:05d}.parquet")
         self.part += 1
+
+    def _table(self, spans: list, *, stage: list[str] | None = None, name: list[str] | None = None,
+               end: dict[str, list] | None = None, duration: str = "duration_ms") -> pa.Table:
+        """The rank's keys, then the spans' iteration, stage and name (where given), start and end,
+        the `end` columns, the duration in ms and whether it is a warm-up iteration. Built in
+        pyarrow, typed as pandas wrote them before: a write of 100 iterations takes about a tenth of
+        pandas' 9 ms, host time of the flushing iteration (docs/run-records.md, 2026-11-27)."""
+        n, iters = len(spans), [s.iteration for s in spans]
+        starts, ends = [s.start_ns for s in spans], [s.end_ns for s in spans]
+        cols: dict[str, pa.Array] = {
+            "run_id": pa.array([self.keys["run_id"]] * n, pa.large_string()),
+            "rank": pa.array([self.keys["rank"]] * n, pa.int64()),
+            "node": pa.array([self.keys["node"]] * n, pa.int64()),
+            "iteration": pa.array(iters, pa.int64()),
+        }
+        for key, values in (("stage", stage), ("name", name)):
+            if values is not None:
+                cols[key] = pa.array(values, pa.large_string())
+        cols["start_ns"], cols["end_ns"] = pa.array(starts, pa.int64()), pa.array(ends, pa.int64())
+        for key, values in (end or {}).items():
+            cols[key] = pa.array(values, pa.float64() if key == "loss" else pa.int64())
+        cols[duration] = pa.array([(e - s) / 1e6 for s, e in zip(starts, ends)], pa.float64())
+        cols["warmup"] = pa.array([i < self.warmup_iters for i in iters], pa.bool_())
+        return pa.table(cols)
 
     def write_subspans(self, subs: list[SubSpan]) -> None:
         """Sub-spans (harness.run.timeline.SubSpan), a part each flush that has any."""
         if not subs:
             return
-        frame = pd.DataFrame([{**self.keys, **dataclasses.asdict(s)} for s in subs])
-        frame["duration_ms"] = (frame["end_ns"] - frame["start_ns"]) / 1e6
-        frame["warmup"] = frame["iteration"] < self.warmup_iters
-        _write_parquet(frame, self.dir / f"subspans-{self.sub_part:05d}.parquet")
+        table = self._table(subs, stage=[s.stage for s in subs], name=[s.name for s in subs])
+        _write_parquet(table, self.dir / f"subspans-{self.sub_part:05d}.parquet")
         self.sub_part += 1
 
     def write_evals(self, evals: list) -> None:
         """Evaluations (harness.run.evaluate.EvalRecord), a part each call, apart from the iterations."""
-        frame = pd.DataFrame([{**self.keys, **dataclasses.asdict(e)} for e in evals])
-        _write_parquet(frame, self.dir / f"evals-{self.eval_part:05d}.parquet")
+        table = pa.Table.from_pylist([{**self.keys, **dataclasses.asdict(e)} for e in evals])
+        _write_parquet(table, self.dir / f"evals-{self.eval_part:05d}.parquet")
         self.eval_part += 1
 
     def write_info(self, info: RankInfo) -> None:
