@@ -36,23 +36,44 @@ class Batch:
         return Batch(dense=self.dense.pin_memory(), sparse=sparse, labels=self.labels.pin_memory())
 
 
-def power_law_ids(u: np.ndarray, rows: int, exponent: float, out: np.ndarray | None = None) -> np.ndarray:
+def power_law_ids(u: np.ndarray, rows: int | np.ndarray, exponent: float, out: np.ndarray | None = None,
+                  *, scale: float | np.ndarray | None = None) -> np.ndarray:
     """Ids in [0, rows) from uniforms u in [0, 1), p(k) ~ (k+1)^-exponent (inverse CDF of the continuous law).
-    out: an int64 array of u's shape to write them into (a batch's own values buffer)."""
+    rows: one table size, or one per column of u (an int64 array over u's last axis: several
+    tables' columns side by side, each column's ids the ones it alone would give).
+    out: an int64 array of u's shape to write them into (a batch's own values buffer).
+    scale: power_law_scale(rows, exponent), when the caller keeps it."""
+    scale = power_law_scale(rows, exponent) if scale is None else scale
     if exponent == 0:
-        k = u * rows
+        k = u * scale
     elif exponent == 1:
-        k = np.power(rows + 1.0, u) - 1
+        k = np.power(scale, u) - 1
     else:
-        e = 1.0 - exponent
-        k = np.power(u * (np.power(rows + 1.0, e) - 1.0) + 1.0, 1.0 / e) - 1
+        k = np.power(u * scale + 1.0, 1.0 / (1.0 - exponent)) - 1
     return np.minimum(k.astype(np.int64), rows - 1, out=out)
+
+
+def power_law_scale(rows: int | np.ndarray, exponent: float) -> float | np.ndarray:
+    """power_law_ids' constant of a table: rows (exponent 0), rows + 1 (exponent 1), else
+    (rows + 1)^(1 - exponent) - 1; for an array of sizes, each computed alone as a scalar, so
+    that columns side by side get the bits each table alone would."""
+    if isinstance(rows, np.ndarray):
+        return np.array([power_law_scale(int(r), exponent) for r in rows], dtype=np.float64)
+    if exponent == 0:
+        return float(rows)
+    if exponent == 1:
+        return rows + 1.0
+    return float(np.power(rows + 1.0, 1.0 - exponent) - 1.0)
 
 
 def host_buffer(shape: tuple[int, ...], dtype: torch.dtype, pin: bool) -> tuple[torch.Tensor, np.ndarray]:
     """An empty host tensor (page-locked when pin) and a numpy view of it to fill in place."""
     t = torch.empty(shape, dtype=dtype, pin_memory=pin)
     return t, t.numpy()
+
+
+ID_BLOCK = 256
+"""Samples whose ids are drawn together: 256 x 214 float64 temporaries (440 KB) stay in the caches."""
 
 
 class SyntheticCriteo:
@@ -64,6 +85,9 @@ class SyntheticCriteo:
         draws = model.num_dense + 1 + int(self.hot_offsets[-1])
         # Philox yields 4 words a counter step: round up so each sample starts on a step boundary.
         self.words_per_sample = -(-draws // 4) * 4
+        self.column_rows = np.repeat(np.asarray(model.table_rows, dtype=np.int64), model.multi_hot)
+        """The table size of each id column of a sample's draws (a feature's hotness columns each)."""
+        self.column_scale = power_law_scale(self.column_rows, data.id_exponent)
 
     def samples(self, start: int, count: int, *, ragged: bool = False, pin: bool = False) -> Batch:
         """Samples start .. start+count-1 of the stream; ragged: odd samples keep half their ids.
@@ -84,15 +108,22 @@ class SyntheticCriteo:
             lengths[:, odd] = (hot[:, None] + 1) // 2
         per_feature = lengths.sum(1)
         values_t, values = host_buffer((int(per_feature.sum()),), torch.int64, pin)
+        # Every feature's ids in one pass over the id columns (26 passes cost tiny's batch most of
+        # its time), a block of samples at a time (small's whole batch would make each temporary
+        # 14 MB, out of the caches), then copied feature by feature into the feature-major values.
+        ids_u = u[:, nd + 1 : nd + 1 + self.hot_offsets[-1]]
+        ids = np.empty(ids_u.shape, dtype=np.int64)
+        for a in range(0, count, ID_BLOCK):
+            power_law_ids(ids_u[a : a + ID_BLOCK], self.column_rows, self.data.id_exponent,
+                          out=ids[a : a + ID_BLOCK], scale=self.column_scale)
         at = 0
-        for f, rows in enumerate(self.model.table_rows):
-            ids_u = u[:, nd + 1 + self.hot_offsets[f] : nd + 1 + self.hot_offsets[f + 1]]
+        for f in range(len(self.model.table_rows)):
+            block = ids[:, self.hot_offsets[f] : self.hot_offsets[f + 1]]
             out = values[at : at + per_feature[f]]
             if ragged:  # row-major: sample by sample, each sample's first ids
-                keep = np.arange(hot[f])[None, :] < lengths[f][:, None]
-                out[:] = power_law_ids(ids_u, rows, self.data.id_exponent)[keep]
+                out[:] = block[np.arange(hot[f])[None, :] < lengths[f][:, None]]
             else:
-                power_law_ids(ids_u, rows, self.data.id_exponent, out=out.reshape(count, hot[f]))
+                out.reshape(count, hot[f])[:] = block
             at += per_feature[f]
         lengths_t, lengths_np = host_buffer(lengths.shape, torch.int64, pin)
         lengths_np[:] = lengths
