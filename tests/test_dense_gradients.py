@@ -67,14 +67,16 @@ def test_flat_parameter_updates_the_module_as_the_per_parameter_optimizer_does()
 
 
 def _two_bucketings(rank: int, world: int, device: torch.device) -> dict:
-    """Trains two copies of the model on this rank's share: small buckets and one bucket."""
+    """Trains three copies of the model on this rank's share: small buckets and one bucket of
+    views, and small buckets gathered."""
     runs = {}
-    for name, mib in (("small", SMALL_BUCKETS_MIB), ("one", 1.0)):
+    for name, mib, gather in (("small", SMALL_BUCKETS_MIB, False), ("one", 1.0, False),
+                              ("gather", SMALL_BUCKETS_MIB, True)):
         model = make_model()
-        grads = FlatGradients(model, world_size=world, group=None, bucket_mib=mib)
+        grads = FlatGradients(model, world_size=world, group=None, bucket_mib=mib, gather=gather)
         step = DenseStep(dense=model, grads=grads, world_size=world, local_batch=B, num_dense=ND, pooled_width=PW,
                          device=device, graphed=False, precision="fp32")
-        opt = torch.optim.Adagrad(model.parameters(), lr=0.1)
+        opt = torch.optim.Adagrad([grads.flat_parameter()], lr=0.1)
         # Registered after FlatGradients' hooks: runs when the first parameter, the last one
         # backward reaches, has its gradient; counts the buckets already launched by then.
         in_flight: list[int] = []
@@ -98,7 +100,7 @@ def test_bucketed_all_reduce_on_two_ranks(tmp_path):
     ranks = spawn_ranks(_two_bucketings, world, tmp_path)
     small = [r["small"] for r in ranks]
     assert len(small[0]["buckets"]) == 3
-    for r in small:
+    for r in small + [r["gather"] for r in ranks]:
         # Overlap: when backward reaches the first parameter, the buckets of every later one are
         # already out (the first's own bucket too if its bias was done before it).
         assert len(r["in_flight"]) == STEPS and all(n >= 2 for n in r["in_flight"]), r["in_flight"]
@@ -114,17 +116,23 @@ def test_bucketed_all_reduce_on_two_ranks(tmp_path):
             assert_close_to_float64(got["loss"], ref["losses"][rank])
             assert_close_to_float64(got["pooled_grad"], ref["pooled_grads"][rank])
             assert_close_to_float64(got["buffer"], ref["grads"])
-            # 2 ranks: a + b in any bucketing, so bitwise the single all-reduce's result.
+            # 2 ranks: a + b in any bucketing, so bitwise the single all-reduce's result; and a
+            # gradient gathered is the one added into a zeroed view.
             assert torch.equal(got["buffer"], ranks[rank]["one"]["steps"][it]["buffer"])
+            gathered = ranks[rank]["gather"]["steps"][it]
+            assert torch.equal(got["buffer"], gathered["buffer"]) and torch.equal(got["loss"], gathered["loss"])
+            assert all(torch.equal(v, gathered["weights"][k]) for k, v in got["weights"].items())
 
 
 def _copy_or_casts(rank: int, world: int, device: torch.device) -> dict:
     """Trains the small model in bf16 on this rank's share, small buckets: once on a bf16 copy of
     the weights, once with autocast casting the fp32 ones."""
     runs = {}
-    for name, dtype in (("copy", torch.bfloat16), ("casts", None)):
+    for name, dtype, gather in (("copy", torch.bfloat16, False), ("casts", None, False),
+                                ("copy gathered", torch.bfloat16, True)):
         model = make_model()
-        grads = FlatGradients(model, world_size=world, group=None, bucket_mib=SMALL_BUCKETS_MIB, compute_dtype=dtype)
+        grads = FlatGradients(model, world_size=world, group=None, bucket_mib=SMALL_BUCKETS_MIB, compute_dtype=dtype,
+                              gather=gather)
         step = DenseStep(dense=model, grads=grads, world_size=world, local_batch=B, num_dense=ND, pooled_width=PW,
                          device=device, graphed=False, precision="bf16")
         opt = torch.optim.Adagrad([grads.flat_parameter()], lr=0.1)
@@ -147,7 +155,8 @@ def test_the_bf16_weight_copy_sums_its_gradients_over_two_ranks_as_autocast_does
     ranks = spawn_ranks(_copy_or_casts, 2, tmp_path)
     for r in ranks:
         assert r["copy"]["dtypes"] == {torch.bfloat16} and r["casts"]["dtypes"] == {torch.float32}
-        for got, want in zip(r["copy"]["buffers"], r["casts"]["buffers"]):
-            assert torch.count_nonzero(want) > 0 and torch.equal(got, want)
-        assert torch.equal(r["copy"]["master"], r["casts"]["master"])
+        for copy in ("copy", "copy gathered"):
+            for got, want in zip(r[copy]["buffers"], r["casts"]["buffers"]):
+                assert torch.count_nonzero(want) > 0 and torch.equal(got, want)
+            assert torch.equal(r[copy]["master"], r["casts"]["master"])
     assert torch.equal(ranks[0]["copy"]["master"], ranks[1]["copy"]["master"])

@@ -21,8 +21,8 @@ from tests.dense_fixtures import B, ND, PW, adagrad, assert_close_to_float64, ma
 
 def build(model, *, graphed: bool = False, device: str = "cpu", precision: str = "fp32",
           local_batch: int = B, num_dense: int = ND, pooled_width: int = PW,
-          compute_dtype: torch.dtype | None = None) -> tuple[DenseStep, FlatGradients]:
-    grads = FlatGradients(model, world_size=1, group=None, compute_dtype=compute_dtype)
+          compute_dtype: torch.dtype | None = None, gather: bool = False) -> tuple[DenseStep, FlatGradients]:
+    grads = FlatGradients(model, world_size=1, group=None, compute_dtype=compute_dtype, gather=gather)
     step = DenseStep(dense=model, grads=grads, world_size=1, local_batch=local_batch, num_dense=num_dense,
                      pooled_width=pooled_width, device=torch.device(device), graphed=graphed, precision=precision)
     return step, grads
@@ -131,15 +131,17 @@ def _tiny_dense(fused_cross: bool = True, batch: int = 8):
     return dense, sizes, inputs
 
 
+@pytest.mark.parametrize("gather", [False, True], ids=["views", "gathered"])
 @pytest.mark.parametrize("fused_cross", [True, False], ids=["fused-cross", "autograd-cross"])
-def test_the_bf16_weight_copy_trains_bit_for_bit_as_autocast_casting_fp32_weights(fused_cross):
+def test_the_bf16_weight_copy_trains_bit_for_bit_as_autocast_casting_fp32_weights(fused_cross, gather):
     """The reference is torch's own mixed precision: a copy of the model with fp32 parameters,
     torch.autocast(bf16) casting them, the per-parameter Adagrad. The harness's step on a bf16
     copy of the weights (one flat Adagrad on the fp32 masters, the copy refreshed after each
-    update) must give the same losses, pooled gradients and weights, to the bit, step after step."""
+    update; its gradients added into views or gathered) must give the same losses, pooled
+    gradients and weights, to the bit, step after step."""
     dense, sizes, inputs = _tiny_dense(fused_cross)
     ref = copy.deepcopy(dense)
-    step, grads = build(dense, precision="bf16", compute_dtype=torch.bfloat16, **sizes)
+    step, grads = build(dense, precision="bf16", compute_dtype=torch.bfloat16, gather=gather, **sizes)
     assert grads.copies_weights and all(p.dtype == torch.bfloat16 for p in dense.parameters())
     opt = adagrad([grads.flat_parameter()], lr=0.1)
     ref_opt = adagrad(ref.parameters(), lr=0.1)
@@ -299,3 +301,48 @@ def test_pooled_gradient_is_handed_over_inside_backward_before_the_bottom_layers
                               on_pooled_grad=lambda g: events.append(("pooled", g.clone())))
     assert [name for name, _ in events] == ["pooled", "bottom"]
     assert torch.equal(events[0][1], pooled_grad)
+
+
+class _Kernels(TorchDispatchMode):
+    """Counts the ops that run a kernel (every op but those that only make a view)."""
+
+    VIEWS = {"t", "detach", "view", "_unsafe_view", "reshape", "as_strided", "expand", "alias", "slice", "select",
+             "transpose", "unsqueeze", "squeeze", "split", "split_with_sizes", "chunk", "unbind", "permute"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in self.VIEWS:
+            self.ops[name] = self.ops.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_gathered_gradients_launch_one_cat_where_views_add_each_parameter_and_fill(precision):
+    """A whole eager step at world size 1: with views autograd adds each of the P gradients into
+    its view and the step ends with a zero fill; gathered, autograd keeps them and one cat
+    collects them. Same bits (the buffers compared), P fewer kernels."""
+    kernels, buffers = {}, {}
+    for gather in (False, True):
+        dense, sizes, inputs = _tiny_dense()
+        step, grads = build(dense, precision=precision, gather=gather,
+                            compute_dtype=torch.bfloat16 if precision == "bf16" else None, **sizes)
+        opt = adagrad([grads.flat_parameter()], lr=0.1)
+        for it in range(2):  # the second step: what every step after the first launches
+            dense_x, pooled, labels = inputs(it)
+            with _Kernels() as mode:
+                step.run(dense_x, pooled.requires_grad_(True), labels)
+                step.finish_gradients()
+                buffers[gather, it] = grads.buffer.clone()
+                opt.step()
+                grads.updated()
+        kernels[gather] = mode.ops
+    params = len(list(dense.parameters()))
+    assert all(torch.equal(buffers[False, it], buffers[True, it]) for it in range(2))
+    views, gathered = kernels[False], kernels[True]
+    assert views.get("add_", 0) - gathered.get("add_", 0) == params, (views, gathered)
+    assert gathered.get("cat", 0) - views.get("cat", 0) == 1 and views["zero_"] - gathered.get("zero_", 0) == 1
+    assert sum(views.values()) - sum(gathered.values()) == params

@@ -22,7 +22,11 @@ Counted per layer from what the dense step runs (model/dense.py, harness/run/den
 - the interaction's concat and its gradient's split, the BCE-with-logits loss forward (3) and
   backward (3), the backward's seed and the loss's copy: 10 a step;
 - world size > 1: each 4 MiB gradient bucket (harness/run/dense_gradients.py DEFAULT_BUCKET_MIB)
-  one copy and one all-reduce.
+  one copy and one all-reduce;
+- gathered gradients (harness/run/dense_gradients.py, eager steps since 2026-11-27; a CUDA graph
+  keeps the views): autograd's add of each gradient into its view of the buffer is gone (2 a
+  Linear, less the cross layers' V, which has no bias), and one cat a bucket gathers them (world
+  size 1: one a step, in dense_update, where the views' zero fill is gone).
 
 small in bf16 with autograd's cross layers: 14 Linears x 13 + 3 cross layers x 7 + 10 = 213
 kernels in dense_fwd_bwd; the H100 trace (docs/gpu-session-2-notes.md,
@@ -83,16 +87,18 @@ def linear_count(model) -> int:
 
 
 def dense_impl(res) -> dict[str, bool]:
-    """The dense step's kernel choices a run resolved (ResolvedFlags: cross_net, dense_weights), as
-    stage_kernels' keyword arguments."""
-    return {"fused_cross": res.cross_net.impl == "fused", "weight_copy": res.dense_weights.impl == "bf16 copy"}
+    """The dense step's kernel choices a run resolved (ResolvedFlags: cross_net, dense_weights,
+    dense_grads), as stage_kernels' keyword arguments."""
+    return {"fused_cross": res.cross_net.impl == "fused", "weight_copy": res.dense_weights.impl == "bf16 copy",
+            "gather": res.dense_grads.impl == "gather"}
 
 
 def dense_kernels(model, *, bf16: bool, params: int, world_size: int, fused_cross: bool = False,
-                  weight_copy: bool = False, pure: bool = False) -> tuple[int, int]:
+                  weight_copy: bool = False, pure: bool = False, gather: bool = False) -> tuple[int, int]:
     """(kernels of dense_fwd_bwd, gradient buckets). weight_copy: the bf16 weight copy (bf16 only);
     pure: bf16-pure, every tensor of the step in bf16 (it computes on the weight copy): fp32's
-    kernels, with no autocast cast, plus the inputs' casts and the pooled gradient's back."""
+    kernels, with no autocast cast, plus the inputs' casts and the pooled gradient's back;
+    gather: the gradients gathered by a cat a bucket, not added into views (module docstring)."""
     if pure:
         bf16, weight_copy = False, False
     copy = bf16 and weight_copy
@@ -100,17 +106,19 @@ def dense_kernels(model, *, bf16: bool, params: int, world_size: int, fused_cros
     buckets = math.ceil(4 * params / BUCKET_BYTES) if world_size > 1 else 0
     cross = KERNELS_CROSS_ELEMENTWISE - (FUSED_CROSS_SAVES[bf16] if fused_cross else 0)
     k = linear_count(model) * per_linear + model.cross_layers * cross + KERNELS_DENSE_FIXED + PURE_CASTS * pure
-    return k + (KERNELS_A_BUCKET + (copy or pure)) * buckets, buckets
+    k -= gather * (2 * linear_count(model) - model.cross_layers)  # one add a parameter tensor
+    return k + (KERNELS_A_BUCKET + (copy or pure) + gather) * buckets, buckets
 
 
 def stage_kernels(cfg, *, groups: int, params: int, world_size: int, flags: dict[str, bool],
-                  fused_cross: bool = False, weight_copy: bool = False) -> StageKernels:
+                  fused_cross: bool = False, weight_copy: bool = False, gather: bool = False) -> StageKernels:
     """Kernels a stage launches on one rank in one iteration (module docstring). fused_cross: how
     the cross layers run (ResolvedFlags.cross_net); weight_copy: whether the dense parameters are a
-    bf16 copy (ResolvedFlags.dense_weights)."""
+    bf16 copy (ResolvedFlags.dense_weights); gather: whether the gradients are gathered
+    (ResolvedFlags.dense_grads)."""
     bf16, pure = cfg.precision.dense == "bf16", cfg.precision.dense == "bf16-pure"
     dense, buckets = dense_kernels(cfg.model, bf16=bf16, params=params, world_size=world_size,
-                                   fused_cross=fused_cross, weight_copy=weight_copy, pure=pure)
+                                   fused_cross=fused_cross, weight_copy=weight_copy, pure=pure, gather=gather)
     copy = (bf16 and weight_copy) or pure
     splits = 0 if flags.get("skip_splits_a2a") else INPUT_DIST_SPLITS
     return StageKernels(
@@ -118,6 +126,6 @@ def stage_kernels(cfg, *, groups: int, params: int, world_size: int, flags: dict
         emb_fwd=EMB_FWD[0] + groups * EMB_FWD[1],
         dense_fwd_bwd=dense,
         emb_bwd=EMB_BWD[0] + groups * EMB_BWD[1],
-        dense_update=DENSE_UPDATE + copy * (1 + (world_size == 1)),
+        dense_update=DENSE_UPDATE + copy * (1 + (world_size == 1)) + gather * ((world_size == 1) - 1),
         dense_buckets=buckets,
     )

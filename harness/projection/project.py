@@ -183,10 +183,11 @@ def _input_dist_ops(work: Work, profile: Profile, k: StageKernels, flags: dict, 
 
 
 def iteration_ops(cfg, work: Work, profile: Profile, cal: Calibration, flags: dict,
-                  fused_cross: bool = False, weight_copy: bool = False) -> tuple[list, StageKernels]:
-    """One iteration's ops on every rank (module docstring for what each flag changes)."""
+                  **dense_choices: bool) -> tuple[list, StageKernels]:
+    """One iteration's ops on every rank (module docstring for what each flag changes).
+    dense_choices: the dense step's kernel choices (kernels.dense_impl)."""
     k = stage_kernels(cfg, groups=len(work.groups), params=work.params, world_size=work.world_size, flags=flags,
-                      fused_cross=fused_cross, weight_copy=weight_copy)
+                      **dense_choices)
     launch, hbm = profile.value("launch_us") * 1e-6, profile.value("hbm_gbps") * 1e9
     speed, turns = cpu_share(profile, work)
     B = work.local_batch

@@ -91,6 +91,19 @@ class DenseWeightsEntry:
 
 
 @dataclass(kw_only=True, frozen=True)
+class DenseGradsEntry:
+    """How the dense gradients reach the flat buffer (harness/run/dense_gradients.py, decided by
+    cuda_graphs): not a flag, the same bits, but it moves the dense step's launches, so recorded."""
+
+    impl: str = "views"
+    """views (.grad views of the buffer, added into, a kernel a parameter; a CUDA graph's), gather
+    (one cat a bucket, eager) or ddp (the torchrec engine); manifests written before it was
+    recorded read views, which is what those runs ran."""
+    reason: str = ""
+    """Why views where an eager step would gather, for reports."""
+
+
+@dataclass(kw_only=True, frozen=True)
 class AheadEntry:
     """How many batches a thread draws ahead of the loop on the run's device (config data.ahead,
     resolved): not a flag, it changes no number, but where the batch time goes."""
@@ -131,6 +144,8 @@ class ResolvedFlags:
     """How the cross layers ran (not a flag)."""
     dense_weights: DenseWeightsEntry = field(default_factory=DenseWeightsEntry)
     """What the dense forward read its parameters as (not a flag)."""
+    dense_grads: DenseGradsEntry = field(default_factory=DenseGradsEntry)
+    """How the dense gradients reached the flat buffer (not a flag)."""
 
     def __post_init__(self) -> None:
         for name in ("requested", "effective"):

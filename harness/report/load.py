@@ -32,7 +32,7 @@ EVAL_COLUMNS = ("run_id", "rank", "index", "after_iteration", "trained_samples",
 SUBSPAN_COLUMNS = ("run_id", "rank", "node", "iteration", "stage", "name", "start_ns", "end_ns", "duration_ms", "warmup")
 # Columns of the flat frame besides the flags, in order.
 RUN_COLUMNS = ("run_id", "preset", "world_size", "nodes", "device", "status", "pipeline", "collective_wait",
-               "cross_net", "dense_weights")
+               "cross_net", "dense_weights", "dense_grads")
 RECORD_COLUMNS = ("rank", "node", "iteration", "warmup", "stage", "start_ns", "end_ns", "duration_ms",
                   "iter_start_ns", "iter_end_ns", "iter_ms", "period_ms", "between_ms", "samples", "loss")
 
@@ -258,6 +258,7 @@ def run_info(run: Run) -> dict[str, object]:
         "collective_wait": m.optimizations.collective_wait.effective if m else None,
         "cross_net": m.optimizations.cross_net.impl if m else None,
         "dense_weights": m.optimizations.dense_weights.impl if m else None,
+        "dense_grads": m.optimizations.dense_grads.impl if m else None,
         **effective_flags(run),
     }
 
@@ -267,7 +268,8 @@ def records(run: Run) -> pd.DataFrame:
 
     Columns: run_id, preset, world_size, nodes, device, status, pipeline, collective_wait (poll or
     block; None for a trace), cross_net (fused or autograd; None for a trace), dense_weights (fp32,
-    bf16 copy or autocast casts; None for a trace), one boolean column per
+    bf16 copy or autocast casts; None for a trace), dense_grads (views, gather or ddp; None for a
+    trace), one boolean column per
     optimization flag (effective value; NA for records without a manifest), then rank, node,
     iteration, warmup, stage, start_ns, end_ns, duration_ms, and from the iteration record
     iter_start_ns, iter_end_ns, iter_ms, samples, loss, with period_ms and between_ms from the

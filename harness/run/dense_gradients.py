@@ -1,10 +1,18 @@
 """Data-parallel dense gradients: one flat buffer, all-reduced in buckets while backward runs.
 
-Every dense parameter's .grad is a view into one buffer: zeroing is one fill, the optimizer
-can work on it as it is, and a CUDA graph of the dense step gets the static buffers it needs.
-The buffer is all-reduced in buckets, contiguous ranges of it, each launched (async) as soon as
-backward has accumulated all of its parameters' gradients, as DDP does: the collective of the
-last layers then runs while backward still computes the first ones.
+The gradients end in one buffer: the optimizer works on it as it is (one flat parameter). The
+buffer is all-reduced in buckets, contiguous ranges of it, each launched (async) as soon as
+backward has produced all of its parameters' gradients, as DDP does: the collective of the last
+layers then runs while backward still computes the first ones.
+
+How they get there, two ways (the `gather` argument):
+- views (a CUDA graph's): every parameter's .grad is a view into the buffer and autograd adds
+  each new gradient into it, one kernel a parameter, after a zero fill a step; the graph gets the
+  static buffers it needs;
+- gather (eager): no .grad between steps, so autograd keeps each new gradient as it is (no
+  kernel), and one cat a bucket (one a step at world size 1) copies them into the buffer: a
+  kernel a bucket where the views take one a parameter and a fill (small: 25 + 1 against 16
+  buckets, or 1 at world size 1). The same bits: a gradient added to zero is itself.
 
 bf16 weight copy (compute_dtype=torch.bfloat16): the module's parameters become bf16 views of
 one buffer, a copy of the fp32 weights (the masters) refreshed in one cast after each update, and
@@ -83,10 +91,13 @@ class FlatGradients:
         wait: WaitFn = block,
         bytes_moved: CollectiveBytes | None = None,
         compute_dtype: torch.dtype | None = None,
+        gather: bool = False,
     ) -> None:
         """bytes_moved: where each bucket's all-reduce is counted (the records' bytes moved).
         compute_dtype: the dtype the module's parameters take for forward and backward (the bf16
-        weight copy, module docstring); None: the weights' own."""
+        weight copy, module docstring); None: the weights' own.
+        gather: collect the gradients autograd leaves in .grad with a cat a bucket; False: .grad
+        are views of the buffer, added into (module docstring; a CUDA graph needs the views)."""
         self.bytes_moved = bytes_moved
         self._counting = True
         if not bucket_mib > 0:
@@ -111,8 +122,9 @@ class FlatGradients:
             self.weights = self.master.to(compute_dtype)
             self.staging = torch.zeros_like(self.weights)
         self._place(self.weights)
+        self.gather = gather
         for p, off in zip(params, self.offsets):
-            p.grad = self.staging[off : off + p.numel()].view_as(p)
+            p.grad = None if gather else self.staging[off : off + p.numel()].view_as(p)
         cap = max(1, int(bucket_mib * 2**20) // self.buffer.element_size())
         self.buckets = bucket_ranges([p.numel() for p in params], cap)
         self.world_size, self.group, self.wait = world_size, group, wait
@@ -151,10 +163,20 @@ class FlatGradients:
     def _launch(self, bucket: int) -> None:
         self._count(bucket)
         start, end = self.buckets[bucket]
+        self._gather(start, end)
         if self.staging is not self.buffer:
             self.buffer[start:end].copy_(self.staging[start:end])
         self._works.append(dist.all_reduce(self.buffer[start:end], group=self.group, async_op=True))
         self._next = bucket + 1
+
+    def _gather(self, start: int, end: int) -> None:
+        """With gather: the gradients of the parameters in [start, end) into `staging`, one cat (a
+        parameter that got none this step gives zeros, as an untouched view would hold)."""
+        if not self.gather:
+            return
+        parts = [p.grad.reshape(-1) if p.grad is not None else self.staging.new_zeros(p.numel())
+                 for p, off in zip(self.params, self.offsets) if start <= off < end]
+        torch.cat(parts, out=self.staging[start:end])
 
     def _count(self, bucket: int) -> None:
         start, end = self.buckets[bucket]
@@ -217,16 +239,23 @@ class FlatGradients:
         if self.world_size > 1:
             while self._next < len(self.buckets):
                 self._launch(self._next)
-        elif self.staging is not self.buffer:
-            self.buffer.copy_(self.staging)
+        else:
+            self._gather(0, self.staging.numel())
+            if self.staging is not self.buffer:
+                self.buffer.copy_(self.staging)
         for work in self._works:
             self.wait(work)
         self._works.clear()
         self._reset()
 
     def zero(self) -> None:
-        """Zero what backward accumulates into (a separate fp32 buffer is overwritten by its casts)."""
-        self.staging.zero_()
+        """Zero what backward accumulates into (a separate fp32 buffer is overwritten by its casts);
+        with gather, drop the step's gradients: autograd then keeps the next ones as they come."""
+        if not self.gather:
+            self.staging.zero_()
+            return
+        for p in self.params:
+            p.grad = None
 
     def updated(self) -> None:
         """After the optimizer step: refresh the weight copy from the masters (one cast), then zero

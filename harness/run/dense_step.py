@@ -61,9 +61,9 @@ class DenseStep:
         (loss / world_size).backward()   # hooks launch gradient buckets' all-reduces meanwhile
         grads.finish()                   # eager: in finish_gradients(), after the embedding backward
 
-    does. Gradients accumulate into the buffer (autograd adds into an existing .grad in place),
-    so the caller must zero them between calls, as the train loop's `grads.updated()` does after
-    the optimizer step.
+    does. Gradients accumulate (into the buffer's views, or in .grad until gathered: FlatGradients'
+    gather), so the caller must zero them between calls, as the train loop's `grads.updated()`
+    does after the optimizer step.
 
     graphed=True captures that step in a CUDA graph at construction. With world_size > 1 the
     construction runs collectives (warm-up all-reduces and the captured ones), so every rank must
@@ -92,6 +92,9 @@ class DenseStep:
         if self._input_dtype is not None and {p.dtype for p in dense.parameters()} != {self._input_dtype}:
             raise ValueError(f"precision {precision} computes on a {self._input_dtype} copy of the weights: build "
                              f"FlatGradients with compute_dtype={self._input_dtype}")
+        if graphed and grads.gather:
+            raise ValueError("a captured dense step adds into the gradients' static views: build FlatGradients "
+                             "with gather=False for graphed=True")
         self.device, self.graphed = device, graphed
         self.shapes = graph_input_shapes(local_batch, num_dense, pooled_width)
         if graphed:

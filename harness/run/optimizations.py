@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 
 from harness.config import OptimizationsConfig, PrecisionConfig
-from harness.records.manifest import (AheadEntry, CrossNetEntry, DenseOptimizerEntry, DenseWeightsEntry, PrecisionEntry,
-                                      ResolvedFlags, WaitEntry)
+from harness.records.manifest import (AheadEntry, CrossNetEntry, DenseGradsEntry, DenseOptimizerEntry, DenseWeightsEntry,
+                                      PrecisionEntry, ResolvedFlags, WaitEntry)
 from harness.names import OPTIMIZATION_FLAGS
 from model.names import KNOWN_SPLITS_KINDS, ROW_BLOCKED_KINDS, ShardingType
 
@@ -147,7 +147,16 @@ def resolve(
                          dense_optimizer=dense_adagrad("cuda" if cuda else "cpu", engine=engine),
                          batches_ahead=batches_ahead(ahead, cuda=cuda, local_ranks=local_ranks),
                          cross_net=_cross_entry(opts.fused_cross, engine=engine),
-                         dense_weights=_dense_weights_entry(opts.bf16_weight_copy, precision.dense, engine=engine))
+                         dense_weights=_dense_weights_entry(opts.bf16_weight_copy, precision.dense, engine=engine),
+                         dense_grads=_dense_grads_entry(effective["cuda_graphs"], engine=engine))
+
+
+def _dense_grads_entry(graphed: bool, *, engine: str) -> DenseGradsEntry:
+    if engine != "harness":
+        return DenseGradsEntry(impl="ddp", reason=f"the {engine} engine's dense arch is under DDP, as stock")
+    if graphed:
+        return DenseGradsEntry(impl="views", reason="cuda_graphs: the captured step adds into static views of the buffer")
+    return DenseGradsEntry(impl="gather")
 
 
 def _cross_entry(fused: bool, *, engine: str) -> CrossNetEntry:
@@ -234,6 +243,8 @@ def describe(res: ResolvedFlags) -> str:
     lines.append(f"cross layers: {cross.impl}" + (f" ({cross.reason})" if cross.reason else ""))
     weights = res.dense_weights
     lines.append(f"dense weights: {weights.impl}" + (f" ({weights.reason})" if weights.reason else ""))
+    dgrads = res.dense_grads
+    lines.append(f"dense gradients: {dgrads.impl}" + (f" ({dgrads.reason})" if dgrads.reason else ""))
     dense_opt = res.dense_optimizer
     lines.append(f"dense optimizer: Adagrad {dense_opt.impl}" + (f" ({dense_opt.reason})" if dense_opt.reason else ""))
     prec = res.precision

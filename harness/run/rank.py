@@ -155,7 +155,8 @@ def build_rank(env: RankEnv, data: BatchSource, flags: ResolvedFlags | None = No
     dense = build_dense(cfg, device, fused_cross=flags.cross_net.impl == "fused")
     moved = CollectiveBytes()  # every collective counts the bytes it moves here; each iteration's go to its records
     grads = FlatGradients(dense, world_size=world, group=env.group, wait=wait, bytes_moved=moved,
-                          compute_dtype=torch.bfloat16 if flags.dense_weights.impl == "bf16 copy" else None)
+                          compute_dtype=torch.bfloat16 if flags.dense_weights.impl == "bf16 copy" else None,
+                          gather=flags.dense_grads.impl == "gather")
     dense_opt = dense_optimizer(grads, cfg, flags.dense_optimizer.impl)
     host = HostCopies(device=device, pinned=on["pinned_d2h"])
     timeline = Timeline(cuda=device.type == "cuda", stages=cfg.run.timeline, device=device)
