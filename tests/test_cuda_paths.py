@@ -62,6 +62,24 @@ def test_the_manifest_records_the_dense_optimizer():
     assert loads(ResolvedFlags, json.dumps(old)).dense_optimizer.impl == "not recorded"
 
 
+def test_the_gradients_are_gathered_eager_and_views_under_a_cuda_graph():
+    """A captured step needs the gradients as static views of the buffer; eager they are gathered
+    (harness/run/dense_gradients.py). Recorded; a manifest from before read as the views it ran."""
+    from harness.config import OptimizationsConfig
+    from harness.records.manifest import ResolvedFlags
+    from harness.records.typed_json import dumps, loads
+    from harness.run.optimizations import describe, resolve
+
+    graphs = OptimizationsConfig(cuda_graphs=True)
+    assert resolve(graphs, cuda=True, plan_kinds=["table_wise"]).dense_grads.impl == "views"
+    assert resolve(graphs, cuda=False, plan_kinds=["table_wise"]).dense_grads.impl == "gather"  # inactive on CPU
+    eager = resolve(OptimizationsConfig(), cuda=True, plan_kinds=["table_wise"])
+    assert eager.dense_grads.impl == "gather" and "dense gradients: gather" in describe(eager)
+    assert resolve(OptimizationsConfig(), cuda=True, plan_kinds=["table_wise"], engine="torchrec").dense_grads.impl == "ddp"
+    old = {k: v for k, v in json.loads(dumps(eager)).items() if k != "dense_grads"}
+    assert loads(ResolvedFlags, json.dumps(old)).dense_grads.impl == "views"
+
+
 def test_the_foreach_dense_optimizer_never_asks_for_fused_and_matches_it():
     """The optimizer built for a device without the fused kernel passes fused=False, and both ways
     give Adagrad's updates, against Adagrad written out in float64 (sum += g^2; p -= lr g / (sqrt(sum) + eps))."""

@@ -39,6 +39,8 @@ def test_graphed_needs_cuda_and_precision_must_be_known():
         build(make_model(), graphed=True, device="cpu")
     with pytest.raises(ValueError, match="precision 'fp16'"):
         build(make_model(), precision="fp16")
+    with pytest.raises(ValueError, match="static views"):  # a graph needs the views, whatever the device
+        build(make_model(), graphed=True, device="cpu", gather=True)
 
 
 def test_eager_step_matches_float64_reference_with_updates_between():
@@ -246,12 +248,13 @@ def test_wrong_shapes_and_non_leaf_pooled_are_refused():
 def test_graphed_matches_eager_over_several_steps(precision, weight_copy):
     # Replays and eager kernels may differ in the last bits (e.g. cuBLAS picking other algorithms
     # on another stream), hence allclose rather than equal; bf16 rounds more. With the weight copy
-    # the replays must read the copy each update refreshes in place.
+    # the replays must read the copy each update refreshes in place. The eager side gathers its
+    # gradients, as the harness's eager step does; the graph adds into views.
     tol = {"rtol": 1e-2, "atol": 1e-3} if precision != "fp32" else {}
     compute = torch.bfloat16 if weight_copy else None
     eager_model = make_model("cuda")
     graphed_model = copy.deepcopy(eager_model)
-    eager, eager_grads = build(eager_model, device="cuda", precision=precision, compute_dtype=compute)
+    eager, eager_grads = build(eager_model, device="cuda", precision=precision, compute_dtype=compute, gather=True)
     graphed, graphed_grads = build(graphed_model, graphed=True, device="cuda", precision=precision,
                                    compute_dtype=compute)
     assert torch.count_nonzero(graphed_grads.buffer) == 0, "warm-up gradients leaked into the buffer"
@@ -346,3 +349,24 @@ def test_gathered_gradients_launch_one_cat_where_views_add_each_parameter_and_fi
     assert views.get("add_", 0) - gathered.get("add_", 0) == params, (views, gathered)
     assert gathered.get("cat", 0) - views.get("cat", 0) == 1 and views["zero_"] - gathered.get("zero_", 0) == 1
     assert sum(views.values()) - sum(gathered.values()) == params
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_gathered_gradients_are_the_views_bits_on_cuda(precision):
+    """On the GPU too: gathered, the buffer holds the bits the views accumulate, step after step."""
+    buffers = {}
+    for gather in (False, True):
+        model = make_model("cuda")
+        step, grads = build(model, device="cuda", precision=precision, gather=gather,
+                            compute_dtype=torch.bfloat16 if precision == "bf16" else None)
+        opt = adagrad([grads.flat_parameter()], lr=0.1, device="cuda")
+        for it in range(3):
+            dense_x, pooled, labels = make_inputs(it, device="cuda")
+            step.run(dense_x, pooled.requires_grad_(True), labels)
+            step.finish_gradients()
+            buffers[gather, it] = grads.buffer.clone()
+            opt.step()
+            grads.updated()
+    assert all(torch.equal(buffers[False, it], buffers[True, it]) for it in range(3))

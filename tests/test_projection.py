@@ -141,6 +141,14 @@ def test_dense_kernel_count_matches_the_trace():
     copy, _ = dense_kernels(m, bf16=True, params=dense_shape(m)[0], world_size=1, fused_cross=True, weight_copy=True)
     pure, _ = dense_kernels(m, bf16=False, params=dense_shape(m)[0], world_size=1, fused_cross=True, pure=True)
     assert (copy, pure) == (148, 140)
+    # Gathered gradients: no add a parameter tensor (2 x 14 - 3 = 25: V has no bias), 148 - 25 = 123;
+    # on 2 ranks a cat more a bucket (61 MiB in 4 MiB buckets: 16).
+    gathered, _ = dense_kernels(m, bf16=True, params=dense_shape(m)[0], world_size=1, fused_cross=True,
+                                weight_copy=True, gather=True)
+    views2, b2 = dense_kernels(m, bf16=True, params=dense_shape(m)[0], world_size=2, fused_cross=True, weight_copy=True)
+    gathered2, _ = dense_kernels(m, bf16=True, params=dense_shape(m)[0], world_size=2, fused_cross=True,
+                                 weight_copy=True, gather=True)
+    assert (gathered, b2, views2 - gathered2) == (123, 16, 25 - 16)
 
 
 def test_collective_waits_for_the_slowest_rank_and_pipelining_hides_it():

@@ -83,6 +83,9 @@ class DenseStep:
         graphed: bool,
         precision: str,
     ) -> None:
+        if graphed and grads.gather:
+            raise ValueError("a captured dense step adds into the gradients' static views: build FlatGradients "
+                             "with gather=False for graphed=True")
         if graphed and device.type != "cuda":
             raise ValueError(f"graphed=True needs a CUDA device (CUDA graphs), got device {device}")
         if precision not in AUTOCAST_DTYPES:
@@ -92,9 +95,6 @@ class DenseStep:
         if self._input_dtype is not None and {p.dtype for p in dense.parameters()} != {self._input_dtype}:
             raise ValueError(f"precision {precision} computes on a {self._input_dtype} copy of the weights: build "
                              f"FlatGradients with compute_dtype={self._input_dtype}")
-        if graphed and grads.gather:
-            raise ValueError("a captured dense step adds into the gradients' static views: build FlatGradients "
-                             "with gather=False for graphed=True")
         self.device, self.graphed = device, graphed
         self.shapes = graph_input_shapes(local_batch, num_dense, pooled_width)
         if graphed:
