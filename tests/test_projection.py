@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.projection.calibrate import calibrate, measured
-from harness.projection.kernels import dense_kernels
+from harness.projection.calibrate import calibrate, measured, project_run
+from harness.projection.kernels import dense_impl, dense_kernels
 from harness.projection.project import project
 from harness.projection.timeline import Collective, Host, Launch, simulate
 from harness.report.roofline import dense_shape
@@ -26,7 +26,7 @@ CALIBRATION = H100 / "s-bf16-r0"
 
 def _err(run: str, profile, cal) -> tuple[float, dict[str, float], dict[str, float]]:
     m = measured(H100 / run)
-    p = project(m.run.manifest.config, m.work, profile, cal)
+    p = project_run(m, profile, cal)
     return p.period_ms / (m.period_s * 1e3) - 1, p.stage_ms("mean"), {s: v * 1e3 for s, v in m.stage_s.items()}
 
 
@@ -59,8 +59,8 @@ def test_a_flush_is_calibrated_from_the_records_and_projected_at_the_runs_cadenc
     assert m.flush_every == 10
     run = m.run.manifest.config.run
     rare = m.run.manifest.config.replace(run=dataclasses.replace(run, flush_every=100))
-    every10 = project(m.run.manifest.config, m.work, profile, cal).period_ms
-    every100 = project(rare, m.work, profile, cal).period_ms
+    every10 = project_run(m, profile, cal).period_ms
+    every100 = project(rare, m.work, profile, cal, dense=dense_impl(m.run.manifest.optimizations)).period_ms
     assert every10 - every100 == pytest.approx(cal.flush_s * 1e3 * (1 / 10 - 1 / 100), rel=1e-6)
 
 
@@ -99,7 +99,7 @@ def test_first_h100_run_calibrated_on_one_run_projects_the_others():
     for run in ("20261126-102122-compare-small-1x1-415d-r1-harness", "g-pinned-d2h", "g-skip-splits-a2a",
                 "g-cuda-graphs", "g-tiny", "g-threaded-input-dist"):
         m = measured(FIRST / run)
-        errs[run] = project(m.run.manifest.config, m.work, profile, cal).period_ms / (m.period_s * 1e3) - 1
+        errs[run] = project_run(m, profile, cal).period_ms / (m.period_s * 1e3) - 1
     threaded = errs.pop("g-threaded-input-dist")
     assert all(abs(e) < 0.25 for e in errs.values()), errs
     assert threaded > 0.3
@@ -212,7 +212,7 @@ def _cpu_errors(root: Path, gloo: dict) -> dict[str, tuple[float, dict[str, floa
             if ranks > 1:
                 set_gloo(p, gloo[ranks], ranks)
             m = measured(root / f"{preset}-{ranks}")
-            proj = project(m.run.manifest.config, m.work, p, cal)
+            proj = project_run(m, p, cal)
             got = proj.stage_ms("mean")
             stages = {s: got[s] / (v * 1e3) - 1 for s, v in m.stage_s.items() if v > 0.2 * m.period_s}
             out[f"{preset}-{ranks}"] = (proj.period_ms / (m.period_s * 1e3) - 1, stages)
@@ -285,7 +285,7 @@ def test_cpu_projection_needs_the_cores_and_the_probe():
     profile, cal, _ = calibrate([CPU_RECORDED / "tiny-1", CPU_RECORDED / "small-1"])
     profile.set("cores", 8.0, "cores", "test: as if each rank had the probed rank's 2 cores")
     m = measured(CPU_RECORDED / "small-4")
-    err = project(m.run.manifest.config, m.work, profile, cal).period_ms / (m.period_s * 1e3) - 1
+    err = project_run(m, profile, cal).period_ms / (m.period_s * 1e3) - 1
     assert err < -0.5, err
 
 

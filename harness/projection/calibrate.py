@@ -262,7 +262,7 @@ def host_fixed(runs: list[Measured], p: Profile) -> Calibration:
     for _ in range(FIXED_PASSES):
         for i, m in enumerate(used):
             turns = cpu_share(p, m.work)[1]
-            got = project(m.run.manifest.config, m.work, p, cal).stage_ms("mean")
+            got = project_run(m, p, cal).stage_ms("mean")
             for s in STAGES:
                 resid[i][s] = max(floors[i][s], resid[i][s] + (m.stage_s[s] - got[s] / 1e3) / turns)
         for s in STAGES:
@@ -274,6 +274,12 @@ def host_fixed(runs: list[Measured], p: Profile) -> Calibration:
     return cal
 
 
+def project_run(m: Measured, p: Profile, cal: Calibration):
+    """A measured run's configuration projected as it ran: with the dense kernel choices its
+    manifest recorded (today's code may choose otherwise for the same config)."""
+    return project(m.run.manifest.config, m.work, p, cal, dense=dense_impl(m.run.manifest.optimizations))
+
+
 def _set_drains(first: Measured, p: Profile, cal: Calibration) -> None:
     """Whether the host waited for the device before its between-iterations work: the timeline run
     both ways on the first run's own configuration, the one that reproduces its period clearly
@@ -283,7 +289,7 @@ def _set_drains(first: Measured, p: Profile, cal: Calibration) -> None:
     err = {}
     for drains in (False, True):
         cal.between_drains = drains
-        err[drains] = abs(project(first.run.manifest.config, first.work, p, cal).period_ms / (first.period_s * 1e3) - 1)
+        err[drains] = abs(project_run(first, p, cal).period_ms / (first.period_s * 1e3) - 1)
     cal.between_drains = err[True] + DRAIN_MARGIN < err[False]
     cal.sources["between_drains"] = (f"calibrated: {first.name} period reproduced within {err[True]:.0%} with the "
                                      f"wait, {err[False]:.0%} without")

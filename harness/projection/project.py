@@ -250,10 +250,13 @@ class Projection:
         return float(np.max(self.result.window_s)) * 1e3
 
 
-def project(cfg, work: Work, profile: Profile, cal: Calibration, *, label: str = "") -> Projection:
+def project(cfg, work: Work, profile: Profile, cal: Calibration, *, label: str = "",
+            dense: dict[str, bool] | None = None) -> Projection:
+    """dense: the dense step's kernel choices (kernels.dense_impl) a measured run recorded, for
+    the calibration's own runs; left out, those today's code would make for `cfg`."""
     res = resolved_flags(cfg, profile, work)
     flags = dict(res.effective)
-    ops, k = iteration_ops(cfg, work, profile, cal, flags, **dense_impl(res))
+    ops, k = iteration_ops(cfg, work, profile, cal, flags, **(dense_impl(res) if dense is None else dense))
     result = simulate(ops, ranks=work.world_size, async_device=profile.async_device)
     return Projection(label=label, flags=flags, result=result, kernels=k, world_size=work.world_size,
                       inactive=dict(res.inactive_reasons))

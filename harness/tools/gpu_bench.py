@@ -253,8 +253,7 @@ def projection_targets(outcome: Outcome) -> dict[str, str]:
 def run_projection_check(outcome: Outcome, plan: Plan) -> None:
     """Calibrated on the first defaults run and the quarter-batch run, each target's period
     projected against its measured one (issue 46: within 25%)."""
-    from harness.projection.calibrate import calibrate, measured
-    from harness.projection.project import project
+    from harness.projection.calibrate import calibrate, measured, project_run
 
     folder = Path(outcome.folder)
     defaults = _harness_runs(outcome, f"{plan.small} defaults")
@@ -267,7 +266,7 @@ def run_projection_check(outcome: Outcome, plan: Plan) -> None:
         probe_host(profile, measured(folder / defaults[0]).run.manifest.config, runs, print)
     for label, run_id in projection_targets(outcome).items():
         m = measured(folder / run_id)
-        got = project(m.run.manifest.config, m.work, profile, cal).period_ms
+        got = project_run(m, profile, cal).period_ms
         want = m.period_s * 1e3
         outcome.projection[label] = {"run": run_id, "measured_ms": want, "projected_ms": got, "error": got / want - 1}
         print(f"  projection {label:26s} measured {want:8.3f} ms, projected {got:8.3f} ms ({got / want - 1:+.0%})",
