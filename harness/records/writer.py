@@ -160,7 +160,7 @@ def compact_parts(run_dir: Path) -> None:
     """A completed run's parts, one file per rank and kind: 3000 iterations flushed every 10 are
     600 files a rank otherwise. Written aside and renamed before the parts go; a reader that finds
     `<kind>-all.parquet` reads only it, so a crash between the two steps loses and doubles nothing."""
-    import pandas as pd  # here, not at the top: a rank writes its records without pandas (RankRecorder)
+    import pandas as pd  # the launcher's; a rank's records are built in pyarrow (RankRecorder)
 
     for rank_dir in sorted(Path(run_dir).glob("rank*")):
         for kind in ("stages", "iterations", "evals", "subspans"):
