@@ -10,7 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.config_fields import finite_numbers, non_negative_int as _non_negative_int, option, positive_int as _positive_int
+from harness.config_fields import (finite_numbers, non_negative_int as _non_negative_int, option, positive_int as _positive_int,
+                                   positive_numbers)
 from harness.store_url import check_store_url, mask_secrets
 from harness.names import (
     COLLECTIVE_WAITS, COMM_PRECISIONS, DENSE_PRECISIONS, DYNAMIC_KINDS, DYNAMIC_POLICIES, TABLE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, ENGINES, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
@@ -156,10 +157,7 @@ class ShardingConfig:
         _positive_int("sharding.column_shards", self.column_shards)
         if self.hardware not in HARDWARE_PROFILES:
             raise ValueError(f"sharding.hardware {self.hardware!r} is not one of {sorted(HARDWARE_PROFILES)}")
-        for name in ("memory_gib", "memory_gbps", "intra_node_gbps", "inter_node_gbps"):
-            v = getattr(self, name)
-            if v is not None and not v > 0:
-                raise ValueError(f"sharding.{name} must be > 0, got {v}")
+        positive_numbers("sharding", self, ("memory_gib", "memory_gbps", "intra_node_gbps", "inter_node_gbps"))
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -335,16 +333,13 @@ class DynamicConfig:
             raise ValueError("dynamic: give --dynamic-slots or --dynamic-memory-gib, not both")
         if self.slots is not None:
             _positive_int("dynamic.slots", self.slots)
-        if self.memory_gib is not None and not self.memory_gib > 0:
-            raise ValueError(f"dynamic.memory_gib must be > 0, got {self.memory_gib}")
+        positive_numbers("dynamic", self, ("memory_gib",))
         _positive_int("dynamic.half_life", self.half_life)
         if self.policy not in DYNAMIC_POLICIES:
             raise ValueError(f"dynamic.policy {self.policy!r} is not one of {list(DYNAMIC_POLICIES)}")
         if self.ps is not None:
             check_store_url(self.ps)
-        for name in ("ps_memory_gib", "ps_spill_gib"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"dynamic.{name} must be >= 0, got {getattr(self, name)}")
+        positive_numbers("dynamic", self, ("ps_memory_gib", "ps_spill_gib"), zero=True)
 
 
 EVAL_STAGES = ("val", "test")

@@ -31,6 +31,14 @@ def non_negative_int(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
 
 
+def positive_numbers(prefix: str, config: Any, names: tuple[str, ...], *, zero: bool = False) -> None:
+    """Each named number field of `config` is > 0 (>= 0 with zero); None (left out) passes."""
+    for name in names:
+        v = getattr(config, name)
+        if v is not None and not (v >= 0 if zero else v > 0):
+            raise ValueError(f"{prefix}.{name} must be {'>=' if zero else '>'} 0, got {v}")
+
+
 def finite_numbers(config: Any, prefix: str = "") -> None:
     """Every float field, in `config` and the concerns it holds, is finite: inf passes a `> 0` check
     and then overflows a timeout, trains on NaN, or writes `Infinity` (not JSON) to the manifest."""
