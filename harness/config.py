@@ -187,6 +187,10 @@ class OptimizationsConfig:
     """bf16 dense: the layers compute on a bf16 copy of the fp32 weights refreshed once a step, not
     on autocast's casts of each (harness/run/dense_gradients.py); same bits. Not a flag either
     (inactive on fp32 and the torchrec engine). --no-bf16-weight-copy measures it."""
+    gather_grads: bool = True
+    """An eager dense step gathers its gradients into the flat buffer, one cat a bucket, where views
+    of it take an add a parameter (harness/run/dense_gradients.py); same bits. Not a flag either: a
+    CUDA graph keeps the views. --no-gather-grads measures it."""
     collective_wait: str = option("poll", choices=COLLECTIVE_WAITS)
     """How the host waits for its collectives: poll (is_completed() in a loop yielding the core, so
     no wake-up latency, as MPI libraries do) or block (torch's wait()). Not one of the five flags,

@@ -8,12 +8,15 @@ import inspect
 import json
 import types
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
 from harness.config import ShardingConfig
 from harness.presets import tiny
+
+DATA = Path(__file__).resolve().parent / "data"
 
 
 # ---- (1) the dense optimizer ----------------------------------------------------------------
@@ -76,8 +79,17 @@ def test_the_gradients_are_gathered_eager_and_views_under_a_cuda_graph():
     eager = resolve(OptimizationsConfig(), cuda=True, plan_kinds=["table_wise"])
     assert eager.dense_grads.impl == "gather" and "dense gradients: gather" in describe(eager)
     assert resolve(OptimizationsConfig(), cuda=True, plan_kinds=["table_wise"], engine="torchrec").dense_grads.impl == "ddp"
+    asked = resolve(OptimizationsConfig(gather_grads=False), cuda=False, plan_kinds=["table_wise"]).dense_grads
+    assert asked.impl == "views" and not asked.reason  # --no-gather-grads, as asked
     old = {k: v for k, v in json.loads(dumps(eager)).items() if k != "dense_grads"}
     assert loads(ResolvedFlags, json.dumps(old)).dense_grads.impl == "views"
+    # A manifest from before the gather: its config reads as the views it ran, so a projection of
+    # that config makes the same choice (RunManifest.from_json).
+    from harness.records.manifest import RunManifest
+
+    manifest = json.loads((DATA / "h100-runs-2" / "s-bf16-r0" / "manifest.json").read_text())
+    assert "gather_grads" not in manifest["config"]["optimizations"]
+    assert RunManifest.from_json(json.dumps(manifest)).config.optimizations.gather_grads is False
 
 
 def test_the_foreach_dense_optimizer_never_asks_for_fused_and_matches_it():

@@ -25,6 +25,24 @@ def test_the_plan_runs_small_at_8192_a_gpu_on_the_h100_profile():
     assert "--global-batch" not in plan.common("tiny", None)  # tiny keeps its own batch
 
 
+def test_a_flag_that_cannot_take_effect_here_is_not_run_and_says_why(tmp_path):
+    """One GPU on torch >= 2.8: the threaded input dist has nothing to hide and the record-streams
+    variable is ignored, whatever the plan; skip_splits_a2a depends on the plan, so it is run."""
+    from harness.tools.gpu_bench import inactive_here
+
+    one = inactive_here(Plan(device="cuda", gpus=1))
+    assert sorted(one) == ["avoid_record_streams", "threaded_input_dist"] and "one GPU" in one["threaded_input_dist"]
+    assert sorted(inactive_here(Plan(device="cuda", gpus=2))) == ["avoid_record_streams"]
+    assert "skip_splits_a2a" not in inactive_here(Plan(device="cpu", gpus=2))
+    outcome = Outcome(folder=str(tmp_path), plan={}, flags={
+        "+threaded_input_dist": {"runs": [], "inactive": one["threaded_input_dist"], "skipped": True},
+        "+cuda_graphs": {"ratio": 0.7, "ratio_ci": [0.6, 0.8], "period_ms": 6.3, "inactive": None}})
+    rows = [line for line in summary(outcome).splitlines() if line.startswith("+threaded_input_dist")]
+    assert len(rows) == 1 and "not run" in rows[0] and "inactive: one GPU" in rows[0]
+    target = [line for line in summary(outcome).splitlines() if line.startswith("target: each flag")][0]
+    assert target.split()[5] == "met", target  # counted: the flag run, not the one that was not
+
+
 def test_the_summary_has_a_line_for_every_finding(tmp_path):
     outcome = Outcome(folder=str(tmp_path), plan={}, battery_verdict="gpu-check: READY (12 passed, 0 failed, 0 skipped)",
                       compares={"small defaults": {"ratio": 0.87, "ratio_ci": [0.85, 0.89], "period_ms": 51.3,

@@ -387,6 +387,8 @@ class RunManifest:
             opts["fused_cross"] = False
         if isinstance(opts, dict) and "bf16_weight_copy" not in opts:
             opts["bf16_weight_copy"] = False  # written before the copy existed: autocast cast each parameter
+        if isinstance(opts, dict) and "gather_grads" not in opts:
+            opts["gather_grads"] = False  # written before the gather existed: autograd added into views
         flags = data.get("optimizations") if isinstance(data, dict) else None
         if isinstance(flags, dict) and "dense_weights" not in flags:
             dense = (flags.get("precision") or {}).get("dense", "fp32")

@@ -148,15 +148,30 @@ def resolve(
                          batches_ahead=batches_ahead(ahead, cuda=cuda, local_ranks=local_ranks),
                          cross_net=_cross_entry(opts.fused_cross, engine=engine),
                          dense_weights=_dense_weights_entry(opts.bf16_weight_copy, precision.dense, engine=engine),
-                         dense_grads=_dense_grads_entry(effective["cuda_graphs"], engine=engine))
+                         dense_grads=_dense_grads_entry(opts.gather_grads, effective["cuda_graphs"], engine=engine))
 
 
-def _dense_grads_entry(graphed: bool, *, engine: str) -> DenseGradsEntry:
+def inactive_whatever_the_plan(flags: Sequence[str], *, cuda: bool, world_size: int) -> dict[str, str]:
+    """Those of `flags` that cannot take effect on the device and world size whatever the sharding
+    plan, with why (`resolve`'s reasons; skip_splits_a2a depends on the plan: never among them).
+    A run of one is a run of the defaults again (make gpu-bench runs none)."""
+    out = {}
+    for f in flags:
+        if f == "skip_splits_a2a":
+            continue
+        res = resolve(OptimizationsConfig(**{f: True}), cuda=cuda, plan_kinds=[], world_size=world_size,
+                      local_ranks=world_size)
+        if f in res.inactive_reasons:
+            out[f] = res.inactive_reasons[f]
+    return out
+
+
+def _dense_grads_entry(gather: bool, graphed: bool, *, engine: str) -> DenseGradsEntry:
     if engine != "harness":
         return DenseGradsEntry(impl="ddp", reason=f"the {engine} engine's dense arch is under DDP, as stock")
     if graphed:
         return DenseGradsEntry(impl="views", reason="cuda_graphs: the captured step adds into static views of the buffer")
-    return DenseGradsEntry(impl="gather")
+    return DenseGradsEntry(impl="gather" if gather else "views")
 
 
 def _cross_entry(fused: bool, *, engine: str) -> CrossNetEntry:

@@ -4,12 +4,15 @@ On whatever GPUs the host has (one rank a GPU, one node), in this order:
 1. the battery (`make gpu-check`: every test marked cuda), a verdict a check;
 2. `compare` on `small` at MLPerf's per-GPU batch (8192 a GPU), defaults, then `--opts all`;
 3. each optimization flag alone against the defaults, runs interleaved (defaults, +flag, ... each
-   round), the period ratio of each flag with a bootstrap 95% CI; in the same rounds --opts all
-   (so that it and the best flag are ratios over the same defaults runs), the cross
-   layers as autograd's formula (--no-fused-cross) against the defaults' fused ones, and in bf16
-   autocast casting each weight (--no-bf16-weight-copy) against the defaults' bf16 weight copy,
-   and the dense step all in bf16 (--dense-precision bf16-pure, other numbers by design), alone and
-   with --opts all (the fastest configuration; each row's mean period beside its ratio);
+   round), the period ratio of each flag with a bootstrap 95% CI (a flag that cannot take effect
+   on this device and GPU count whatever the plan is not run: its row says why); in the same
+   rounds --opts all (so that it and the best flag are ratios over the same defaults runs), the
+   cross layers as autograd's formula (--no-fused-cross) against the defaults' fused ones, the
+   gradients added into views of the buffer (--no-gather-grads) against the defaults' gathered
+   ones, and in bf16 autocast casting each weight (--no-bf16-weight-copy) against the defaults'
+   bf16 weight copy, and the dense step all in bf16 (--dense-precision bf16-pure, other numbers
+   by design), alone and with --opts all (the fastest configuration; each row's mean period
+   beside its ratio);
 4. one run of the defaults with a --profile window in its warm-up: host against device per stage;
 5. `compare` on `tiny` (the latency-bound regime: launch and input-distribution overheads);
 6. one run of the defaults at a quarter of the batch, then the projection check (issue 46): the
@@ -167,11 +170,17 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
 
     folder = Path(outcome.folder)
     # Not flags, the harness's own dense kernels taken away (what each buys, >1 expected):
-    # autograd_cross, the fused cross layers; autocast_casts, the bf16 weight copy (bf16 only);
-    # and bf16_pure, every activation in bf16 (another precision: its numbers differ by design),
-    # alone and with every flag (the fastest the harness has: issue 45's period target).
-    configs = {"defaults": [], **{f"+{f}": [f"--{f.replace('_', '-')}"] for f in plan.flags},
-               "opts_all": ["--opts", "all"], "autograd_cross": ["--no-fused-cross"]}
+    # autograd_cross, the fused cross layers; views_grads, the gathered gradients; autocast_casts,
+    # the bf16 weight copy (bf16 only); and bf16_pure, every activation in bf16 (another precision:
+    # its numbers differ by design), alone and with every flag (the fastest the harness has: issue
+    # 45's period target).
+    skipped = inactive_here(plan)
+    for f, why in skipped.items():
+        outcome.flags[f"+{f}"] = {"runs": [], "inactive": why, "skipped": True}
+        print(f"  +{f:25s} not run: it cannot take effect here ({why})", flush=True)
+    configs = {"defaults": [], **{f"+{f}": [f"--{f.replace('_', '-')}"] for f in plan.flags if f not in skipped},
+               "opts_all": ["--opts", "all"], "autograd_cross": ["--no-fused-cross"],
+               "views_grads": ["--no-gather-grads"]}
     if plan.precision == "bf16":
         configs["autocast_casts"] = ["--no-bf16-weight-copy"]
         configs["bf16_pure"] = ["--dense-precision", "bf16-pure"]
@@ -273,6 +282,13 @@ def run_projection_check(outcome: Outcome, plan: Plan) -> None:
               flush=True)
 
 
+def inactive_here(plan: Plan) -> dict[str, str]:
+    """The plan's flags that cannot take effect on its device and GPU count, with why (none is run)."""
+    from harness.run.optimizations import inactive_whatever_the_plan
+
+    return inactive_whatever_the_plan(plan.flags, cuda=plan.device == "cuda", world_size=plan.gpus)
+
+
 def _inactive(run_dir: Path, flag: str) -> str | None:
     """Why the flag did not take effect in that run (its manifest), or None."""
     flags = json.loads((run_dir / "manifest.json").read_text())["optimizations"]
@@ -327,6 +343,9 @@ def summary(outcome: Outcome) -> str:
         rows.append((f"{step}: harness/torchrec", f"{c['ratio']:.3f} (95% CI {lo:.3f}-{hi:.3f})",
                      f"harness period {c['period_ms']:.2f} ms"))
     for name, f in outcome.flags.items():
+        if f.get("skipped"):
+            rows.append((f"{name} / defaults", "not run", f"inactive: {f['inactive']}"))
+            continue
         lo, hi = f["ratio_ci"]
         note = f"period {f['period_ms']:.2f} ms" if "period_ms" in f else ""
         note += f"; inactive: {f['inactive']}" if f["inactive"] else ""
