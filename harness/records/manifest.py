@@ -92,15 +92,16 @@ class DenseWeightsEntry:
 
 @dataclass(kw_only=True, frozen=True)
 class DenseGradsEntry:
-    """How the dense gradients reach the flat buffer (harness/run/dense_gradients.py, decided by
-    cuda_graphs): not a flag, the same bits, but it moves the dense step's launches, so recorded."""
+    """How the dense gradients reach the flat buffer (harness/run/dense_gradients.py; config
+    optimizations.gather_grads, resolved: a CUDA graph keeps the views): not a flag, the same bits,
+    but it moves the dense step's launches, so recorded."""
 
     impl: str = "views"
     """views (.grad views of the buffer, added into, a kernel a parameter; a CUDA graph's), gather
     (one cat a bucket, eager) or ddp (the torchrec engine); manifests written before it was
     recorded read views, which is what those runs ran."""
     reason: str = ""
-    """Why views where an eager step would gather, for reports."""
+    """Why views where gathering was asked (a CUDA graph), for reports."""
 
 
 @dataclass(kw_only=True, frozen=True)
