@@ -130,12 +130,14 @@ class FlatGradients:
         self.world_size, self.group, self.wait = world_size, group, wait
         self._handles = []
         self._works: list[dist.Work] = []
-        self._sizes = [0] * len(self.buckets)
-        if world_size > 1:
-            for p, off in zip(params, self.offsets):
-                bucket = next(i for i, (start, end) in enumerate(self.buckets) if start <= off < end)
-                self._sizes[bucket] += 1
+        # Each bucket's parameters, in buffer order: found once here, not in each step's hooks.
+        self._members: list[list[nn.Parameter]] = [[] for _ in self.buckets]
+        for p, off in zip(params, self.offsets):
+            bucket = next(i for i, (start, end) in enumerate(self.buckets) if start <= off < end)
+            self._members[bucket].append(p)
+            if world_size > 1:
                 self._handles.append(p.register_post_accumulate_grad_hook(self._on_ready(bucket)))
+        self._sizes = [len(m) for m in self._members]
         self._reset()
 
     def _place(self, flat: torch.Tensor) -> None:
@@ -163,19 +165,18 @@ class FlatGradients:
     def _launch(self, bucket: int) -> None:
         self._count(bucket)
         start, end = self.buckets[bucket]
-        self._gather(start, end)
+        self._gather(self._members[bucket], start, end)
         if self.staging is not self.buffer:
             self.buffer[start:end].copy_(self.staging[start:end])
         self._works.append(dist.all_reduce(self.buffer[start:end], group=self.group, async_op=True))
         self._next = bucket + 1
 
-    def _gather(self, start: int, end: int) -> None:
-        """With gather: the gradients of the parameters in [start, end) into `staging`, one cat (a
-        parameter that got none this step gives zeros, as an untouched view would hold)."""
+    def _gather(self, params: list[nn.Parameter], start: int, end: int) -> None:
+        """With gather: the gradients of `params`, which fill [start, end), into `staging`, one cat
+        (a parameter that got none this step gives zeros, as an untouched view would hold)."""
         if not self.gather:
             return
-        parts = [p.grad.reshape(-1) if p.grad is not None else self.staging.new_zeros(p.numel())
-                 for p, off in zip(self.params, self.offsets) if start <= off < end]
+        parts = [p.grad.reshape(-1) if p.grad is not None else self.staging.new_zeros(p.numel()) for p in params]
         torch.cat(parts, out=self.staging[start:end])
 
     def _count(self, bucket: int) -> None:
@@ -240,7 +241,7 @@ class FlatGradients:
             while self._next < len(self.buckets):
                 self._launch(self._next)
         else:
-            self._gather(0, self.staging.numel())
+            self._gather(self.params, 0, self.staging.numel())
             if self.staging is not self.buffer:
                 self.buffer.copy_(self.staging)
         for work in self._works:
