@@ -150,12 +150,12 @@ def test_the_projection_check_projects_each_run_from_the_defaults_at_two_batches
     from harness.tools.gpu_bench import projection_targets, run_projection_check
 
     shutil.copytree(Path("tests/data/cpu-runs-2core"), tmp_path, dirs_exist_ok=True)
-    outcome = Outcome(folder=str(tmp_path), plan={"small": "small"}, quarter_run="tiny-1",
-                      compares={"small defaults": {"runs": {"harness": ["small-1", "small-2"]}},
-                                "tiny": {"runs": {"harness": ["tiny-2"]}}},
-                      flags={"+threaded_input_dist": {"runs": ["small-4"]}})
-    assert projection_targets(outcome) == {"+threaded_input_dist": "small-4", "tiny": "tiny-2",
-                                           "defaults (another run)": "small-2"}
+    outcome = Outcome(folder=str(tmp_path), plan={"small": "small"}, quarter_run="tiny-1-r0",
+                      compares={"small defaults": {"runs": {"harness": ["small-1-r0", "small-2-r0"]}},
+                                "tiny": {"runs": {"harness": ["tiny-2-r0"]}}},
+                      flags={"+threaded_input_dist": {"runs": ["small-4-r0"]}})
+    assert projection_targets(outcome) == {"+threaded_input_dist": "small-4-r0", "tiny": "tiny-2-r0",
+                                           "defaults (another run)": "small-2-r0"}
     run_projection_check(outcome, Plan(device="cpu", gpus=1, small="small"))
     assert not outcome.failures
     assert set(outcome.projection) == {"+threaded_input_dist", "tiny", "defaults (another run)"}

@@ -164,6 +164,42 @@ def test_collective_waits_for_the_slowest_rank_and_pipelining_hides_it():
     assert plain.period_s > piped.period_s + 0.0029  # the ids exchange (4 ms) less what the step hides
 
 
+def test_a_cpu_rank_waits_for_a_collective_before_it_runs_the_stage():
+    """On a synchronous device (gloo) the host blocks in the wait and only then runs the stage's
+    ops: emb_bwd = the 3 ms exchange + 1 ms of host ops + 1 ms of work, not the 3 ms with the ops
+    hidden under it (as a GPU host launching ahead of its stream would)."""
+    ops = [Launch("dense_fwd_bwd", 0.002, 0.0), Collective("backward", "dense_fwd_bwd", 0.003, blocks_host=False),
+           Launch("emb_bwd", 0.001, 0.001, waits=("backward",)), Host("between_iterations", 0.001)]
+    cpu = simulate(ops, ranks=2, async_device=False)
+    assert cpu.stage_s["emb_bwd"] == pytest.approx([0.005, 0.005])
+    gpu = simulate(ops, ranks=2, async_device=True)
+    assert gpu.stage_s["emb_bwd"] == pytest.approx([0.004, 0.004])  # launched under the exchange, then its work
+
+
+def test_the_backward_exchanges_where_the_code_launches_them():
+    """tiny on 2 CPU ranks of one core (dense_gradients.py, step.py): its one gradient bucket holds
+    the bottom MLP, so it is all-reduced after the pooled gradient's exchange, which starts before
+    the bottom MLP's backward; gloo's thread moves each collective's bytes on the rank's core."""
+    from harness.names import OPTIMIZATION_FLAGS
+    from harness.presets import tiny
+    from harness.projection.hardware import cpu
+    from harness.projection.project import Calibration, iteration_ops
+    from harness.projection.work import dense_schedule
+
+    late, flops, layers = dense_schedule(tiny().model)
+    assert late == 1.0 and layers == pytest.approx(2 / 9)  # 2 bottom of 2 + 2 x 2 cross + 3 top Linears
+    m = measured(CPU_RECORDED / "tiny-2-r0")
+    p = cpu(cores=2, rank_cores=2)
+    ops, _ = iteration_ops(m.run.manifest.config, m.work, p, Calibration(), {f: False for f in OPTIMIZATION_FLAGS})
+    dense = [op for op in ops if op.stage == "dense_fwd_bwd"]
+    kinds = [(type(op).__name__, getattr(op, "name", "")) for op in dense]
+    assert kinds == [("Launch", ""), ("Host", ""), ("Collective", "allreduce_early"), ("Launch", ""), ("Host", ""),
+                     ("Collective", "backward"), ("Launch", ""), ("Host", ""), ("Collective", "allreduce")]
+    assert dense[1].host_s == 0.0 and dense[2].seconds == 0.0  # no early bucket
+    assert dense[3].dev_s / dense[6].dev_s == pytest.approx((1 - flops) / flops)
+    assert dense[7].host_s == pytest.approx(4 * m.work.params / (p.value("all_reduce_gbps") * 1e9))
+
+
 def test_tool_writes_a_projected_report(tmp_path):
     from harness.tools.project import main
     assert main(["--preset", "tiny", "--hardware", "h100", "--calibrate", str(CALIBRATION), "--out", str(tmp_path)]) == 0
@@ -175,35 +211,66 @@ def test_tool_writes_a_projected_report(tmp_path):
 CPU_LAYOUTS = {"tiny": (1, 2, 4), "small": (1, 2, 4)}
 CPU_ITERS = {"tiny": ("60", "10"), "small": ("3", "1")}
 """(iterations, warm-up): small trains about 3 s an iteration on 2 cores."""
+CPU_BATCH = {"tiny": 96, "small": 4096}
 CPU_RECORDED = Path(__file__).parent / "data" / "cpu-runs-2core"
 CPU_TARGET, CPU_BOUND = 0.25, 0.35
 
 
-def record_cpu_runs(root: Path) -> dict[int, dict[str, float]]:
-    """tiny and small on 1, 2 and 4 local CPU ranks under `root`, the gloo probe at 2 and 4
-    processes (root/gloo.json) and the dense step on 2 threads and its share on 1 (root/threads.json):
-    what tests/data/cpu-runs-2core/ holds, made so."""
+CPU_REPEATS = 2
+"""Each run is made twice, a whole set apart, and projected and calibrated as the mean of both
+(calibrate.pooled): one run's period on this VM moves by a fifth to a half (docs/projection.md)."""
+
+
+def cpu_runs(root: Path, name: str) -> list[Path]:
+    return [root / f"{name}-r{k}" for k in range(CPU_REPEATS)]
+
+
+def cpu_calibration_runs(root: Path) -> list[Path]:
+    """Each preset on one rank at its batch and at a quarter of it (the local batch of 4 ranks): a
+    stage's host time a sample, per model (calibrate.py)."""
+    return [p for preset in CPU_LAYOUTS for q in ("", "-quarter") for p in cpu_runs(root, f"{preset}-1{q}")]
+
+
+def _bench(root: Path, preset: str, ranks: int, run_id: str, *extra: str) -> None:
     from harness.cli import main
-    from harness.projection.calibrate import probed_run
+    iters, warmup = CPU_ITERS[preset]
+    assert main(["bench", "--preset", preset, "--gpus-per-node", str(ranks), "--iters", iters, "--warmup", warmup,
+                 "--runs-root", str(root), "--run-id", run_id, *extra]) == 0
+
+
+def _mean_figures(probes: list[dict]) -> dict:
+    return {k: sum(p[k] for p in probes) / len(probes) for k in probes[0]}
+
+
+def record_cpu_runs(root: Path) -> dict[int, dict[str, float]]:
+    """tiny and small on 1, 2 and 4 local CPU ranks and on one rank at a quarter of the batch under
+    `root`, CPU_REPEATS sets one after the other, each followed by the gloo probe at 2 and 4
+    processes and the dense step on 2 threads and its share on 1; their means in root/gloo.json
+    and root/threads.json: what tests/data/cpu-runs-2core/ holds, made so."""
     from harness.projection.probe import dense_threads, gloo_collectives
-    for preset, layouts in CPU_LAYOUTS.items():
-        iters, warmup = CPU_ITERS[preset]
-        for ranks in layouts:
-            assert main(["bench", "--preset", preset, "--gpus-per-node", str(ranks), "--iters", iters,
-                         "--warmup", warmup, "--runs-root", str(root), "--run-id", f"{preset}-{ranks}"]) == 0
-    gloo = {n: gloo_collectives(n) for n in (2, 4)}
-    (root / "gloo.json").write_text(json.dumps(gloo, indent=1))
-    _, _, runs = calibrate([root / "tiny-1", root / "small-1"])
-    m = probed_run(runs)
-    (root / "threads.json").write_text(json.dumps(dense_threads(m.run.manifest.config.model, m.work.local_batch, 2)))
-    return gloo
+    gloo: dict[int, list] = {2: [], 4: []}
+    threads = []
+    for k in range(CPU_REPEATS):
+        for preset, layouts in CPU_LAYOUTS.items():
+            for ranks in layouts:
+                _bench(root, preset, ranks, f"{preset}-{ranks}-r{k}")
+            _bench(root, preset, 1, f"{preset}-1-quarter-r{k}", "--global-batch", str(CPU_BATCH[preset] // 4))
+        for n in gloo:
+            gloo[n].append(gloo_collectives(n))
+        m = measured(root / f"small-1-r{k}")  # the probed run (calibrate.probed_run): the most dense FLOPs
+        threads.append({str(t): v for t, v in dense_threads(m.run.manifest.config.model, m.work.local_batch, 2).items()})
+    figures = {n: _mean_figures(v) for n, v in gloo.items()}
+    (root / "gloo.json").write_text(json.dumps(figures, indent=1))
+    (root / "threads.json").write_text(json.dumps(_mean_figures(threads)))
+    return figures
 
 
 def _cpu_errors(root: Path, gloo: dict) -> dict[str, tuple[float, dict[str, float]]]:
-    """Calibrated on the 1-rank runs of tiny and small: each run's period error and the errors of
-    its stages that carry a fifth of its period."""
+    """Calibrated on the 1-rank runs of tiny and small: each layout's period error and the errors
+    of its stages that carry a fifth of its period (each layout's repeats pooled)."""
+    from harness.projection.calibrate import pooled
     from harness.projection.hardware import set_gloo, set_thread_gain
-    profile, cal, _ = calibrate([root / "tiny-1", root / "small-1"])
+    profile, cal, _ = calibrate(cpu_calibration_runs(root))
     set_thread_gain(profile, {int(k): v for k, v in json.loads((root / "threads.json").read_text()).items()})
     out = {}
     for preset, layouts in CPU_LAYOUTS.items():
@@ -211,7 +278,7 @@ def _cpu_errors(root: Path, gloo: dict) -> dict[str, tuple[float, dict[str, floa
             p = profile.copy()
             if ranks > 1:
                 set_gloo(p, gloo[ranks], ranks)
-            m = measured(root / f"{preset}-{ranks}")
+            m = pooled([measured(r) for r in cpu_runs(root, f"{preset}-{ranks}")])
             proj = project_run(m, p, cal)
             got = proj.stage_ms("mean")
             stages = {s: got[s] / (v * 1e3) - 1 for s, v in m.stage_s.items() if v > 0.2 * m.period_s}
@@ -220,13 +287,17 @@ def _cpu_errors(root: Path, gloo: dict) -> dict[str, tuple[float, dict[str, floa
 
 
 def _check_cpu(errs: dict) -> None:
-    """Each layout's period within CPU_BOUND, the 1-rank runs' big stages within 10%; the layouts
-    beyond the issue's CPU_TARGET are printed."""
+    """Each layout's period within CPU_BOUND, the 1-rank runs' big stages within 10%, every
+    layout's dense_fwd_bwd (the stage carrying most) within the issue's CPU_TARGET; the periods and
+    big stages beyond CPU_TARGET are printed."""
     assert all(abs(e) < CPU_BOUND for e, _ in errs.values()), errs
     for run in ("tiny-1", "small-1"):
         assert all(abs(e) < 0.1 for e in errs[run][1].values()), errs[run]
+    assert all(abs(stages["dense_fwd_bwd"]) < CPU_TARGET for _, stages in errs.values()), errs
     missed = {run: f"{e:+.0%}" for run, (e, _) in errs.items() if abs(e) >= CPU_TARGET}
-    print(f"CPU projection periods: {({run: f'{e:+.0%}' for run, (e, _) in errs.items()})}; beyond 25%: {missed}")
+    stages = {f"{run} {s}": f"{e:+.0%}" for run, (_, st) in errs.items() for s, e in st.items() if abs(e) >= CPU_TARGET}
+    print(f"CPU projection periods: {({run: f'{e:+.0%}' for run, (e, _) in errs.items()})}; beyond 25%: {missed}; "
+          f"stages beyond 25%: {stages}")
 
 
 def _recorded_gloo() -> dict[int, dict[str, float]]:
@@ -234,21 +305,40 @@ def _recorded_gloo() -> dict[int, dict[str, float]]:
 
 
 def test_cpu_calibration_on_one_rank_projects_two_and_four_recorded():
-    """The recorded runs (record_cpu_runs on this 2-core VM): calibrated on tiny and small at one
-    rank (two batch sizes: the host time a sample), with the gloo probe for the exchanges, the
-    cores each rank gets (4 ranks on 2 cores take turns) and the one-thread probe (threads.json,
-    made after the runs), each layout's period is projected within CPU_BOUND. Issue 46 asks
-    CPU_TARGET: this set meets it (tiny -17% and -23% on 2 and 4 ranks, small +4% and +8%), as two
-    of three newer sets do; on this VM one configuration's period moves by a fifth or more from
-    run to run (tiny at one rank: medians 3.6 to 6.2 ms in three sets of 60 iterations), and the
-    third set's slow one-rank small put its small-2 at +26% (docs/projection.md)."""
+    """The recorded runs (record_cpu_runs on this 2-core VM, two sets, each layout their mean):
+    calibrated on tiny and small at one rank (each at its batch and a quarter of it: the host time
+    a sample, per model), with the gloo probe for the exchanges, the cores each rank gets (4 ranks
+    on 2 cores take turns) and the one-thread probe, each layout's period is projected within
+    CPU_BOUND and its dense step within CPU_TARGET. This set: periods tiny -22% and +4% on 2 and 4
+    ranks, small -6% and -12%; dense_fwd_bwd +4%, +10%, -5%, -5%. The one big stage beyond 25%:
+    tiny-2's emb_bwd, -50% (its wait for the tables' all-reduce: 0.5 ms in a tenth of the
+    iterations, 3.4-3.9 ms in another tenth, as gloo's thread gets the core; docs/projection.md)."""
     _check_cpu(_cpu_errors(CPU_RECORDED, _recorded_gloo()))
 
 
 @pytest.mark.slow
 def test_cpu_calibration_on_one_rank_projects_two_and_four_live(tmp_path):
-    """The same on runs made now (about 2 minutes; make test-slow)."""
+    """The same on runs made now (about 5 minutes; make test-slow)."""
     _check_cpu(_cpu_errors(tmp_path, record_cpu_runs(tmp_path)))
+
+
+def test_each_model_is_calibrated_on_its_own_runs():
+    """tiny's and small's host time a sample come from their own pairs of batches (a line through
+    tiny at 96 and small at 4096 puts tiny's input dist at nothing below 96 samples); a model no run
+    calibrates takes the first run's; a part a sample below zero is held at the pair's ends."""
+    from harness.presets import mlperf, small, tiny
+    _, cal, _ = calibrate(cpu_calibration_runs(CPU_RECORDED))
+    assert cal.of(tiny().model) is cal and cal.batches == (96, 24)
+    own = cal.of(small().model)
+    assert own is not cal and own.batches == (4096, 1024) and cal.of(mlperf().model) is cal
+    for c, (lo, hi) in ((cal, (24, 96)), (own, (1024, 4096))):
+        for stage, per in c.host_per_sample_s.items():
+            fixed = c.host_fixed_s[stage]
+            if per < 0:  # held: below the pair as at its smaller batch, above as at its larger
+                assert c.host(stage, lo // 2, 0.0) == pytest.approx(max(0.0, fixed + per * lo))
+                assert c.host(stage, hi * 2, 0.0) == pytest.approx(max(0.0, fixed + per * hi))
+            else:
+                assert c.host(stage, hi * 2, 0.0) == pytest.approx(max(0.0, fixed + per * hi * 2))
 
 
 def test_a_one_thread_rank_computes_at_the_probed_gain():
@@ -261,7 +351,7 @@ def test_a_one_thread_rank_computes_at_the_probed_gain():
     p = cpu(cores=2, rank_cores=2)
     set_thread_gain(p, {2: 2.4, 1: 2.0})
     assert p.value("one_thread_gain") == pytest.approx(1.2)
-    speeds = {n: cpu_share(p, measured(CPU_RECORDED / f"small-{n}").work) for n in (1, 2, 4)}
+    speeds = {n: cpu_share(p, measured(CPU_RECORDED / f"small-{n}-r0").work) for n in (1, 2, 4)}
     assert speeds[1] == (1.0, 1.0)
     assert speeds[2] == (pytest.approx(0.6), 1.0) and speeds[4] == (pytest.approx(0.3), 2.0)
 
@@ -282,9 +372,9 @@ def test_runs_of_one_configuration_calibrate_as_their_mean():
 def test_cpu_projection_needs_the_cores_and_the_probe():
     """Without the shared cores (each rank at the 1-rank run's speed) the 4-rank small projection
     misses by far more than 25%: the model's terms matter."""
-    profile, cal, _ = calibrate([CPU_RECORDED / "tiny-1", CPU_RECORDED / "small-1"])
+    profile, cal, _ = calibrate(cpu_calibration_runs(CPU_RECORDED))
     profile.set("cores", 8.0, "cores", "test: as if each rank had the probed rank's 2 cores")
-    m = measured(CPU_RECORDED / "small-4")
+    m = measured(CPU_RECORDED / "small-4-r0")
     err = project_run(m, profile, cal).period_ms / (m.period_s * 1e3) - 1
     assert err < -0.5, err
 

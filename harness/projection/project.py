@@ -58,14 +58,33 @@ class Calibration:
     (from the dense step's ops, autograd's) prices every stage's ops, and a stage whose ops cost
     less (fbgemm's CPU kernels, called directly) gets the difference back (calibrate.py)."""
     sources: dict[str, str] = field(default_factory=dict)
+    models: dict = field(default_factory=dict)
+    """ModelConfig -> the calibration from that model's own runs, for each model calibrated beside
+    the first run's (which is this one): a stage's host time grows with the model's tables and
+    dims as well as with the batch, so a line through two models' runs misses both at small
+    batches (tiny's input dist: nothing at 48 samples, 0.24 ms measured; docs/projection.md)."""
+
+    def of(self, model) -> Calibration:
+        """The calibration for a config of `model`: its own runs', else this one."""
+        return self.models.get(model, self)
+
+    batches: tuple[int, ...] = ()
+    """The local batches of the two runs that split each figure into a fixed part and a part a
+    sample (empty: one run, all fixed). A part a sample below zero (a time that shrinks as the batch
+    grows) is held at these ends beyond them, not extrapolated."""
+
+    def _per_sample(self, per: float, batch: int) -> float:
+        if per < 0 and self.batches:
+            batch = min(max(batch, min(self.batches)), max(self.batches))
+        return per * batch
 
     def host(self, stage: str, batch: int, launches_s: float) -> float:
         """A stage's host time: its launches (`launches_s`) plus the calibrated rest."""
-        rest = self.host_fixed_s.get(stage, 0.0) + self.host_per_sample_s.get(stage, 0.0) * batch
+        rest = self.host_fixed_s.get(stage, 0.0) + self._per_sample(self.host_per_sample_s.get(stage, 0.0), batch)
         return max(0.0, (rest if self.rest_offsets_launches else max(0.0, rest)) + launches_s)
 
     def between(self, batch: int, flush_every: int) -> float:
-        return max(0.0, self.between_s + self.between_per_sample_s * batch) + self.flush_s / flush_every
+        return max(0.0, self.between_s + self._per_sample(self.between_per_sample_s, batch)) + self.flush_s / flush_every
 
 
 def resolved_flags(cfg, profile: Profile, work: Work):
@@ -151,15 +170,34 @@ def _exchange(work: Work, profile: Profile, name: str) -> np.ndarray:
     return sum(_exchange_parts(work, profile, name))
 
 
-def _allreduce_parts(work: Work, profile: Profile, buckets: int) -> tuple[float, float]:
-    """(moving, latency) of the dense gradients' all-reduce: NCCL's ring bytes on each level
-    (Work.allreduce_bytes) on a GPU; on a CPU the gloo probe's all-reduce of the gradients; a
-    latency a bucket."""
-    lat = max(buckets, 1) * _latency(work, profile, "all_reduce")
+def _allreduce_split(work: Work, profile: Profile, buckets: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(moving, latency) of the dense gradients' all-reduce launched under the backward, and of the
+    part launched at its end (the buckets holding a bottom-MLP gradient: Work.late_grads): NCCL's
+    ring bytes on each level (Work.allreduce_bytes) on a GPU; on a CPU the gloo probe's all-reduce
+    of the gradients; a latency a bucket. None on one rank."""
+    if work.world_size == 1:
+        return (0.0, 0.0), (0.0, 0.0)
+    lat = _latency(work, profile, "all_reduce")
     if profile.async_device:
         intra, inter = work.allreduce_bytes()
-        return intra / (profile.value("intra_node_gbps") * 1e9) + inter / (profile.value("inter_node_gbps") * 1e9), lat
-    return 4.0 * work.params / (profile.value("all_reduce_gbps") * 1e9), lat
+        moving = intra / (profile.value("intra_node_gbps") * 1e9) + inter / (profile.value("inter_node_gbps") * 1e9)
+    else:
+        moving = 4.0 * work.params / (profile.value("all_reduce_gbps") * 1e9)
+    buckets = max(buckets, 1)
+    late = min(buckets, max(1, round(buckets * work.late_grads)))
+    share = work.late_grads
+    return ((1 - share) * moving, (buckets - late) * lat), (share * moving, late * lat)
+
+
+def _launch_async(ops: list, name: str, moving, latency, own_core: bool) -> None:
+    """A collective launched async in dense_fwd_bwd. On a CPU rank without a core to spare, gloo's
+    thread moves its bytes on the rank's own core, between the host's ops: host time there, and the
+    collective ends its latency later."""
+    if own_core:
+        ops.append(Collective(name, "dense_fwd_bwd", moving + latency, blocks_host=False))
+    else:
+        ops.append(Host("dense_fwd_bwd", moving))
+        ops.append(Collective(name, "dense_fwd_bwd", latency, blocks_host=False))
 
 
 def _input_dist_ops(work: Work, profile: Profile, k: StageKernels, flags: dict, cal: Calibration, turns: float,
@@ -203,24 +241,26 @@ def iteration_ops(cfg, work: Work, profile: Profile, cal: Calibration, flags: di
         dense_dev += k.dense_fwd_bwd * profile.value("graph_kernel_gap_us") * 1e-6
     else:
         host = turns * cal.host("dense_fwd_bwd", B, k.dense_fwd_bwd * launch)
-    # The gradient buckets are all-reduced while the backward runs (from its start: an optimistic
-    # bound), the pooled gradient's exchange when it ends (the embeddings are the graph's inputs);
-    # emb_bwd waits for the exchange, dense_update (finish_gradients) for the all-reduce
-    # (harness/run/step.py). On a CPU rank without a core to spare, gloo's thread moves the
-    # buckets' bytes on the rank's own core, under the backward.
+    # The backward's order (harness/run/step.py, dense_gradients.py): the buckets of top-MLP and
+    # cross-layer gradients are all-reduced while it runs (from its start: an optimistic bound),
+    # the pooled gradient's exchange when it reaches the interaction, before the bottom MLP's
+    # backward, and the buckets holding a bottom-MLP gradient at its end. emb_bwd waits for the
+    # exchange, dense_update (finish_gradients) for the all-reduce. Collectives on one group run
+    # one after the other.
     ops.append(Launch("dense_fwd_bwd", host * FORWARD_SHARE, dense_dev * FORWARD_SHARE, waits=("forward",)))
-    if work.world_size > 1:
-        ar_moving, ar_latency = _allreduce_parts(work, profile, k.dense_buckets)
-        ops.append(Collective("allreduce", "dense_fwd_bwd", ar_moving + ar_latency, blocks_host=False))
-    ops.append(Launch("dense_fwd_bwd", host * (1 - FORWARD_SHARE), dense_dev * (1 - FORWARD_SHARE)))
-    if work.world_size > 1 and not profile.async_device and cpu_rank_cores(profile, work) < 2:
-        ops.append(Host("dense_fwd_bwd", ar_moving))
-    ops.append(Collective("backward", "dense_fwd_bwd", _exchange(work, profile, "backward"), blocks_host=False))
+    bwd_host, bwd_dev = host * (1 - FORWARD_SHARE), dense_dev * (1 - FORWARD_SHARE)
+    own_core = profile.async_device or work.world_size == 1 or cpu_rank_cores(profile, work) >= 2
+    early, late = _allreduce_split(work, profile, k.dense_buckets)
+    _launch_async(ops, "allreduce_early", *early, own_core)
+    ops.append(Launch("dense_fwd_bwd", bwd_host * (1 - work.bottom_layers), bwd_dev * (1 - work.bottom_flops)))
+    _launch_async(ops, "backward", *_exchange_parts(work, profile, "backward"), own_core)
+    ops.append(Launch("dense_fwd_bwd", bwd_host * work.bottom_layers, bwd_dev * work.bottom_flops))
+    _launch_async(ops, "allreduce", *late, own_core)
     ops.append(Launch("emb_bwd", turns * cal.host("emb_bwd", B, k.emb_bwd * launch),
                       work.lookup_bwd / (hbm * profile.value("lookup_eff") * speed), waits=("backward",)))
     ops.append(Launch("dense_update", turns * cal.host("dense_update", B, k.dense_update * launch),
                       work.update_bytes / (hbm * profile.value("update_eff") * speed),
-                      waits=("allreduce",) if work.world_size > 1 else ()))
+                      waits=("allreduce_early", "allreduce")))
     if cal.between_drains and profile.async_device:
         ops.append(Sync("between_iterations", 0.0, drain=True))
     ops.append(Host("between_iterations", turns * cal.between(B, cfg.run.flush_every)))
@@ -256,6 +296,7 @@ def project(cfg, work: Work, profile: Profile, cal: Calibration, *, label: str =
     the calibration's own runs; left out, those today's code would make for `cfg`."""
     res = resolved_flags(cfg, profile, work)
     flags = dict(res.effective)
+    cal = cal.of(cfg.model)
     ops, k = iteration_ops(cfg, work, profile, cal, flags, **(dense_impl(res) if dense is None else dense))
     result = simulate(ops, ranks=work.world_size, async_device=profile.async_device)
     return Projection(label=label, flags=flags, result=result, kernels=k, world_size=work.world_size,

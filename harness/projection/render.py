@@ -163,7 +163,8 @@ def assumptions_table(profile: Profile, cal: Calibration) -> pd.DataFrame:
     rows += [dict(figure=f"host_fixed_{s}", value=f"{v * 1e3:.3f} ms + {per.get(s, 0.0) * 1e6:.3f} us a sample",
                   source=cal.sources.get(f"host_fixed_{s}", ""),
                   note="host time beyond launches, a fixed part and a part a sample of the local batch (their "
-                       "sum at least 0); in turns where CPU ranks outnumber cores")
+                       "sum at least 0; a part a sample below 0 held at the calibration's batches "
+                       f"{'/'.join(map(str, cal.batches)) or '(one)'}); in turns where CPU ranks outnumber cores")
              for s, v in cal.host_fixed_s.items()]
     rows.append(dict(figure="between_iterations", value=f"{cal.between_s * 1e3:.3f} ms + "
                      f"{cal.between_per_sample_s * 1e6:.3f} us a sample",

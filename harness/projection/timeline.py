@@ -6,7 +6,8 @@ iteration is a list of ops, the same list on every rank, with per-rank durations
 - `Launch`: the host spends `host_s` launching; the compute stream runs `dev_s` of work, starting
   no earlier than the launch begins, after the previous work on the stream and after the named
   collectives end, and ending no earlier than the last launch (a kernel cannot run before it is
-  launched). On a synchronous device (CPU) the host runs the work itself: host_s + dev_s.
+  launched). On a synchronous device (CPU) the host runs the work itself, after the named
+  collectives end (it blocks in their wait): host_s + dev_s.
 - `Collective`: a collective on the communication stream. It starts when every rank has reached
   it (the latest rank's ready time: its compute stream's work so far, or its host when the data
   is on the host) and lasts the busiest rank's transfer plus the latency. On a CPU the host waits
@@ -87,15 +88,15 @@ def _ended(lanes: Lanes, name: str, it: int) -> np.ndarray:
 def _step(lanes: Lanes, op, it: int) -> None:
     if isinstance(op, Launch):
         start_host = lanes.host.copy()
-        lanes.host = lanes.host + op.host_s
         ready = np.maximum(lanes.dev, start_host)
         for name in op.waits:
             ready = np.maximum(ready, _ended(lanes, name, it))
         if lanes.async_device:
+            lanes.host = lanes.host + op.host_s
             lanes.dev = np.maximum(ready + op.dev_s, lanes.host)
-        else:
-            lanes.dev = np.maximum(ready, lanes.host) + op.dev_s
-            lanes.host = lanes.dev.copy()
+        else:  # the host waits for the collectives named (gloo's wait), then runs the stage's ops itself
+            lanes.host = ready + op.host_s + op.dev_s
+            lanes.dev = lanes.host.copy()
         lanes.spans.append((it, op.stage, "host", start_host, lanes.host.copy()))
         lanes.spans.append((it, op.stage, "compute", ready, lanes.dev.copy()))
     elif isinstance(op, Collective):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.report.roofline import dense_shape
+from harness.run.dense_gradients import DEFAULT_BUCKET_MIB, bucket_ranges
 from model.names import STATE_PER_ELEMENT, STATE_PER_ROW, WEIGHT_BYTES
 from model.plan_traffic import BACKWARD, FORWARD, IDS, LEVELS, LOOKUP, Geometry, row
 from model.planner import GROUP_OF_KIND, TableSpec, plan_footprint
@@ -45,6 +46,13 @@ class Work:
     group_exchange: dict[str, dict[str, np.ndarray]]
     """group -> exchange -> (levels, 2, ranks) bytes: `exchange` split by the sharding that moves them."""
     spans_nodes: bool
+    late_grads: float = 1.0
+    """Of the dense gradients, the share in buckets holding a bottom-MLP parameter: complete only at
+    the backward's end, so all-reduced after the pooled gradient's exchange (dense_schedule)."""
+    bottom_flops: float = 0.0
+    """The bottom MLP's share of the dense FLOPs: the backward's part after the pooled gradient."""
+    bottom_layers: float = 0.0
+    """The bottom MLP's share of the dense Linears: that part's share of the backward's launches."""
 
     def exchange_seconds(self, name: str, intra_bw: float, inter_bw: float, group: str | None = None) -> np.ndarray:
         """Per rank: each level's busier direction over its bandwidth, the levels one after the other
@@ -60,6 +68,29 @@ class Work:
         intra = 2 * (L - 1) / L * grad if L > 1 else 0.0
         inter = 2 * (N - 1) / N * grad / L if N > 1 else 0.0
         return intra, inter
+
+
+def dense_schedule(m) -> tuple[float, float, float]:
+    """(late_grads, bottom_flops, bottom_layers) of a ModelConfig (Work's fields): its parameters
+    in model/dense.py's order (the bottom MLP's weight and bias a layer, the cross layers' Vs then
+    Ws with their biases, the top MLP's) bucketed as the harness's gradients are."""
+    width, L, R = (m.num_sparse + 1) * m.embedding_dim, m.cross_layers, m.cross_rank
+    bottom, w_in, bottom_macs = [], m.num_dense, 0
+    for w in m.bottom_mlp:
+        bottom += [w_in * w, w]
+        bottom_macs += w_in * w
+        w_in = w
+    sizes = bottom + [width * R] * L + [R * width, width] * L
+    w_in = width
+    for w in m.top_mlp:
+        sizes += [w_in * w, w]
+        w_in = w
+    cap = int(DEFAULT_BUCKET_MIB * 2**20) // 4
+    start_of_top = sum(bottom)
+    late = sum(end - start for start, end in bucket_ranges(sizes, cap) if start < start_of_top)
+    _, _, flops = dense_shape(m)
+    layers = len(m.bottom_mlp) / (len(m.bottom_mlp) + 2 * L + len(m.top_mlp))
+    return late / sum(sizes), 6 * bottom_macs / flops, layers
 
 
 def _exchanges(fp: np.ndarray) -> dict[str, np.ndarray]:
@@ -91,4 +122,5 @@ def work_of(cfg, plan, *, world_size: int, ranks_per_node: int) -> Work:
         exchange=exchange, groups=tuple(by_group), group_exchange=by_group,
         kinds=tuple(sorted({str(tp.kind) for tp in plan})),
         spans_nodes=world_size > ranks_per_node,
+        **dict(zip(("late_grads", "bottom_flops", "bottom_layers"), dense_schedule(m))),
     )

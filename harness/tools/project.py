@@ -4,8 +4,8 @@ python -m harness.tools.project [--preset mlperf] [--nodes 16] [--gpus-per-node 
     [--calibrate run,...] [--plans harness,torchrec] [--opts all | any bench option] [--out reports/projection-...]
 
 Calibrated on the run folders given (default for h100: the second H100 session's bf16 defaults and
---cuda-graphs runs in tests/data/h100-runs-2/; for cpu: tiny and small at one rank of a 2-core VM in
-tests/data/cpu-runs-2core/), it projects the configuration, its baseline (no
+--cuda-graphs runs in tests/data/h100-runs-2/; for cpu: tiny and small at one rank of a 2-core VM,
+each at its batch and a quarter of it, in tests/data/cpu-runs-2core/), it projects the configuration, its baseline (no
 flag), each flag alone and all flags (harness/projection/), and writes a report marked projected.
 With --plans it also projects each sharding plan named (this harness's planner's, TorchRec's
 EmbeddingShardingPlanner's: harness/tools/plan_compare.py) at baseline and all flags.
@@ -37,9 +37,11 @@ from harness.tools.plan_compare import torchrec_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CALIBRATION = {"h100": ("tests/data/h100-runs-2/s-bf16-r0", "tests/data/h100-runs-2/s-bf16-cuda-graphs-r0"),
-                       "cpu": ("tests/data/cpu-runs-2core/tiny-1", "tests/data/cpu-runs-2core/small-1")}
-"""Without --calibrate: the recorded runs of that hardware (the CPU ones are a 2-core VM's: calibrate
-on runs of your own host for its figures; the report names the runs it used)."""
+                       "cpu": tuple(f"tests/data/cpu-runs-2core/{preset}-1{q}-r{k}" for preset in ("tiny", "small")
+                                    for q in ("", "-quarter") for k in (0, 1))}
+"""Without --calibrate: the recorded runs of that hardware (the CPU ones are a 2-core VM's, each
+preset on one rank at its batch and a quarter of it, twice: calibrate on runs of your own host for
+its figures; the report names the runs it used)."""
 SEARCH = ("runs", "tests/data/h100-runs-2", "tests/data/h100-runs")
 PLANS = ("harness", "torchrec")
 """--plans: this harness's planner (harness/launch/planning.py), TorchRec's EmbeddingShardingPlanner."""
@@ -197,7 +199,7 @@ def run_projection(cfg, calibration: list[Path], out: Path | None = None, *, pla
     if out is not None:
         path = render.write(out, title=f"{cfg.run.preset} on {cfg.run.nodes} x {cfg.run.gpus_per_node} "
                             f"{profile.name}", base=base, alone=alone, every=every, main=main, profile=profile,
-                            cal=cal, extra=extra, plans=projected, published=compares_to_published(cfg, profile))
+                            cal=cal.of(cfg.model), extra=extra, plans=projected, published=compares_to_published(cfg, profile))
     return dict(base=base, alone=alone, every=every, main=main, profile=profile, cal=cal, path=path, extra=extra,
                 plans=projected)
 
