@@ -311,8 +311,10 @@ def test_cpu_calibration_on_one_rank_projects_two_and_four_recorded():
     on 2 cores take turns) and the one-thread probe, each layout's period is projected within
     CPU_BOUND and its dense step within CPU_TARGET. This set: periods tiny -22% and +4% on 2 and 4
     ranks, small -6% and -12%; dense_fwd_bwd +4%, +10%, -5%, -5%. The one big stage beyond 25%:
-    tiny-2's emb_bwd, -50% (its wait for the tables' all-reduce: 0.5 ms in a tenth of the
-    iterations, 3.4-3.9 ms in another tenth, as gloo's thread gets the core; docs/projection.md)."""
+    tiny-2's emb_bwd, -50%: its wait for the tables' all-reduce, 0.5 ms in a tenth of the
+    iterations and 3.4-3.9 ms in another tenth, as the other rank's dense step jitters (its
+    standard deviation 0.7 ms on 2 ranks, 0.1-0.4 at one), which the model has not
+    (docs/projection.md)."""
     _check_cpu(_cpu_errors(CPU_RECORDED, _recorded_gloo()))
 
 
