@@ -112,7 +112,7 @@ class Loop:
             out = step.run(it)
             tl.end_iteration()
             self.profile.maybe_stop(it)
-            records.pending[it] = out.loss.clone()  # a graphed step's loss is a static buffer the next replay overwrites
+            records.pending[it] = out.loss  # the step's own (StepOutput.loss)
             if out.splits_exchanged is not None:
                 records.exchanged[it] = out.splits_exchanged
             moved = step.bytes_moved()

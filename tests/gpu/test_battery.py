@@ -160,6 +160,14 @@ def test_flags_on_a_mixed_plan_match_the_cpu_reference(flags, tmp_path):
                             optimizations=OptimizationsConfig(**FLAG_SETS[flags]))
 
 
+def test_graphed_losses_are_each_iterations_own(tmp_path):
+    """one GPU, --cuda-graphs: each iteration's recorded loss is its own (the graph's static loss is copied before the next replay), against the unsharded CPU reference"""
+    from tests.test_sharded_training import check_against_reference
+
+    check_against_reference(1, ShardingConfig(kind="table_wise"), tmp_path, "cuda",
+                            optimizations=OptimizationsConfig(cuda_graphs=True))
+
+
 def _steady_state_syncs(rank: int, world: int, device: torch.device) -> list[str]:
     """Iterations of the harness engine's step (the train loop's) with cuda graphs, pinned copies
     and skipped splits on a table-wise plan; the 4th runs under set_sync_debug_mode('error'): a
