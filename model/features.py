@@ -58,11 +58,14 @@ class SparseFeatures:
         )
 
     def permute(self, order: FeatureOrder, *, total_values: int | None = None) -> "SparseFeatures":
-        """Features reordered so that feature i of the result is feature order.host[i] of this one.
+        """Features reordered so that feature i of the result is feature order.host[i] of this one
+        (this one itself where that is every feature in its place).
 
         The output's size comes from `feature_values` when known, else from `total_values`;
         with neither, fbgemm reads it from the device (a host sync on a GPU; on a CPU a read).
         """
+        if order.host == tuple(range(self.lengths.shape[0])):  # every feature where it is: no kernel
+            return self
         counts = None
         if self.feature_values is not None:
             counts = tuple(self.feature_values[i] for i in order.host)

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
-from model.collective_ops import all_to_all_single
+from model.collective_ops import Done, all_to_all_single
 from model.collective_wait import WaitFn, block
 from model.features import FeatureOrder, SparseFeatures
 
@@ -76,6 +76,8 @@ class IdsInFlight:
     received_splits: Splits
     lengths_dtype: torch.dtype
     batch_per_source: int
+    local: SparseFeatures | None = None
+    """One rank: the ids themselves, exchanged with nobody (`received` then unused)."""
 
 
 class IdsAllToAll:
@@ -137,6 +139,8 @@ class IdsAllToAll:
         batches = {s[0] // self.recv_slots for s in received} if self.recv_slots else {grouped.batch_size}
         if len(batches) != 1:
             raise ValueError(f"ranks sent different batch sizes {sorted(batches)}; this input dist needs one")
+        if self.world_size == 1:  # one rank: the ids stay, no pack, copy or unpack
+            return IdsInFlight(grouped.values, Done(), received, grouped.lengths.dtype, batches.pop(), local=grouped)
         values = grouped.values
         lengths = grouped.lengths.reshape(-1).to(values.dtype)
         chunks = zip(lengths.split([s[0] for s in sent]), values.split([s[1] for s in sent]))
@@ -151,6 +155,9 @@ class IdsAllToAll:
     def finish(self, flight: IdsInFlight) -> SparseFeatures:
         """Wait, then lay the ids out slot-major over the global batch (sources in rank order)."""
         self.wait(flight.work)
+        if flight.local is not None:
+            return SparseFeatures(lengths=flight.local.lengths.reshape(self.recv_slots, flight.batch_per_source),
+                                  values=flight.local.values)
         parts = flight.received.split([n for s in flight.received_splits for n in s])
         lengths = torch.cat(parts[0::2]).to(flight.lengths_dtype)
         values = torch.cat(parts[1::2])

@@ -251,7 +251,9 @@ def test_every_permute_of_an_iteration_is_sized_on_the_host(tmp_path, monkeypatc
             pending.wait()
     finally:
         dist.destroy_process_group()
-    assert len(sizes) >= 2 * 4  # the collection's select per sharding, the send order, the receive order
+    # Each sharding's select of its features; at one rank the send and receive orders leave every
+    # feature where it is, and such a permute is no kernel.
+    assert len(sizes) >= 2 * 3
     assert all(given == actual for given, actual in sizes), sizes
 
 

@@ -36,7 +36,12 @@ group, world size 1: emb_fwd 11, emb_bwd 25, dense_update 6) and split into a fi
 a sharding group (each group runs its own lookup kernel, exchanges and permutes): an assumption,
 stated in the output. Since the trace, one sharding holding every table in order hands its output
 to the dense step as it is (model/sharded_embeddings.py): two copies fewer each way, left in these
-counts (2 of 36 kernels at the calibrated launch cost; the calibration's rest absorbs them).
+counts (2 of 36 kernels at the calibrated launch cost; the calibration's rest absorbs them). Since
+stop 55, on one rank a table-wise sharding moves nothing (model/shardings/table_wise.py,
+model/ids_all_to_all.py): the pooled rows' copy, cat and column gather each way and the ids'
+pack, copy, unpack and permutes are gone too (11 kernels an iteration), also left in these counts:
+the recorded H100 runs, all one GPU, launched them, and a run's manifest does not say which code
+it ran.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from model.collective_ops import all_to_all_single
+from model.collective_ops import Done, all_to_all_single
 from model.embeddings import build_fused_tbe, init_shard_
 from model.features import FeatureOrder, SparseFeatures
 from model.ids_all_to_all import IdsAllToAll, PendingIds
@@ -38,6 +38,9 @@ class PooledAllToAllSharding:
         out_cols = [p * ctx.dim + s.col_start + j for r_slots in by_rank for p, _, s in r_slots for j in range(s.cols)]
         self.out_cols = torch.tensor(out_cols, dtype=torch.int64, device=ctx.device)
         self.in_cols = torch.argsort(self.out_cols)
+        # One rank: its shards are every feature's columns in order, so nothing moves either way
+        # but through the wire's codec (its rounding, none in fp32): no copy, cat or column gather.
+        self.alone = w == 1
         self.tbe = None
         if self.local:
             self.tbe = build_fused_tbe(rows=[s.rows for *_, s in self.local], dims=[s.cols for *_, s in self.local],
@@ -77,6 +80,10 @@ class PooledAllToAllSharding:
             pooled = torch.zeros(local_batch * ctx.world_size, 0, device=ctx.device)
         # pooled is (global batch, local columns) row-major: each batch owner's rows are contiguous.
         codec = ctx.fwd_codec
+        if self.alone:
+            width = self.widths[0]
+            out = codec.decode(codec.encode(pooled.detach()).view(local_batch, codec.units(width)), width)
+            return out, ShardForward(pooled=pooled, local_batch=local_batch)
         send = codec.encode(pooled.detach())
         recv_splits = [local_batch * codec.units(wd) for wd in self.widths]
         send_splits = [local_batch * codec.units(self.widths[ctx.rank])] * ctx.world_size
@@ -94,6 +101,8 @@ class PooledAllToAllSharding:
     def start_backward(self, fwd: ShardForward, grad: torch.Tensor) -> BackwardInFlight:
         """Send each shard's owner its columns of the pooled gradient (async)."""
         ctx, b, codec = self.ctx, fwd.local_batch, self.ctx.bwd_codec
+        if self.alone:  # the whole gradient is this rank's, columns in order (the forward's comment)
+            return BackwardInFlight(fwd, codec.encode(grad).contiguous(), Done())
         grouped = grad.index_select(1, self.out_cols)
         send = torch.cat([codec.encode(c).reshape(-1) for c in grouped.split(self.widths, dim=1)])
         mine = codec.units(self.widths[ctx.rank])
