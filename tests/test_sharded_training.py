@@ -233,7 +233,8 @@ def test_one_rank_table_wise_moves_no_pooled_or_id_copies(tmp_path):
     """One rank, every table table-wise (the planner's plan on one GPU): the ids go to the lookup
     and the pooled rows to the dense step as they are, and the gradient back (no pack, copy, cat,
     column gather or permute: each was a copy of small's 109 MB of pooled rows a step on an
-    H100), and the pooled rows and gradients equal nn.EmbeddingBag's and the exchange path's."""
+    H100), and the pooled rows equal nn.EmbeddingBag's (training on one rank against the
+    unsharded reference: test_one_rank_matches_unsharded_reference)."""
     import torch.distributed as dist
     from torch.utils._python_dispatch import TorchDispatchMode
 

@@ -19,9 +19,9 @@ launches (kernels.py) and the spec-sheet roofline of each stage (project.py). Th
   by iterating the timeline on the first run's own configuration (what Python costs besides
   launches); split into a fixed part and a part a sample of the local batch when a second run on
   the same device has another local batch (`_pair`: of the same model where one is), else all
-  fixed. Each model among the runs gets its own, from its first run (Calibration.models). On a CPU it may be below
-  zero, down to the stage's launches: launch_us is the dense step's per-op cost (autograd's), and
-  other stages' ops can cost less;
+  fixed. Each model among the runs gets its own, from its first run (Calibration.models). On a
+  CPU it may be below zero, down to the stage's launches: launch_us is the dense step's per-op
+  cost (autograd's), and other stages' ops can cost less;
 - between_s (and a part a sample, likewise): the mean time between iterations (batch drawn,
   records flushed); its wait for the next batch split by the two runs where both recorded it;
 - on a CPU, the GEMM and copy probes of the run with the most dense FLOPs a rank, and the cores

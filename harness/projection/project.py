@@ -64,14 +64,14 @@ class Calibration:
     dims as well as with the batch, so a line through two models' runs misses both at small
     batches (tiny's input dist: nothing at 48 samples, 0.24 ms measured; docs/projection.md)."""
 
-    def of(self, model) -> Calibration:
-        """The calibration for a config of `model`: its own runs', else this one."""
-        return self.models.get(model, self)
-
     batches: tuple[int, ...] = ()
     """The local batches of the two runs that split each figure into a fixed part and a part a
     sample (empty: one run, all fixed). A part a sample below zero (a time that shrinks as the batch
     grows) is held at these ends beyond them, not extrapolated."""
+
+    def of(self, model) -> Calibration:
+        """The calibration for a config of `model`: its own runs', else this one."""
+        return self.models.get(model, self)
 
     def _per_sample(self, per: float, batch: int) -> float:
         if per < 0 and self.batches:
@@ -174,7 +174,7 @@ def _allreduce_split(work: Work, profile: Profile, buckets: int) -> tuple[tuple[
     """(moving, latency) of the dense gradients' all-reduce launched under the backward, and of the
     part launched at its end (the buckets holding a bottom-MLP gradient: Work.late_grads): NCCL's
     ring bytes on each level (Work.allreduce_bytes) on a GPU; on a CPU the gloo probe's all-reduce
-    of the gradients; a latency a bucket. None on one rank."""
+    of the gradients; a latency a bucket. Nothing on one rank."""
     if work.world_size == 1:
         return (0.0, 0.0), (0.0, 0.0)
     lat = _latency(work, profile, "all_reduce")

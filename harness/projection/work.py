@@ -86,8 +86,8 @@ def dense_schedule(m) -> tuple[float, float, float]:
         sizes += [w_in * w, w]
         w_in = w
     cap = int(DEFAULT_BUCKET_MIB * 2**20) // 4
-    start_of_top = sum(bottom)
-    late = sum(end - start for start, end in bucket_ranges(sizes, cap) if start < start_of_top)
+    bottom_end = sum(bottom)
+    late = sum(end - start for start, end in bucket_ranges(sizes, cap) if start < bottom_end)
     _, _, flops = dense_shape(m)
     layers = len(m.bottom_mlp) / (len(m.bottom_mlp) + 2 * L + len(m.top_mlp))
     return late / sum(sizes), 6 * bottom_macs / flops, layers
