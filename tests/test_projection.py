@@ -188,6 +188,9 @@ def test_the_backward_exchanges_where_the_code_launches_them():
 
     late, flops, layers = dense_schedule(tiny().model)
     assert late == 1.0 and layers == pytest.approx(2 / 9)  # 2 bottom of 2 + 2 x 2 cross + 3 top Linears
+    # MACs a sample: bottom 13x32 + 32x16 = 928; cross 2 layers x 2 x 432 x 8 = 13824; top
+    # 432x32 + 32x16 + 16x1 = 14352.
+    assert flops == pytest.approx(928 / (928 + 13824 + 14352))
     m = measured(CPU_RECORDED / "tiny-2-r0")
     p = cpu(cores=2, rank_cores=2)
     ops, _ = iteration_ops(m.run.manifest.config, m.work, p, Calibration(), {f: False for f in OPTIMIZATION_FLAGS})

@@ -112,7 +112,7 @@ class Loop:
             out = step.run(it)
             tl.end_iteration()
             self.profile.maybe_stop(it)
-            records.pending[it] = out.loss  # the step's own (StepOutput.loss)
+            records.pending[it] = out.loss.clone() if out.loss_reused else out.loss
             if out.splits_exchanged is not None:
                 records.exchanged[it] = out.splits_exchanged
             moved = step.bytes_moved()

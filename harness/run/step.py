@@ -29,9 +29,12 @@ from model.sharding import Shard
 @dataclass
 class StepOutput:
     loss: torch.Tensor
-    """This rank's mean loss over its local batch, still on the device, the step's own: the loop
-    keeps it until a flush, so no later step may overwrite it (a graphed step copies its static
-    output; an eager step's loss is a new tensor anyway, kept without a copy kernel)."""
+    """This rank's mean loss over its local batch, still on the device; the loop keeps it until a
+    flush (copied first where `loss_reused`)."""
+    loss_reused: bool = False
+    """The loss is a buffer the next step overwrites (a CUDA graph's static output): the loop copies
+    it, after the iteration's timed window. An eager step's loss is a new tensor each step, kept
+    without a copy kernel."""
     splits_exchanged: int | None = None
     """Splits all-to-alls the iteration's input dist ran; None: the engine does not count them."""
 
@@ -94,15 +97,13 @@ class HarnessStep:
             # runs under the rest of the dense backward (its launch is timed in this stage).
             loss, _ = self.dense_step.run(batch.dense, pooled, batch.labels,
                                           on_pooled_grad=lambda g: emb_bwd.append(emb.start_backward(emb_fwd, g)))
-            if self.dense_step.graphed:  # the graph's static output: the next replay overwrites it
-                loss = loss.clone()
         with tl.stage("emb_bwd"):
             emb_bwd.pop().wait()
         with tl.stage("dense_update"):
             self.dense_step.finish_gradients()
             self.dense_opt.step()
             self.grads.updated()
-        return StepOutput(loss=loss, splits_exchanged=exchanged)
+        return StepOutput(loss=loss, loss_reused=self.dense_step.graphed, splits_exchanged=exchanged)
 
     def bytes_moved(self) -> dict[str, tuple[int, int]]:
         return self.moved.take()
