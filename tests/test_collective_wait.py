@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 import model.collective_wait as cw
+from model.collective_ops import all_gather_single
 from harness.cli import main
 from harness.config import OptimizationsConfig
 from harness.run.optimizations import describe, resolve
@@ -60,7 +61,7 @@ def _exchange(rank: int, world: int, device: torch.device, name: str) -> list[to
     x = torch.arange(8, dtype=torch.float32) * (rank + 1)
     a2a, ag, ar = torch.empty(8), torch.empty(16), x.clone()
     wait(dist.all_to_all_single(a2a, x, async_op=True))
-    wait(dist.all_gather_single(ag, x, async_op=True))
+    wait(all_gather_single(ag, x, async_op=True))
     wait(dist.all_reduce(ar, async_op=True))
     return [a2a, ag, ar]
 

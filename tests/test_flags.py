@@ -83,7 +83,10 @@ def _config(pipeline, threaded, skip):
     )
 
 
-COLLECTIVES = ("all_to_all_single", "all_reduce", "reduce_scatter_single", "all_gather_single")
+COLLECTIVES = ("all_to_all_single", "all_reduce", "reduce_scatter_single", "reduce_scatter_tensor", "all_gather_single",
+               "all_gather_into_tensor")
+"""torch.distributed's collectives the harness calls, under torch 2.13's names and the older ones
+(model/collective_ops.py picks whichever this torch has; the GPU hosts' torch 2.11 has the older)."""
 
 
 def _train_main_thread_launching(rank: int, world: int, device: torch.device, cfg, plan) -> dict:
@@ -94,7 +97,7 @@ def _train_main_thread_launching(rank: int, world: int, device: torch.device, cf
 
     harness.run.rank.input_thread_launches = lambda cuda: False  # what a CUDA rank gets
     calls = []
-    for name in COLLECTIVES:
+    for name in (n for n in COLLECTIVES if hasattr(dist, n)):
         def logged(*args, _name=name, _real=getattr(dist, name), **kwargs):
             calls.append((_name, threading.current_thread().name))
             return _real(*args, **kwargs)
