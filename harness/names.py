@@ -20,6 +20,10 @@ flushed): no stage, but a segment of the iteration period of its own. Sub-span r
 "flush_records", ...), under `iteration` i, the iteration whose end the gap follows; the report
 derives the gap itself from the iteration records (start of i+1 - end of i)."""
 
+STARTUP_PHASES = ("imports", "process_group", "probes", "build", "loop")
+"""A rank's phases outside the timed iterations, in order (harness/run/startup.py); all but the
+last come before the first iteration."""
+
 OPTIMIZATION_FLAGS = ("cuda_graphs", "threaded_input_dist", "pinned_d2h", "avoid_record_streams", "skip_splits_a2a")
 """The published optimizations (design.md), each one flag; the ablation switches these."""
 

@@ -295,6 +295,10 @@ class RankInfo:
     gemm_probe: str = "float32 1024x1024x1024"
     """What gemm_gflops measured: dtype, m x k x n, fp32's matmul precision (rank.json files
     written before it was recorded: the 1024^3 fp32 matmul they measured)."""
+    startup_s: dict[str, float] = field(default_factory=dict)
+    """Seconds in each phase outside the timed iterations (harness/run/startup.py: imports,
+    process_group, probes, build, loop); empty until the rank finished, and in records written
+    before 2026-11-27."""
 
     def to_json(self) -> str:
         return typed_json.dumps(self)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.records.manifest import RankInfo, RunManifest
+from harness.report.startup import start_s
 # The stage and flag names, in order (design.md); torch-free, as is the manifest.
 from harness.names import BETWEEN_ITERATIONS, COMPACTED
 from harness.names import OPTIMIZATION_FLAGS as FLAGS
@@ -372,7 +373,10 @@ def numerics_note(run: Run) -> str | None:
 
 
 def rank_notes(run: Run) -> pd.DataFrame:
-    """The ranks' own notes (host, threads, gemm_gflops, copy_gbps, peak_rss_gib, peak_gpu_mem_gib ...)."""
+    """The ranks' own notes (host, threads, gemm_gflops, copy_gbps, peak_rss_gib, peak_gpu_mem_gib ...),
+    and start_s: the seconds before the rank's first iteration (report/startup.py)."""
     if not run.manifest:
         return pd.DataFrame()
-    return pd.DataFrame([dataclasses.asdict(r) for r in run.manifest.ranks])
+    notes = pd.DataFrame([dataclasses.asdict(r) for r in run.manifest.ranks])
+    notes["start_s"] = [start_s(r.startup_s) for r in run.manifest.ranks]
+    return notes

@@ -330,8 +330,9 @@ def _ints(xs: list[int]) -> str:
 
 
 def rank_table(run: Run) -> pd.DataFrame:
-    """Per rank: host, threads, measured GEMM rate and copy bandwidth, peak RSS and GPU memory, and
-    the dense stage's achieved rate (empty when the manifest has no rank notes).
+    """Per rank: host, threads, measured GEMM rate and copy bandwidth, peak RSS and GPU memory, the
+    seconds before its first iteration (start_s, NaN in older records) and the dense stage's
+    achieved rate (empty when the manifest has no rank notes).
 
     dense_gflops = dense FLOPs of the rank's local batch (manifest: dense_flops_per_sample)
     over its median non-warm-up dense_fwd_bwd time; dense_vs_gemm is that over the plain
@@ -344,7 +345,7 @@ def rank_table(run: Run) -> pd.DataFrame:
     if ranks.empty or "rank" not in ranks:
         return pd.DataFrame()
     cols = [c for c in ("rank", "node", "host", "threads", "gemm_gflops", "copy_gbps", "peak_rss_gib",
-                        "peak_gpu_mem_gib") if c in ranks]
+                        "peak_gpu_mem_gib", "start_s") if c in ranks]
     ranks = ranks[cols].sort_values("rank").reset_index(drop=True)
     flops = run.manifest.dense_flops_per_sample if run.manifest else None
     dense = run.stages[(run.stages["stage"] == "dense_fwd_bwd") & ~run.stages["warmup"]]

@@ -3,6 +3,8 @@ harness/run/engine_torchrec.py), then drive them with the one loop (harness/run/
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
@@ -27,10 +29,12 @@ def train(
     flags: ResolvedFlags | None = None,
     group: dist.ProcessGroup | None = None,
     keep_weights: bool = False,
+    built: Callable[[], None] = lambda: None,
 ) -> TrainResult:
     """Train this rank. `flags`: what takes effect (the manifest's resolution); None resolves the
     config here, for callers that launched nothing (tests).
-    keep_weights: return the final weights (tests compare them with a reference)."""
+    keep_weights: return the final weights (tests compare them with a reference).
+    built: called once the rank's parts are built, before the first iteration (StartupClock)."""
     env = RankEnv(cfg=cfg, rank=rank, device=device, recorder=recorder, plan=list(plan), group=group)
     flags = flags or resolved_flags(env)
     maybe_tf32(flags.precision.tf32)
@@ -44,6 +48,7 @@ def train(
             parts = build_torchrec_rank(env, data)
         else:
             parts = build_rank(env, data, flags)
+        built()
         return Loop(cfg, parts, rank=rank, recorder=recorder, result_log=result_log).run(keep_weights=keep_weights)
     finally:
         if isinstance(data, Ahead):

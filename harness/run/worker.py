@@ -16,6 +16,7 @@ import torch.distributed as dist
 from harness.run.device import maybe_tf32, process_group_options, resolve_device
 from harness.records.manifest import RankInfo
 from harness.run.peaks import dense_gemm_probe, measure_copy_gbps, measure_gemm_gflops
+from harness.run.startup import StartupClock
 from harness.records.writer import RankRecorder, read_manifest
 from harness.run.train import train
 
@@ -39,6 +40,7 @@ def run_rank(run_dir: str) -> dict:
     # A rank killed by a signal (a C++ abort in a collective library, a segfault) leaves the Python
     # stack of every thread in its log, not just the signal's name in torchrun's summary.
     faulthandler.enable(all_threads=True)
+    clock = StartupClock()
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
@@ -59,6 +61,7 @@ def run_rank(run_dir: str) -> dict:
         maybe_avoid_record_streams(flags.effective["avoid_record_streams"])
         dist.init_process_group(backend, timeout=dt.timedelta(seconds=cfg.run.collective_timeout_s),
                                 **process_group_options(device))
+        clock.lap("process_group")
         maybe_tf32(flags.precision.tf32)
         probe = dense_gemm_probe(cfg.model, cfg.local_batch_size, cfg.precision.dense)
         info = RankInfo(
@@ -68,9 +71,12 @@ def run_rank(run_dir: str) -> dict:
             copy_gbps=measure_copy_gbps(device),
         )
         recorder.write_info(info)
-        result = train(cfg, rank=rank, device=device, recorder=recorder, plan=list(manifest.plan), flags=flags)
+        clock.lap("probes")
+        result = train(cfg, rank=rank, device=device, recorder=recorder, plan=list(manifest.plan), flags=flags,
+                       built=lambda: clock.lap("build"))
+        clock.lap("loop")
         info = dataclasses.replace(
-            info, peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            info, startup_s=dict(clock.phases), peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             peak_gpu_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         )
         recorder.write_info(info)

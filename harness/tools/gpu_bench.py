@@ -7,20 +7,19 @@ On whatever GPUs the host has (one rank a GPU, one node), in this order:
    round), the period ratio of each flag with a bootstrap 95% CI (a flag that cannot take effect
    on this device and GPU count whatever the plan is not run: its row says why); in the same
    rounds --opts all (so that it and the best flag are ratios over the same defaults runs), the
-   cross layers as autograd's formula (--no-fused-cross) against the defaults' fused ones, the
-   gradients added into views of the buffer (--no-gather-grads) against the defaults' gathered
-   ones, and in bf16 autocast casting each weight (--no-bf16-weight-copy) against the defaults'
-   bf16 weight copy, and the dense step all in bf16 (--dense-precision bf16-pure, other numbers
-   by design), alone and with --opts all (the fastest configuration; each row's mean period
-   beside its ratio);
+   cross layers as autograd's formula (--no-fused-cross), the gradients added into views of the
+   buffer (--no-gather-grads), in bf16 autocast casting each weight (--no-bf16-weight-copy), each
+   against the defaults, and the dense step all in bf16 (--dense-precision bf16-pure, other
+   numbers by design), alone and with --opts all (the fastest configuration; each row's mean
+   period beside its ratio);
 4. one run of the defaults with a --profile window in its warm-up: host against device per stage;
 5. `compare` on `tiny` (the latency-bound regime: launch and input-distribution overheads);
 6. one run of the defaults at a quarter of the batch, then the projection check (issue 46): the
    projection (harness/projection/) calibrated on the defaults at both batch sizes (the host time
    a sample needs two), each other run's period projected against what it measured.
 Everything goes into one folder, runs/gpu-bench-<stamp>/ (run folders, compares/, reports/,
-battery.txt, gpu-bench.json, summary.md), and one summary table is printed last. Every figure is
-the period between iteration starts (what a user waits for), never the timed window alone.
+battery.txt, gpu-bench.json, summary.md), and one summary table is printed last, with each run's
+start-up by phase. Every figure is the period between iteration starts, never the timed window alone.
 
 Without CUDA it says so in one line and exits 0. `--device cpu` runs the same plan on CPU ranks
 (with --preset-small tiny: a rehearsal of the plan, not a measurement of a GPU).
@@ -39,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.names import OPTIMIZATION_FLAGS
+from harness.report.startup import startup_line
 
 
 @dataclass
@@ -62,9 +62,8 @@ class Plan:
         """bench/compare options every run of a preset shares."""
         out = ["--preset", preset, "--device", self.device, "--nodes", "1", "--gpus-per-node", str(self.gpus),
                "--iters", str(self.iters), "--warmup", str(self.warmup), "--dense-precision", self.precision]
-        if batch_per_gpu:
-            out += ["--global-batch", str(batch_per_gpu * self.gpus)]
-        return out + (["--hardware", "h100"] if self.device == "cuda" else [])
+        batch = ["--global-batch", str(batch_per_gpu * self.gpus)] if batch_per_gpu else []
+        return out + batch + (["--hardware", "h100"] if self.device == "cuda" else [])
 
 
 @dataclass
@@ -97,8 +96,7 @@ class Outcome:
 
 
 def write_archive(folder: Path, archive: Path) -> None:
-    """folder as archive (gzip tar, written aside then renamed, so a lease that ends mid-write
-    still leaves the previous step's archive whole)."""
+    """folder as archive (gzip tar, written aside then renamed: a lease ending mid-write leaves the last one whole)."""
     archive.parent.mkdir(parents=True, exist_ok=True)
     part = archive.with_name(archive.name + ".part")
     with tarfile.open(part, "w:gz") as tar:
@@ -357,6 +355,8 @@ def summary(outcome: Outcome) -> str:
         if shares:
             rows.append((f"{step}: share of the period", f"GPU idle between iterations "
                          f"{shares['between_iterations']:.1%}, input_dist exposed {shares['input_dist']:.1%}", ""))
+    rows.append(("start-up a run (s)", startup_line([m.parent for m in Path(outcome.folder).glob("*/manifest.json")]),
+                 "outside the iterations: harness/run/startup.py"))
     if outcome.profiled:
         rows.append(("host against device", outcome.profiled, ""))
     if outcome.projection:
