@@ -3,6 +3,7 @@ reports show them: before the first iteration (start_s), and each phase's mean o
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from pathlib import Path
 
@@ -19,16 +20,20 @@ def startup_line(run_dirs: list[Path]) -> str:
     """Each phase's mean seconds over the runs' rank 0 that recorded them, and how many runs."""
     from harness.records.manifest import RunManifest
 
-    recorded = []
+    recorded, walls = [], []
     for d in run_dirs:
         try:
-            ranks = RunManifest.from_json((Path(d) / "manifest.json").read_text()).ranks
+            manifest = RunManifest.from_json((Path(d) / "manifest.json").read_text())
         except (OSError, ValueError):
             continue
-        first = min(ranks, key=lambda r: r.rank, default=None)
+        first = min(manifest.ranks, key=lambda r: r.rank, default=None)
         if first is not None and first.startup_s:
             recorded.append(first.startup_s)
+            if manifest.end_time:
+                walls.append((dt.datetime.fromisoformat(manifest.end_time)
+                              - dt.datetime.fromisoformat(manifest.start_time)).total_seconds())
     if not recorded:
         return "not recorded"
     means = {p: sum(r.get(p, 0.0) for r in recorded) / len(recorded) for p in STARTUP_PHASES}
-    return ", ".join(f"{p} {s:.1f}" for p, s in means.items()) + f" (rank 0, mean of {len(recorded)} runs)"
+    wall = f"; the manifest's start to end {sum(walls) / len(walls):.1f}" if walls else ""
+    return ", ".join(f"{p} {s:.1f}" for p, s in means.items()) + f"{wall} (rank 0, mean of {len(recorded)} runs)"
