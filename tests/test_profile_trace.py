@@ -1,7 +1,7 @@
 """Host against device per stage, from a --profile Chrome trace (harness/report/profile_trace.py).
 
 A synthetic trace with every figure worked out by hand; the real H100 trace
-(tests/data/h100-runs-2/trace-small-bf16.json.gz: small preset, 8192 samples, bf16 dense, three
+(tests/data/h100-runs-2/s-bf16-prof/rank00000/trace.json.gz: small preset, 8192 samples, bf16 dense, three
 profiled iterations), which is launch-bound; and the run report's section, present with a trace
 and absent without one.
 """
@@ -21,7 +21,7 @@ from harness.report.api import report_main
 from harness.report.html import Doc
 
 DATA = Path(__file__).parent / "data"
-H100_TRACE = DATA / "h100-runs-2" / "trace-small-bf16.json.gz"
+H100_TRACE = DATA / "h100-runs-2" / "s-bf16-prof" / "rank00000" / "trace.json.gz"
 H100_RUNS = DATA / "h100-runs"
 H100_RUN = "20261126-102122-compare-small-1x1-415d-r0-harness"
 BASE_US = 4.85e12  # a trace's timestamps are microseconds on the host's clock: large numbers

@@ -30,7 +30,7 @@ Counted per layer from what the dense step runs (model/dense.py, harness/run/den
 
 small in bf16 with autograd's cross layers: 14 Linears x 13 + 3 cross layers x 7 + 10 = 213
 kernels in dense_fwd_bwd; the H100 trace (docs/gpu-session-2-notes.md,
-tests/data/h100-runs-2/trace-small-bf16.json.gz, made before the fused layers) counted 217; fused,
+tests/data/h100-runs-2/s-bf16-prof/rank00000/trace.json.gz, made before the fused layers) counted 217; fused,
 204, and with the bf16 weight copy 14 x 9 + 3 x 4 + 10 = 148 (neither yet traced on a GPU). The embedding stages are counted from the same trace (one sharding
 group, world size 1: emb_fwd 11, emb_bwd 25, dense_update 6) and split into a fixed part and a part
 a sharding group (each group runs its own lookup kernel, exchanges and permutes): an assumption,

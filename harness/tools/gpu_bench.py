@@ -151,12 +151,10 @@ def _harness_side(run_dirs: list[Path]) -> dict:
     from harness.report.tables import critical_stage_means
 
     runs = [report.load_run(d) for d in run_dirs]
-    periods = [report.iteration_summary(r)["period_ms_mean"] for r in runs]
+    period = sum(report.iteration_summary(r)["period_ms_mean"] for r in runs) / len(runs)
     stages = [critical_stage_means(r, "rank").mean() for r in runs]
     mean = {k: float(sum(s.get(k, float("nan")) for s in stages) / len(stages)) for k in stages[0].index}
-    period = sum(periods) / len(periods)
-    # Issue 45's two shares: the GPU idle between iterations (the device waits for the host there)
-    # and the input dist left exposed, each over the period.
+    # Issue 45's shares of the period: the GPU idle between iterations, the input dist left exposed.
     shares = {k: mean.get(k, float("nan")) / period for k in ("between_iterations", "input_dist")}
     return {"period_ms": period, "stage_ms": mean, "share_of_period": shares}
 
@@ -258,8 +256,9 @@ def projection_targets(outcome: Outcome) -> dict[str, str]:
 
 
 def run_projection_check(outcome: Outcome, plan: Plan) -> None:
-    """Calibrated on the first defaults run and the quarter-batch run, each target's period
-    projected against its measured one (issue 46: within 25%)."""
+    """Calibrated on the first defaults run, the quarter-batch run and the profiled run (its trace:
+    the dense step's device time), each target's period projected against its measured one (issue
+    46: within 25%)."""
     from harness.projection.calibrate import calibrate, measured, project_run
 
     folder = Path(outcome.folder)
@@ -267,7 +266,8 @@ def run_projection_check(outcome: Outcome, plan: Plan) -> None:
     if not defaults or not outcome.quarter_run:
         outcome.failures.append("projection check: needs the defaults compare and the quarter-batch run")
         return
-    profile, cal, runs = calibrate([folder / defaults[0], folder / outcome.quarter_run])
+    profiled = [p for p in [folder / f"{folder.name}-profiled"] if (p / "manifest.json").is_file()]
+    profile, cal, runs = calibrate([folder / defaults[0], folder / outcome.quarter_run, *profiled])
     if not profile.async_device and plan.gpus > 1:  # a CPU rehearsal: this host's gloo and threads
         from harness.tools.project import probe_host
         probe_host(profile, measured(folder / defaults[0]).run.manifest.config, runs, print)
