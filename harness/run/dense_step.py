@@ -207,6 +207,7 @@ class DenseStep:
             # allocates it in the graph's pool and each replay overwrites it instead of
             # adding to it.
             self.grads.zero()
+            self.grads.buffer.zero_()  # a weight copy's warm-up finish() cast its gradients there too
             self._static_pooled.grad = None
 
             self._graph = torch.cuda.CUDAGraph()

@@ -12,6 +12,7 @@ import torch
 
 from harness.cli import main
 from harness.run.input_streams import CudaInputStream
+from harness.run import pinned_d2h
 from harness.run.pinned_d2h import HostCopies
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -39,20 +40,28 @@ def test_threaded_input_dist_row_wise_ragged_500_iterations(tmp_path):
     assert its.groupby("rank")["iteration"].nunique().tolist() == [505, 505]
 
 
-def test_pinned_ring_reads_the_right_values_behind_a_delayed_stream():
-    """pinned-ring race test with a delayed stream"""
+@pytest.mark.parametrize("max_ring", [None, 2])
+def test_pinned_ring_reads_the_right_values_behind_a_delayed_stream(monkeypatch, max_ring):
+    """pinned-ring race test with a delayed stream (ring grown, and held at 2: waited and moved out)"""
+    if max_ring is not None:
+        monkeypatch.setattr(pinned_d2h, "MAX_RING", max_ring)
     device = torch.device("cuda", torch.cuda.current_device())
     copies = HostCopies(device=device, pinned=True, depth=2)
     stream = torch.cuda.Stream(device=device)
     handles = []
     with torch.cuda.stream(stream):
-        # Six copies through a ring of two buffers, each source filled only after a long sleep: the
-        # ring wraps onto copies still in flight, which it must wait for and move out first.
+        # Six copies through a ring of depth two, each source filled only after a long sleep: the
+        # ring wraps onto copies still in flight. It grows in place of a wait (up to MAX_RING);
+        # held at two buffers it must wait for them and move their values out first.
         for k in range(6):
             torch.cuda._sleep(SLEEP_CYCLES)
             src = torch.full((2, 4), k, dtype=torch.int64, device=device)
             handles.append(copies.copy(src))
-    assert len(copies.buffers(((2, 4), torch.int64))) == 2
+    rings = copies._rings
+    if max_ring is None:
+        assert len(copies.buffers(((2, 4), torch.int64))) == 6 and rings.waits == 0
+    else:
+        assert len(copies.buffers(((2, 4), torch.int64))) == 2 and rings.waits > 0
     assert [h.wait()[0, 0].item() for h in reversed(handles)] == list(reversed(range(6)))
     assert all(bool((h.wait() == k).all()) for k, h in enumerate(handles))
 
