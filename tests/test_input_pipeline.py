@@ -91,27 +91,42 @@ def test_plain_loop_runs_each_input_dist_whole_before_its_forward():
 
 
 class _RecordingStreams:
-    """Stands in for input dist's CUDA stream: entries made inside `input()` are marked, per thread
-    as a current stream is, and each hand-over to the compute stream is logged."""
+    """Stands in for input dist's CUDA streams: entries made inside `input()` or `load()` are
+    marked with that stream, per thread as a current stream is; each hand-over to the compute
+    stream, each copy's mark and each wait for one are logged."""
 
     def __init__(self, log: list[str]) -> None:
-        self.log, self._local = log, threading.local()
+        self.log, self._local, self._marks, self._lock = log, threading.local(), 0, threading.Lock()
 
     @contextlib.contextmanager
-    def input(self):
-        outer = getattr(self._local, "inside", False)
-        self._local.inside = True
+    def _on(self, stream: str):
+        outer = getattr(self._local, "stream", None)
+        self._local.stream = stream
         try:
             yield
         finally:
-            self._local.inside = outer
+            self._local.stream = outer
+
+    def input(self):
+        return self._on("input stream")
+
+    def load(self):
+        return self._on("copy stream")
 
     def where(self) -> str:
-        stream = "input stream" if getattr(self._local, "inside", False) else "compute stream"
-        return f" ({threading.current_thread().name}, {stream})"
+        return f" ({threading.current_thread().name}, {getattr(self._local, 'stream', None) or 'compute stream'})"
 
     def hand_over(self, tensors) -> None:
         self.log.append(f"hand over {len(list(tensors))} tensors")
+
+    def loaded(self) -> int:
+        with self._lock:
+            self._marks += 1
+            self.log.append(f"copied {self._marks}{self.where()}")
+            return self._marks
+
+    def wait_loaded(self, mark, tensors) -> None:
+        self.log.append(f"waits for copy {mark}{self.where()}")
 
 
 def test_input_dist_runs_on_its_stream_and_the_thread_issues_no_collective():
@@ -140,13 +155,55 @@ def test_input_dist_runs_on_its_stream_and_the_thread_issues_no_collective():
     main, thread = "(MainThread, input stream)", "(input-dist, input stream)"
     assert [e for e in logs[True] if e.startswith("prepare")] == [f"prepare {b} {thread}" for b in range(iters)]
     assert [e for e in logs[False] if e.startswith("prepare")] == [f"prepare {b} {main}" for b in range(iters)]
-    steps = [[e for e in log if not e.startswith("prepare")] for log in logs.values()]
+    steps = [[e for e in log if not e.startswith(("prepare", "copied", "waits for copy"))] for log in logs.values()]
     assert steps[0] == steps[1] == [
         f"start 0 {main}", f"launch 0 {main}", f"wait 0 {main}", "hand over 2 tensors", f"start 1 {main}",
         "forward 0", f"launch 1 {main}",
         f"wait 1 {main}", "hand over 2 tensors", f"start 2 {main}", "forward 1", f"launch 2 {main}",
         f"wait 2 {main}", "hand over 2 tensors", "forward 2",
     ]
+
+
+class _LoggedSource(SyntheticCriteo):
+    """The synthetic stream, each batch drawn logged with the stream it was drawn and copied on."""
+
+    def __init__(self, cfg, log: list[str], where) -> None:
+        super().__init__(cfg.model, cfg.data)
+        self.log, self.where = log, where
+
+    def local_batch(self, it, rank, world, **kw):
+        self.log.append(f"load {it}{self.where()}")
+        return super().local_batch(it, rank, world, **kw)
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_batches_are_copied_on_their_own_stream_and_waited_for_before_input_dist(threaded):
+    """A batch's copy to the device goes to the copy stream, never to input dist's stream, whose
+    every op the compute stream waits for at the hand-over: the next batch's copy, queued before
+    this iteration's hand-over, would hold this batch's lookup there. Input dist's stream waits for
+    each batch's own copy before it prepares that batch."""
+    cfg, iters = tiny(), 4
+    log: list[str] = []
+    streams = _RecordingStreams(log)
+    emb = _LoggedEmbeddings(where=streams.where)
+    emb.log = log
+    feeder = InputFeeder(embeddings=emb, data=_LoggedSource(cfg, log, streams.where), rank=0, world_size=2,
+                         device=torch.device("cpu"), total=iters, pipeline=True, threaded=threaded,
+                         thread_launches=False, skip_splits=False, timeline=Timeline(cuda=False, stages=True),
+                         streams=streams)
+    for it in range(iters):
+        feeder.prepare(it)
+        feeder.next(it)
+        feeder.after_forward()
+    feeder.close()
+    def at(prefix: str) -> int:
+        return next(i for i, e in enumerate(log) if e.startswith(prefix))
+
+    loads = [e for e in log if e.startswith(("load", "copied"))]
+    assert len(loads) == 2 * iters and all(e.endswith("copy stream)") for e in loads), loads
+    for b in range(iters):  # batches are loaded in order: batch b's copy is mark b + 1
+        assert at(f"load {b} ") < at(f"copied {b + 1} ") < at(f"waits for copy {b + 1} ") < at(f"prepare {b} ")
+        assert log[at(f"waits for copy {b + 1} ")].endswith("input stream)")
 
 
 def test_a_thread_that_launches_collectives_is_refused_on_cuda():

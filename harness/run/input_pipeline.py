@@ -56,6 +56,14 @@ def maybe_set_thread_device(device: torch.device) -> None:
 
 
 @dataclass
+class Loaded:
+    """A batch whose copy to the device was issued on the copy stream, and the mark to wait for."""
+
+    batch: Batch
+    copied: object
+
+
+@dataclass
 class Prepared:
     """A batch on the device with its input dist prepared: no collective launched yet."""
 
@@ -88,16 +96,17 @@ class InputFeeder:
         self.first, self.total, self.pipeline, self.threaded, self.skip = first, total, pipeline, threaded, skip_splits
         self.timeline, self.thread_launches = timeline, threaded and thread_launches
         self.streams = streams or SameStream()
-        self._loaded: dict[int, Batch] = {}
+        self._loaded: dict[int, Loaded] = {}
         self._ahead: Started | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     # ---- outside the timed region -----------------------------------------------------
-    def _load(self, it: int) -> Batch:
-        with self.streams.input():
-            return self.data.local_batch(it, self.rank, self.world).to(self.device, non_blocking=True)
+    def _load(self, it: int) -> Loaded:
+        with self.streams.load():
+            batch = self.data.local_batch(it, self.rank, self.world).to(self.device, non_blocking=True)
+            return Loaded(batch, self.streams.loaded())
 
     def prepare(self, it: int) -> None:
         """Before iteration `it` begins: load what this iteration will start."""
@@ -115,14 +124,16 @@ class InputFeeder:
             self._ahead = self._start(it, self._take(it))
 
     # ---- inside the timed region ------------------------------------------------------
-    def _prepare(self, it: int, batch: Batch) -> Prepared:
+    def _prepare(self, it: int, loaded: Loaded) -> Prepared:
         """Bucketize and count: device work only (the input thread may run it)."""
         # Every rank knows which global batches have the fixed hotness: no collective needed to agree.
         known = self.skip and self.data.is_regular(it)
+        b = loaded.batch
         with self.streams.input():
-            return Prepared(batch, self.emb.prepare_input_dist(batch.sparse, splits_known=known))
+            self.streams.wait_loaded(loaded.copied, [b.dense, b.labels, b.sparse.lengths, b.sparse.values])
+            return Prepared(b, self.emb.prepare_input_dist(b.sparse, splits_known=known))
 
-    def _take(self, it: int) -> Batch | Prepared | Started:
+    def _take(self, it: int) -> Loaded | Prepared | Started:
         """Batch `it`, loaded (by this thread, earlier), or prepared (or started, with its ids
         exchange launched: `thread_launches`) by the input thread."""
         if not self.threaded:
@@ -132,7 +143,7 @@ class InputFeeder:
             raise RuntimeError(f"input-dist thread failed at iteration {it}: {item!r}") from item
         return item
 
-    def _start(self, it: int, item: Batch | Prepared) -> Started:
+    def _start(self, it: int, item: Loaded | Prepared) -> Started:
         """Open the input_dist span, prepare unless the thread did, launch the splits exchanges."""
         span = self.timeline.open_span("input_dist", it)
         with self.timeline.part("input_dist", "start"):
@@ -179,9 +190,9 @@ class InputFeeder:
             # with LOCAL_RANK > 0 would make its batches and a stray context on GPU 0.
             maybe_set_thread_device(self.device)
             for it in range(self.first, self.total):
-                batch = self._load(it)
+                loaded = self._load(it)
                 with self.timeline.part("input_dist", "prepare"):
-                    item = self._prepare(it, batch)
+                    item = self._prepare(it, loaded)
                 if self.thread_launches:
                     item = self._start(it, item)
                     with self.timeline.part("input_dist", "launch"):

@@ -165,6 +165,7 @@ def build_rank(env: RankEnv, data: BatchSource, flags: ResolvedFlags | None = No
                                          span=lambda name: timeline.sub_span("input_dist", name),
                                          before_slots=streams.wait_for_compute)
     embeddings = build_embeddings(env, host=host, wait=wait, moved=moved, dynamic=dynamic)
+    streams.wait_for_compute()  # the embeddings' index tensors, made on the compute stream, read by input dist
     dense_step = DenseStep(
         dense=dense, grads=grads, world_size=world, local_batch=cfg.local_batch_size, num_dense=cfg.model.num_dense,
         pooled_width=cfg.model.num_sparse * cfg.model.embedding_dim, device=device, graphed=on["cuda_graphs"],

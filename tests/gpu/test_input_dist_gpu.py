@@ -66,6 +66,39 @@ def test_pinned_ring_reads_the_right_values_behind_a_delayed_stream(monkeypatch,
     assert all(bool((h.wait() == k).all()) for k, h in enumerate(handles))
 
 
+def test_a_later_batchs_copy_does_not_hold_the_hand_over():
+    """batches copied on their own stream: the hand-over does not wait for a later batch's copy"""
+    device = torch.device("cuda", torch.cuda.current_device())
+    streams = CudaInputStream(device)
+    with streams.input():
+        ids = torch.arange(1 << 20, device=device)
+    with streams.load():
+        torch.cuda._sleep(4 * SLEEP_CYCLES)  # the next batch's copy, still running at the hand-over
+        later = streams.loaded()
+    streams.hand_over([ids])
+    total = ids.sum()
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()
+    assert not later.query(), "the compute stream waited for the copy stream"
+    assert total.item() == (1 << 20) * ((1 << 20) - 1) // 2
+
+
+def test_input_dist_waits_for_its_batchs_copy():
+    """input dist's stream waits for its batch's copy on the copy stream before it reads it"""
+    device = torch.device("cuda", torch.cuda.current_device())
+    streams = CudaInputStream(device)
+    with streams.load():
+        torch.cuda._sleep(SLEEP_CYCLES)
+        values = torch.arange(1 << 20, device=device)  # the batch, written on the copy stream behind the sleep
+        mark = streams.loaded()
+    with streams.input():
+        streams.wait_loaded(mark, [values])
+        doubled = values * 2
+    streams.hand_over([doubled])
+    assert doubled.sum().item() == (1 << 20) * ((1 << 20) - 1)
+
+
 def test_the_compute_stream_waits_for_the_input_stream_at_the_hand_over():
     """input dist on its own stream: the compute stream waits for it at the hand-over"""
     device = torch.device("cuda", torch.cuda.current_device())
