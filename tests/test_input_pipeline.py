@@ -129,41 +129,6 @@ class _RecordingStreams:
         self.log.append(f"waits for copy {mark}{self.where()}")
 
 
-def test_input_dist_runs_on_its_stream_and_the_thread_issues_no_collective():
-    """The NCCL design of the threaded input dist against the pipelined loop: the same collective
-    steps in the same places, all from the main thread; the input thread only prepares; every
-    step is issued on the input stream; the compute stream takes each batch over (the batch's
-    dense features and labels, no ids from this fake) between its wait and its forward."""
-    cfg, iters = tiny(), 3
-    logs = {}
-    for threaded in (False, True):
-        log: list[str] = []
-        streams = _RecordingStreams(log)
-        emb = _LoggedEmbeddings(where=streams.where)
-        emb.log = log
-        feeder = InputFeeder(embeddings=emb, data=SyntheticCriteo(cfg.model, cfg.data), rank=0, world_size=2,
-                             device=torch.device("cpu"), total=iters, pipeline=True, threaded=threaded,
-                             thread_launches=False, skip_splits=False, timeline=Timeline(cuda=False, stages=True),
-                             streams=streams)
-        for it in range(iters):
-            feeder.prepare(it)
-            feeder.next(it)
-            log.append(f"forward {it}")
-            feeder.after_forward()
-        feeder.close()
-        logs[threaded] = log
-    main, thread = "(MainThread, input stream)", "(input-dist, input stream)"
-    assert [e for e in logs[True] if e.startswith("prepare")] == [f"prepare {b} {thread}" for b in range(iters)]
-    assert [e for e in logs[False] if e.startswith("prepare")] == [f"prepare {b} {main}" for b in range(iters)]
-    steps = [[e for e in log if not e.startswith(("prepare", "copied", "waits for copy"))] for log in logs.values()]
-    assert steps[0] == steps[1] == [
-        f"start 0 {main}", f"launch 0 {main}", f"wait 0 {main}", "hand over 2 tensors", f"start 1 {main}",
-        "forward 0", f"launch 1 {main}",
-        f"wait 1 {main}", "hand over 2 tensors", f"start 2 {main}", "forward 1", f"launch 2 {main}",
-        f"wait 2 {main}", "hand over 2 tensors", "forward 2",
-    ]
-
-
 class _LoggedSource(SyntheticCriteo):
     """The synthetic stream, each batch drawn logged with the stream it was drawn and copied on."""
 
@@ -176,6 +141,47 @@ class _LoggedSource(SyntheticCriteo):
         return super().local_batch(it, rank, world, **kw)
 
 
+def _feed_recorded(cfg, iters: int, threaded: bool, *, logged_source: bool = False) -> list[str]:
+    """The pipelined feeder on recording streams for `iters` iterations: what it logged, each
+    iteration's forward marked (and each batch drawn, with logged_source)."""
+    log: list[str] = []
+    streams = _RecordingStreams(log)
+    emb = _LoggedEmbeddings(where=streams.where)
+    emb.log = log
+    data = _LoggedSource(cfg, log, streams.where) if logged_source else SyntheticCriteo(cfg.model, cfg.data)
+    feeder = InputFeeder(embeddings=emb, data=data, rank=0, world_size=2, device=torch.device("cpu"), total=iters,
+                         pipeline=True, threaded=threaded, thread_launches=False, skip_splits=False,
+                         timeline=Timeline(cuda=False, stages=True), streams=streams)
+    for it in range(iters):
+        feeder.prepare(it)
+        feeder.next(it)
+        log.append(f"forward {it}")
+        feeder.after_forward()
+    feeder.close()
+    return log
+
+
+def test_input_dist_runs_on_its_stream_and_the_thread_issues_no_collective():
+    """The NCCL design of the threaded input dist against the pipelined loop: the same collective
+    steps in the same places, all from the main thread; the input thread only prepares; every
+    step is issued on the input stream; the compute stream takes each batch over (the batch's
+    dense features and labels, no ids from this fake) between its wait and its forward."""
+    cfg, iters = tiny(), 3
+    logs = {}
+    for threaded in (False, True):
+        logs[threaded] = _feed_recorded(cfg, iters, threaded)
+    main, thread = "(MainThread, input stream)", "(input-dist, input stream)"
+    assert [e for e in logs[True] if e.startswith("prepare")] == [f"prepare {b} {thread}" for b in range(iters)]
+    assert [e for e in logs[False] if e.startswith("prepare")] == [f"prepare {b} {main}" for b in range(iters)]
+    steps = [[e for e in log if not e.startswith(("prepare", "copied", "waits for copy"))] for log in logs.values()]
+    assert steps[0] == steps[1] == [
+        f"start 0 {main}", f"launch 0 {main}", f"wait 0 {main}", "hand over 2 tensors", f"start 1 {main}",
+        "forward 0", f"launch 1 {main}",
+        f"wait 1 {main}", "hand over 2 tensors", f"start 2 {main}", "forward 1", f"launch 2 {main}",
+        f"wait 2 {main}", "hand over 2 tensors", "forward 2",
+    ]
+
+
 @pytest.mark.parametrize("threaded", [False, True])
 def test_batches_are_copied_on_their_own_stream_and_waited_for_before_input_dist(threaded):
     """A batch's copy to the device goes to the copy stream, never to input dist's stream, whose
@@ -183,19 +189,7 @@ def test_batches_are_copied_on_their_own_stream_and_waited_for_before_input_dist
     this iteration's hand-over, would hold this batch's lookup there. Input dist's stream waits for
     each batch's own copy before it prepares that batch."""
     cfg, iters = tiny(), 4
-    log: list[str] = []
-    streams = _RecordingStreams(log)
-    emb = _LoggedEmbeddings(where=streams.where)
-    emb.log = log
-    feeder = InputFeeder(embeddings=emb, data=_LoggedSource(cfg, log, streams.where), rank=0, world_size=2,
-                         device=torch.device("cpu"), total=iters, pipeline=True, threaded=threaded,
-                         thread_launches=False, skip_splits=False, timeline=Timeline(cuda=False, stages=True),
-                         streams=streams)
-    for it in range(iters):
-        feeder.prepare(it)
-        feeder.next(it)
-        feeder.after_forward()
-    feeder.close()
+    log = _feed_recorded(cfg, iters, threaded, logged_source=True)
     def at(prefix: str) -> int:
         return next(i for i, e in enumerate(log) if e.startswith(prefix))
 
