@@ -5,8 +5,9 @@ memory-mapped arrays; in the loop, that happened between iterations while the GP
 51 ms an iteration on the first H100, small at 8192 samples). `Ahead` wraps a batch source and
 hands out the very batches the source makes (the same function of the iteration, only earlier):
 `local_batch(it)` returns the one a thread made, in pinned host memory on CUDA so that its copy
-to the device is asynchronous on the input stream. One thread made small's 8192-sample batch in
-about 40 ms on the H100 host, slower than the GPU's iteration, hence several.
+to the device is asynchronous on the copy stream (harness/run/input_streams.py). One thread made
+small's 8192-sample batch in about 40 ms on the H100 host, slower than the GPU's iteration, hence
+several.
 
 Iterations are asked for in order (each engine's loop does); a request off that order is made in
 place, and the thread starts again after it.
