@@ -291,7 +291,9 @@ def build(cfg: BenchConfig, *, device: torch.device, plan: list[TablePlan], time
                   for n in sharded if n.endswith(f"embedding_bags.{table_name(t)}.weight")]
     if len(replicated) != sum(tp.kind == ShardingType.DATA_PARALLEL for tp in plan):
         raise RuntimeError(f"found {len(replicated)} data-parallel table parameters in TorchRec's model")
-    opt = torch.optim.Adagrad(dense_params + replicated, lr=cfg.optimizer.learning_rate, eps=cfg.optimizer.eps)
+    # foreach asked for on CUDA (run/optimizations.dense_adagrad says why); torch's default on CPU.
+    opt = torch.optim.Adagrad(dense_params + replicated, lr=cfg.optimizer.learning_rate, eps=cfg.optimizer.eps,
+                              foreach=True if device.type == "cuda" else None)
     return dmp, TimedOptimizer(opt, timeline), {v: k for k, v in names.items()}
 
 
