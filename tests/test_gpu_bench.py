@@ -68,7 +68,7 @@ def test_the_summary_says_whether_each_of_issue_45s_targets_is_met():
     """Each target against hand-made figures: the fastest period among the steps and rows, the
     ratio to TorchRec, the two shares, each flag that takes effect, and --opts all against the
     best flag, both over the same defaults."""
-    from harness.tools.gpu_bench import target_rows
+    from harness.tools.gpu_bench_table import target_rows
 
     base = {"ratio": 0.9, "ratio_ci": [0.85, 0.95], "period_ms": 9.0,
             "share_of_period": {"between_iterations": 0.015, "input_dist": 0.05}}
@@ -169,3 +169,42 @@ def test_the_projection_check_projects_each_run_from_the_defaults_at_two_batches
     found = Outcome(folder=str(tmp_path), plan={}, projection=outcome.projection)
     row = [line for line in summary(found).splitlines() if line.startswith("projected/measured period")]
     assert len(row) == 1 and "tiny " in row[0] and "calibrated on the defaults at two batch sizes" in row[0]
+
+
+def test_a_failing_battery_fails_the_bench_and_says_which(tmp_path, monkeypatch):
+    """A FAIL in the battery, or a pytest that could not run it, is a FAILED row and exit 1, where
+    it used to leave only the verdict line; a READY battery adds nothing."""
+    from harness.tools import gpu_bench, gpu_check
+    from harness.tools.gpu_check import CheckResult
+
+    for results, code, failed in (([CheckResult("a", "passed"), CheckResult("b", "failed", "boom")], 1, True),
+                                  ([], 4, True), ([CheckResult("a", "passed")], 0, False)):
+        monkeypatch.setattr(gpu_check, "run_battery", lambda argv, r=results, c=code: (r, c))
+        outcome = Outcome(folder=str(tmp_path), plan={})
+        gpu_bench.run_battery(outcome)
+        assert bool(outcome.failures) == failed, outcome.failures
+        assert not failed or outcome.failures[0].startswith(f"battery: gpu-check: NOT") and f"exited {code}" in outcome.failures[0]
+
+
+def test_a_refused_compare_is_not_reported_with_an_earlier_compares_error(tmp_path, monkeypatch):
+    from harness.tools import gpu_bench
+
+    old = tmp_path / "compares" / "earlier"
+    old.mkdir(parents=True)
+    (old / "compare.json").write_text('{"ratio": null, "error": "the earlier one"}')
+    monkeypatch.setattr(gpu_bench, "_cli", lambda argv: (2, ""))
+    outcome = Outcome(folder=str(tmp_path), plan={})
+    gpu_bench.run_compare(outcome, Plan(device="cpu", gpus=1), "small defaults", "small", 8, [])
+    assert outcome.failures == ["small defaults: compare exited 2 (no ratio)"]
+
+
+def test_a_trace_that_cannot_be_read_is_named_not_called_missing(tmp_path, monkeypatch):
+    from harness.report import profile_trace
+    from harness.tools import gpu_bench
+
+    monkeypatch.setattr(gpu_bench, "_cli", lambda argv: (0, ""))
+    monkeypatch.setattr(profile_trace, "read_run", lambda d: profile_trace.RunProfiles(
+        profiles={}, problems={0: "trace.json: no stage ranges"}))
+    outcome = Outcome(folder=str(tmp_path), plan={})
+    gpu_bench.run_profiled(outcome, Plan(device="cpu", gpus=1))
+    assert outcome.profiled == "rank 0: trace.json: no stage ranges"

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.names import OPTIMIZATION_FLAGS
-from harness.report.startup import startup_line
+from harness.tools.gpu_bench_table import summary
 
 
 @dataclass
@@ -119,9 +119,11 @@ def run_battery(outcome: Outcome) -> None:
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        results, _ = battery([])
+        results, code = battery([])
     lines = [result_line(r) for r in results]
-    outcome.battery_verdict, _ = verdict(results)
+    outcome.battery_verdict, status = verdict(results)
+    if status or code not in (0, 1, 5):  # pytest: 1 tests failed, 5 none collected; else it could not run them
+        outcome.failures.append(f"battery: {outcome.battery_verdict} (pytest exited {code})")
     outcome.checks = [asdict(r) for r in results]
     Path(outcome.folder, "battery.txt").write_text("\n".join([*lines, outcome.battery_verdict, "", out.getvalue()]))
     print("\n".join(lines + [outcome.battery_verdict]), flush=True)
@@ -132,8 +134,9 @@ def run_compare(outcome: Outcome, plan: Plan, step: str, preset: str, batch_per_
     folder = Path(outcome.folder)
     argv = ["compare", *plan.common(preset, batch_per_gpu), "--repeats", str(plan.repeats), *extra,
             "--runs-root", str(folder), "--reports-root", str(folder / "reports")]
+    before = set((folder / "compares").glob("*/compare.json"))
     code, _ = _cli(argv)
-    found = sorted((folder / "compares").glob("*/compare.json"), key=lambda p: p.stat().st_mtime)
+    found = sorted(set((folder / "compares").glob("*/compare.json")) - before)  # this compare's, if it made one
     data = json.loads(found[-1].read_text()) if found else {}
     if code != 0 or data.get("ratio") is None:
         outcome.failures.append(f"{step}: compare exited {code} ({data.get('error') or 'no ratio'})")
@@ -195,6 +198,7 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
             period = report.iteration_summary(report.load_run(folder / run_id))["period_ms_mean"]
             periods[name].append(period)
             print(f"  {name:26s} r{k}: period {period:.3f} ms", flush=True)
+            outcome.save()  # the archive holds each run as it ends: a call cut off mid-step keeps them
     base = [report.load_run(folder / r) for r in runs["defaults"]]
     for name in list(configs)[1:]:
         if not runs[name] or not base:
@@ -218,7 +222,8 @@ def run_profiled(outcome: Outcome, plan: Plan) -> None:
     if code != 0:
         outcome.failures.append(f"profiled run exited {code} ({folder / run_id})")
         return
-    found = read_run(folder / run_id).findings()
+    profiles = read_run(folder / run_id)
+    found = profiles.findings() or [f"rank {r}: {why}" for r, why in profiles.problems.items()]
     outcome.profiled = found[0] if found else "no trace was written"
     print(f"profiled: {outcome.profiled}", flush=True)
 
@@ -291,81 +296,6 @@ def _inactive(run_dir: Path, flag: str) -> str | None:
     """Why the flag did not take effect in that run (its manifest), or None."""
     flags = json.loads((run_dir / "manifest.json").read_text())["optimizations"]
     return flags["inactive_reasons"].get(flag)
-
-
-def target_rows(outcome: Outcome) -> list[tuple[str, str, str]]:
-    """Issue 45's targets, each against what this gpu-bench measured: met, NOT MET, or absent where
-    its step did not run. Ratios are the interleaved ones (each flag, `--opts all` and the rows
-    against the same defaults runs); the period target is absolute, as the issue states it."""
-    small = outcome.plan.get("small", "small")
-    rows: list[tuple[str, str, str]] = []
-
-    def verdict(ok: bool) -> str:
-        return "met" if ok else "NOT MET"
-
-    periods = {f"{step} (harness)": c["period_ms"] for step, c in outcome.compares.items()
-               if step in (f"{small} defaults", f"{small} --opts all")}
-    periods.update({name: f["period_ms"] for name, f in outcome.flags.items() if "period_ms" in f})
-    if periods:
-        best = min(periods, key=periods.get)
-        rows.append(("target: period <= 6 ms", f"{verdict(periods[best] <= 6.0)}: fastest {best} {periods[best]:.2f} ms",
-                     f"{small} at the bench's batch a GPU"))
-    base = outcome.compares.get(f"{small} defaults")
-    if base:
-        rows.append(("target: harness/torchrec <= 0.85", f"{verdict(base['ratio'] <= 0.85)}: {base['ratio']:.3f}",
-                     f"{small} defaults"))
-        idle = base.get("share_of_period", {}).get("between_iterations", float("nan"))
-        rows.append(("target: GPU idle between <= 2%", f"{verdict(idle <= 0.02)}: {idle:.1%}", f"{small} defaults"))
-    tiny = outcome.compares.get("tiny")
-    if tiny:
-        exposed = tiny.get("share_of_period", {}).get("input_dist", float("nan"))
-        rows.append(("target: tiny input_dist <= 10%", f"{verdict(exposed <= 0.10)}: {exposed:.1%}", "tiny defaults"))
-    alone = {n: f["ratio"] for n, f in outcome.flags.items() if n.startswith("+") and not f.get("inactive")}
-    if alone:
-        over = [f"{n} {r:.3f}" for n, r in alone.items() if r > 1.0]
-        rows.append(("target: each flag <= 1.00x", f"{verdict(not over)}" + (f": {', '.join(over)}" if over else ""),
-                     "flags that take effect here"))
-    every = outcome.flags.get("opts_all")
-    if every and alone:
-        best = min(alone, key=alone.get)
-        rows.append(("target: --opts all <= best flag", f"{verdict(every['ratio'] <= alone[best])}: "
-                     f"{every['ratio']:.3f} against {best} {alone[best]:.3f}", "each over the same defaults"))
-    return rows
-
-
-def summary(outcome: Outcome) -> str:
-    """The one table gpu-bench prints last (and writes to summary.md)."""
-    rows = [("battery", outcome.battery_verdict or "not run", "")]
-    for step, c in outcome.compares.items():
-        lo, hi = c["ratio_ci"]
-        rows.append((f"{step}: harness/torchrec", f"{c['ratio']:.3f} (95% CI {lo:.3f}-{hi:.3f})",
-                     f"harness period {c['period_ms']:.2f} ms"))
-    for name, f in outcome.flags.items():
-        if f.get("skipped"):
-            rows.append((f"{name} / defaults", "not run", f"inactive: {f['inactive']}"))
-            continue
-        lo, hi = f["ratio_ci"]
-        note = f"period {f['period_ms']:.2f} ms" if "period_ms" in f else ""
-        note += f"; inactive: {f['inactive']}" if f["inactive"] else ""
-        rows.append((f"{name} / defaults", f"{f['ratio']:.3f} (95% CI {lo:.3f}-{hi:.3f})", note))
-    for step, c in outcome.compares.items():
-        stages = ", ".join(f"{k} {v:.2f}" for k, v in c["stage_ms"].items() if v == v)
-        rows.append((f"{step}: stages (ms)", stages, ""))
-        shares = c.get("share_of_period", {})
-        if shares:
-            rows.append((f"{step}: share of the period", f"GPU idle between iterations "
-                         f"{shares['between_iterations']:.1%}, input_dist exposed {shares['input_dist']:.1%}", ""))
-    rows.append(("start-up a run (s)", startup_line([m.parent for m in Path(outcome.folder).glob("*/manifest.json")]),
-                 "outside the iterations: harness/run/startup.py"))
-    if outcome.profiled:
-        rows.append(("host against device", outcome.profiled, ""))
-    if outcome.projection:
-        errs = ", ".join(f"{k} {v['error']:+.0%}" for k, v in outcome.projection.items())
-        rows.append(("projected/measured period", errs, "calibrated on the defaults at two batch sizes"))
-    rows += target_rows(outcome)
-    rows += [("FAILED", f, "") for f in outcome.failures]
-    width = max(len(r[0]) for r in rows)
-    return "\n".join(f"{a:{width}s}  {b}" + (f"  ({c})" if c else "") for a, b, c in rows)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
