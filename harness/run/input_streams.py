@@ -11,7 +11,7 @@ input dist only where it needs the ids: `hand_over`, before the lookup.
 A batch's copy to the device goes to a third stream (TorchRec's memcpy stream), which input
 dist's stream waits for before it reads the batch (`wait_loaded`). On input dist's stream, the
 next batch's copy, queued before this iteration's hand-over, would hold the compute stream's
-lookup until it landed (about 14 MB on small at 8192 a GPU; found by reading, 2026-11-27).
+lookup until it landed (about 16 MB on small at 8192 a GPU; found by reading, 2026-11-27).
 
 A tensor made on the input stream and then used on the compute stream needs `record_stream`:
 the caching allocator otherwise hands its block back to the input stream when Python drops it,
