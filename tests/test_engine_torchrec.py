@@ -99,6 +99,7 @@ def _dense_optimizer_params(rank: int, world: int, device: torch.device, cfg, pl
 
     _, opt, _ = build(cfg, device=device, plan=plan, timeline=Timeline(cuda=False, stages=False))
     params = [p for g in opt.param_groups for p in g["params"]]
+    asked = opt.opt.defaults["foreach"]  # on a CPU: torch's default (None), as the manifest says
     torch.manual_seed(rank)
     grads = [torch.randn_like(p) for p in params]
     stepped = {}
@@ -108,7 +109,7 @@ def _dense_optimizer_params(rank: int, world: int, device: torch.device, cfg, pl
             c.grad = g.clone()
         torch.optim.Adagrad(copies, lr=0.05, eps=1e-2, foreach=foreach).step()
         stepped[foreach] = [c.detach() for c in copies]
-    return {"types": sorted({type(p).__name__ for p in params}), "plain": all(type(p) in (torch.Tensor,
+    return {"asked": asked, "types": sorted({type(p).__name__ for p in params}), "plain": all(type(p) in (torch.Tensor,
             torch.nn.Parameter) for p in params), "same": all(torch.equal(a, b) for a, b in zip(stepped[True], stepped[False]))}
 
 
@@ -123,5 +124,5 @@ def test_torchrec_dense_adagrad_asks_for_foreach_which_torch_would_not_pick(tmp_
     plan, _ = make_plan(cfg, ranks_per_host=1)
     (out,) = spawn_ranks(_dense_optimizer_params, 1, tmp_path, cfg, list(plan))
     assert not out["plain"] and "TableBatchedEmbeddingSlice" in out["types"], out["types"]
-    assert out["same"]
-    assert dense_adagrad("cuda", engine="torchrec").impl == "foreach"
+    assert out["same"] and out["asked"] is None and dense_adagrad("cpu", engine="torchrec").impl == "default"
+    assert dense_adagrad("cuda", engine="torchrec").impl == "foreach"  # what the engine builds from on CUDA

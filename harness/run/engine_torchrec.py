@@ -22,6 +22,7 @@ from torch import nn
 from harness.config import BenchConfig, ModelConfig
 from harness.data.source import BatchSource
 from harness.names import ENGINE_TIMED_STAGES
+from harness.run.optimizations import dense_adagrad
 from harness.run.timeline import Timeline
 from harness.run.rank import RankEnv, RankParts, build_dense, records_flusher
 from harness.run.step import StepOutput
@@ -291,9 +292,10 @@ def build(cfg: BenchConfig, *, device: torch.device, plan: list[TablePlan], time
                   for n in sharded if n.endswith(f"embedding_bags.{table_name(t)}.weight")]
     if len(replicated) != sum(tp.kind == ShardingType.DATA_PARALLEL for tp in plan):
         raise RuntimeError(f"found {len(replicated)} data-parallel table parameters in TorchRec's model")
-    # foreach asked for on CUDA (run/optimizations.dense_adagrad says why); torch's default on CPU.
+    # The manifest's choice (run/optimizations.dense_adagrad: foreach on CUDA, and why), else torch's default.
+    foreach = dense_adagrad(device.type, engine="torchrec").impl == "foreach"
     opt = torch.optim.Adagrad(dense_params + replicated, lr=cfg.optimizer.learning_rate, eps=cfg.optimizer.eps,
-                              foreach=True if device.type == "cuda" else None)
+                              foreach=foreach or None)
     return dmp, TimedOptimizer(opt, timeline), {v: k for k, v in names.items()}
 
 

@@ -64,7 +64,7 @@ class InputStreams(Protocol):
 
 
 class SameStream:
-    """No stream of its own (CPU: ops run when called): both calls cost a Python call, no more."""
+    """No stream of its own (CPU: ops run when called): each call costs a Python call, no more."""
 
     _NOTHING = contextlib.nullcontext()  # reusable: entering it does nothing
 
