@@ -138,6 +138,9 @@ def add_bench_arguments(bench: argparse.ArgumentParser, preset: str = "small") -
                        help="multi-host rendezvous [default: MASTER_ADDR:MASTER_PORT when set]")
     bench.add_argument("--node-rank", type=int, default=None, metavar="K",
                        help="this host's node, 0..nodes-1 [default: NODE_RANK]")
+    bench.add_argument("--in-process", action="store_true",
+                       help="one rank only: run it in this process, start none (each run saves the "
+                            "interpreter's, torch's and CUDA's start; make gpu-bench on one GPU)")
     add_config_options(bench, preset=preset)
 
 
@@ -183,13 +186,15 @@ class Invocation:
     """HOST:PORT of a multi-host rendezvous; None: MASTER_ADDR:MASTER_PORT when set."""
     node_rank: int | None
     """This host's node in a multi-host launch; None: NODE_RANK."""
+    in_process: bool = False
+    """--in-process: the one rank runs in this process (harness/launch/launcher.py)."""
     plan_detail: str | None = None
     """--plan-detail: '-' prints the dry run's per-rank table, a path writes it there; None: neither."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Invocation":
         return cls(runs_root=args.runs_root, run_id=args.run_id, dry_run=args.dry_run,
-                   rdzv_endpoint=args.rdzv_endpoint, node_rank=args.node_rank,
+                   rdzv_endpoint=args.rdzv_endpoint, node_rank=args.node_rank, in_process=args.in_process,
                    plan_detail=args.plan_detail)
 
 
@@ -198,10 +203,11 @@ def bench(cfg: BenchConfig, how: Invocation) -> int:
     try:
         if how.run_id is not None:
             records.check_run_id(how.run_id)
-        launch = choose_launch(cfg, environ=os.environ, rdzv_endpoint=how.rdzv_endpoint, node_rank=how.node_rank)
+        launch = choose_launch(cfg, environ=os.environ, rdzv_endpoint=how.rdzv_endpoint, node_rank=how.node_rank,
+                               in_process=how.in_process)
         if launch.mode == "torchrun" and not how.run_id:
             raise ValueError("a multi-host launch needs the same --run-id (make: RUN_ID=...) on every host")
-        ranks_per_host = cfg.run.world_size if launch.mode == "local-simulation" else cfg.run.gpus_per_node
+        ranks_per_host = cfg.run.world_size if launch.mode in ("local-simulation", "in-process") else cfg.run.gpus_per_node
         plan, estimate, flags = plan_and_flags(cfg, ranks_per_host=ranks_per_host, dry_run=how.dry_run)
         if uses_cuda(cfg.run.device) and not how.dry_run:  # a dry run may plan a cluster from a smaller host
             check_gpus_per_host(ranks_per_host=ranks_per_host, device_count=cuda_device_count())

@@ -66,3 +66,16 @@ def test_gpu_bench_prints_the_mean_start_up_of_its_runs(tmp_path):
     assert f"imports {(recorded[0]['imports'] + recorded[1]['imports']) / 2:.1f}," in row[0]
     wall = float(row[0].split("the manifest's start to end ")[1].split()[0])
     assert wall >= min(sum(r.values()) for r in recorded) - 0.1  # the launcher's part comes on top
+
+
+def test_the_start_up_row_keeps_in_process_runs_apart_from_spawned_ones(tmp_path):
+    """An in-process run pays no imports: averaged with spawned runs it would hide what a spawned
+    run costs, so the row gives each launcher its own part."""
+    for run_id, extra in (("a", []), ("b", ["--in-process"]), ("c", ["--in-process"])):
+        assert main(["bench", "--preset", "tiny", "--gpus-per-node", "1", "--iters", "2", "--warmup", "0", *extra,
+                     "--runs-root", str(tmp_path), "--run-id", run_id]) == 0
+    spawned = read_manifest(tmp_path / "a").ranks[0].startup_s["imports"]
+    line = startup_line([tmp_path / r for r in ("a", "b", "c")])
+    here, there = line.split("; local-simulation: ")
+    assert here.startswith("in-process: imports 0.0,") and "(rank 0, mean of 2 runs)" in here, line
+    assert there.startswith(f"imports {spawned:.1f},") and "(rank 0, mean of 1 runs)" in there, line

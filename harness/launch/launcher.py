@@ -7,7 +7,10 @@ Three ways, picked by what the environment says:
 - with a rendezvous endpoint (--rdzv-endpoint, or MASTER_ADDR) and a node rank (--node-rank,
   or NODE_RANK): torchrun for this node (static rendezvous); the same command runs on each host;
 - otherwise a local simulation: nodes x ranks processes on this machine over loopback, under
-  torch.distributed's elastic agent started in-process (what torchrun runs).
+  torch.distributed's elastic agent started in-process (what torchrun runs);
+- asked for (--in-process) and with one rank: that rank in the launcher's own process, no process
+  started (gpu-bench's runs on one GPU: each spawned rank paid the interpreter's, torch's and
+  CUDA's start again, 10 s and more of a run on the first H100 host).
 
 Every way ends in the same rank entry point, `python -m harness worker` / harness.run.worker.run_rank.
 """
@@ -41,7 +44,7 @@ class LaunchFailed(RuntimeError):
 @dataclass(frozen=True)
 class Launch:
     mode: str
-    """local-simulation, slurm or torchrun."""
+    """local-simulation, slurm, torchrun or in-process."""
     nodes: int
     nproc_per_node: int
     endpoint: str
@@ -120,13 +123,17 @@ def check_slurm_step(environ: Mapping[str, str]) -> None:
 
 
 def choose_launch(
-    cfg: BenchConfig, *, environ: Mapping[str, str], rdzv_endpoint: str | None, node_rank: int | None
+    cfg: BenchConfig, *, environ: Mapping[str, str], rdzv_endpoint: str | None, node_rank: int | None,
+    in_process: bool = False,
 ) -> Launch:
     """Which launcher; a ValueError (one line) when the environment is inconsistent with the config."""
     nodes, g = cfg.run.nodes, cfg.run.gpus_per_node
     # A rank whose NCCL collective fails or times out tears the job down instead of hanging
     # (gloo ignores it). TORCH_NCCL_AVOID_RECORD_STREAMS is the worker's, set when that flag is on.
     env = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    if in_process:
+        check_in_process(cfg, environ=environ, rdzv_endpoint=rdzv_endpoint, node_rank=node_rank)
+        return Launch("in-process", 1, 1, f"127.0.0.1:{free_port()}", None, env)
     if rdzv_endpoint or "MASTER_ADDR" in environ:
         endpoint = rdzv_endpoint or f"{environ['MASTER_ADDR']}:{environ.get('MASTER_PORT', DEFAULT_PORT)}"
         if node_rank is None and "NODE_RANK" not in environ:
@@ -170,6 +177,8 @@ def node_commands(launch: Launch, run_dir: Path, run_id: str) -> list[str]:
         return [f"node {k} (one srun task): {prefix}{line}" for k in range(launch.nodes)]
     if launch.mode == "torchrun":
         return [f"node {k}: {prefix}{shlex.join(torchrun_argv(launch, run_dir, run_id, k))}" for k in range(launch.nodes)]
+    if launch.mode == "in-process":
+        return [f"node 0: rank 0 in the launcher's own process (--in-process), {prefix}RANK=0 WORLD_SIZE=1"]
     real = Launch("torchrun", launch.nodes, launch.nproc_per_node, f"NODE0_HOST:{DEFAULT_PORT}", None, launch.env)
     return [
         f"node {k} (simulated here by ranks {k * launch.nproc_per_node}..{(k + 1) * launch.nproc_per_node - 1}; "
@@ -179,8 +188,28 @@ def node_commands(launch: Launch, run_dir: Path, run_id: str) -> list[str]:
     ]
 
 
+def check_in_process(cfg: BenchConfig, *, environ: Mapping[str, str], rdzv_endpoint: str | None,
+                     node_rank: int | None) -> None:
+    """--in-process: one rank, on this host, on Linux (the run's memory peak is the process's since
+    the rank began: /proc/self/clear_refs); a ValueError (one line) otherwise."""
+    if cfg.run.world_size != 1:
+        raise ValueError(f"--in-process runs one rank in this process; this run has {cfg.run.world_size} "
+                         f"({cfg.run.nodes} node(s) x {cfg.run.gpus_per_node}): drop --in-process")
+    launched = [what for what, there in (("--rdzv-endpoint", rdzv_endpoint), ("--node-rank", node_rank is not None),
+                                         ("MASTER_ADDR", "MASTER_ADDR" in environ),
+                                         ("SLURM_JOB_ID", "SLURM_JOB_ID" in environ)) if there]
+    if launched:
+        raise ValueError(f"--in-process starts no launcher, but {', '.join(launched)} asks for one: drop one or the other")
+    if not os.path.exists("/proc/self/clear_refs"):
+        raise ValueError("--in-process needs Linux's /proc/self/clear_refs (each run's own memory peak); "
+                         "this host has none: drop --in-process")
+
+
 def run(launch: Launch, run_dir: Path, *, run_id: str) -> None:
     """Start the ranks and wait; raise LaunchFailed naming the failed ranks and their errors."""
+    if launch.mode == "in-process":
+        _run_in_process(launch, run_dir)
+        return
     if launch.mode == "local-simulation":
         _run_local(launch, run_dir, run_id)
         return
@@ -243,6 +272,20 @@ def _run_local(launch: Launch, run_dir: Path, run_id: str) -> None:
             start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=logs),
         )
         _launch_elastic(config, run_dir)
+
+
+def _run_in_process(launch: Launch, run_dir: Path) -> None:
+    """The one rank, here (harness/run/worker.run_in_process puts back what it set process-wide)."""
+    from harness.run.worker import run_in_process
+
+    host, port = launch.endpoint.rsplit(":", 1)
+    env = {**launch.env, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": host, "MASTER_PORT": port}
+    try:
+        run_in_process(str(run_dir), env)
+    except Exception as exc:  # the rank wrote its error file; name it as a spawned rank's would be
+        errors = rank_errors(run_dir)
+        raise LaunchFailed("; ".join(errors) if errors else f"rank 0: {type(exc).__name__}: {exc}") from None
 
 
 def _launch_elastic(config, run_dir: Path) -> None:

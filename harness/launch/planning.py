@@ -246,6 +246,8 @@ def describe_launch(launch: Launch, *, run_dir: str) -> str:
         return wrap(f"launcher: torchrun for this host, node {launch.node_rank} of 0..{n - 1}, {g} rank(s), "
                     f"rendezvous {launch.endpoint} (every host runs the same with its own NODE_RANK); this host "
                     "runs:") + "\n" + _shell(torchrun_argv(launch, Path(run_dir), "RUN_ID", launch.node_rank))
+    if launch.mode == "in-process":
+        return "launcher: none: the one rank runs in this process (--in-process)"
     here = f"launcher: local, {n * g} rank process(es) on this host ({os.cpu_count()} CPU cores)"
     if n == 1:
         return here

@@ -323,7 +323,7 @@ class RunManifest:
     end_time: str | None = None
     """ISO 8601 UTC time the status left running; None while running."""
     launcher: str
-    """How ranks were started: local-simulation, torchrun or slurm."""
+    """How ranks were started: local-simulation, torchrun, slurm or in-process."""
     launcher_host: str
     """Host the launcher ran on."""
     argv: tuple[str, ...]

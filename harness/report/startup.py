@@ -17,10 +17,12 @@ def start_s(phases: dict | None) -> float:
 
 
 def startup_line(run_dirs: list[Path]) -> str:
-    """Each phase's mean seconds over the runs' rank 0 that recorded them, and how many runs."""
+    """Each phase's mean seconds over the runs' rank 0 that recorded them, and how many runs; one
+    part a launcher where they differ (an in-process run pays no imports: harness/launch/launcher.py)."""
     from harness.records.manifest import RunManifest
 
-    recorded, walls = [], []
+    recorded: dict[str, list[dict]] = {}
+    walls: dict[str, list[float]] = {}
     for d in run_dirs:
         try:
             manifest = RunManifest.from_json((Path(d) / "manifest.json").read_text())
@@ -28,12 +30,19 @@ def startup_line(run_dirs: list[Path]) -> str:
             continue
         first = min(manifest.ranks, key=lambda r: r.rank, default=None)
         if first is not None and first.startup_s:
-            recorded.append(first.startup_s)
+            recorded.setdefault(manifest.launcher, []).append(first.startup_s)
             if manifest.end_time:
-                walls.append((dt.datetime.fromisoformat(manifest.end_time)
-                              - dt.datetime.fromisoformat(manifest.start_time)).total_seconds())
+                walls.setdefault(manifest.launcher, []).append(
+                    (dt.datetime.fromisoformat(manifest.end_time)
+                     - dt.datetime.fromisoformat(manifest.start_time)).total_seconds())
     if not recorded:
         return "not recorded"
-    means = {p: sum(r.get(p, 0.0) for r in recorded) / len(recorded) for p in STARTUP_PHASES}
-    wall = f"; the manifest's start to end {sum(walls) / len(walls):.1f}" if walls else ""
-    return ", ".join(f"{p} {s:.1f}" for p, s in means.items()) + f"{wall} (rank 0, mean of {len(recorded)} runs)"
+    parts = []
+    for launcher, runs in sorted(recorded.items()):
+        means = {p: sum(r.get(p, 0.0) for r in runs) / len(runs) for p in STARTUP_PHASES}
+        w = walls.get(launcher, [])
+        wall = f"; the manifest's start to end {sum(w) / len(w):.1f}" if w else ""
+        head = f"{launcher}: " if len(recorded) > 1 else ""
+        parts.append(head + ", ".join(f"{p} {s:.1f}" for p, s in means.items())
+                     + f"{wall} (rank 0, mean of {len(runs)} runs)")
+    return "; ".join(parts)

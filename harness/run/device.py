@@ -61,10 +61,9 @@ def process_group_options(device: torch.device) -> dict[str, object]:
     return {"device_id": device} if device.type == "cuda" else {}
 
 
-def maybe_tf32(on: bool) -> None:
+def set_tf32(on: bool) -> None:
     """precision.tf32 (resolved: only ever on for a CUDA run): fp32 matmuls on TF32 tensor cores,
-    process-wide. Called before the rank's GEMM probe, so the probe measures what the dense step
-    runs, and at the start of training."""
-    if not on:
-        return
-    torch.backends.cuda.matmul.allow_tf32 = True
+    process-wide, or not: set either way, so that a run in a process an earlier one set (the
+    in-process launch, a test) has its own. Called before the rank's GEMM probe, so the probe
+    measures what the dense step runs, and at the start of training."""
+    torch.backends.cuda.matmul.allow_tf32 = on

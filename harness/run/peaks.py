@@ -6,6 +6,7 @@ against what this process, on this core share, could do at best.
 
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import dataclass
 
@@ -67,3 +68,19 @@ def measure_copy_gbps(device: torch.device, mib: int = 64, reps: int = 5) -> flo
     src = torch.empty(mib * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
     return 2 * src.numel() * 4 * reps / _timed(device, lambda: dst.copy_(src), reps) / 1e9
+
+
+def reset_peak_rss() -> None:
+    """Linux: the process's resident-memory peak (VmHWM) back to what it holds now, so that a rank
+    run in a longer-lived process (the in-process launch) reports its own peak, not the process's."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss_gib(*, since_reset: bool) -> float:
+    """The process's resident-memory peak in GiB: since reset_peak_rss (VmHWM) or since it started."""
+    if since_reset:
+        with open("/proc/self/status") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        return kib / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

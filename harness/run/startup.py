@@ -5,7 +5,8 @@ minutes that decides how many runs it can make, and nothing said where they went
 in the order a rank passes them:
 
 - imports: from the process's start (Linux /proc) to the rank's entry: the interpreter, torch,
-  fbgemm-gpu (and CUDA's libraries), the harness, the manifest read;
+  fbgemm-gpu (and CUDA's libraries), the harness, the manifest read; 0 for a rank run in the
+  launcher's own process (the in-process launch), which paid them before;
 - process_group: the process group's start (on CUDA it binds the rank's GPU: the CUDA context);
 - probes: the GEMM and copy rates measured at start (harness/run/peaks.py);
 - build: the batch source, the sharded tables and the dense arch, their optimizers;
@@ -36,8 +37,8 @@ def process_age_s() -> float | None:
 class StartupClock:
     """Made at the rank's entry; `lap(phase)` ends a phase, timed from the previous lap."""
 
-    def __init__(self) -> None:
-        age = process_age_s()
+    def __init__(self, *, in_process: bool = False) -> None:
+        age = 0.0 if in_process else process_age_s()
         self.phases: dict[str, float] = {} if age is None else {"imports": age}
         self._last = time.perf_counter()
 

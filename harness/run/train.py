@@ -13,7 +13,7 @@ from harness.data.ahead import Ahead, maybe_ahead
 from harness.data.source import open_batches
 from harness.records.manifest import ResolvedFlags
 from harness.records.writer import RankRecorder
-from harness.run.device import maybe_tf32
+from harness.run.device import set_tf32
 from harness.run.loop import Loop, TrainResult, open_result_log
 from harness.run.rank import RankEnv, build_rank, resolved_flags
 from model.sharding import TablePlan
@@ -37,7 +37,7 @@ def train(
     built: called once the rank's parts are built, before the first iteration (StartupClock)."""
     env = RankEnv(cfg=cfg, rank=rank, device=device, recorder=recorder, plan=list(plan), group=group)
     flags = flags or resolved_flags(env)
-    maybe_tf32(flags.precision.tf32)
+    set_tf32(flags.precision.tf32)
     data = maybe_ahead(open_batches(cfg), flags.batches_ahead.depth, rank=rank, world=cfg.run.world_size,
                        total=cfg.run.warmup_iters + cfg.run.iters, device=device, workers=flags.batches_ahead.workers)
     try:
