@@ -3,6 +3,8 @@ and the GEMM probe every rank measures, which is the dense step's widest GEMM.""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -107,7 +109,7 @@ def test_the_harness_side_gives_issue_45s_shares_of_the_period():
 def test_the_archive_is_the_folder_and_is_replaced_whole(tmp_path):
     import tarfile
 
-    from harness.tools.gpu_bench import write_archive
+    from harness.tools.gpu_bench_plan import write_archive
 
     folder = tmp_path / "gpu-bench-x"
     (folder / "run").mkdir(parents=True)
@@ -174,14 +176,13 @@ def test_the_projection_check_projects_each_run_from_the_defaults_at_two_batches
 def test_a_failing_battery_fails_the_bench_and_says_which(tmp_path, monkeypatch):
     """A FAIL in the battery, or a pytest that could not run it, is a FAILED row and exit 1, where
     it used to leave only the verdict line; a READY battery adds nothing."""
-    from harness.tools import gpu_bench, gpu_check
+    from harness.tools import gpu_bench
     from harness.tools.gpu_check import CheckResult
 
     for results, code, failed in (([CheckResult("a", "passed"), CheckResult("b", "failed", "boom")], 1, True),
                                   ([], 4, True), ([CheckResult("a", "passed")], 0, False)):
-        monkeypatch.setattr(gpu_check, "run_battery", lambda argv, r=results, c=code: (r, c))
         outcome = Outcome(folder=str(tmp_path), plan={})
-        gpu_bench.run_battery(outcome)
+        gpu_bench.run_battery(outcome, battery=lambda r=results, c=code: (r, c, "pytest's output"))
         assert bool(outcome.failures) == failed, outcome.failures
         assert not failed or outcome.failures[0].startswith(f"battery: gpu-check: NOT") and f"exited {code}" in outcome.failures[0]
 
@@ -208,3 +209,45 @@ def test_a_trace_that_cannot_be_read_is_named_not_called_missing(tmp_path, monke
     outcome = Outcome(folder=str(tmp_path), plan={})
     gpu_bench.run_profiled(outcome, Plan(device="cpu", gpus=1))
     assert outcome.profiled == "rank 0: trace.json: no stage ranges"
+
+
+def test_on_one_gpu_runs_are_in_process_until_one_fails_there(tmp_path, monkeypatch):
+    """gpu-bench on one GPU runs each rank in its own process (bench --in-process); a run that
+    fails so is run again spawned, every later run spawns, and the table says so."""
+    from harness.tools import gpu_bench
+
+    plans = []
+    monkeypatch.setattr(gpu_bench, "run", lambda plan, root, archive=None: plans.append(plan) or 0)
+    assert gpu_bench.main(["--device", "cpu", "--gpus", "1"]) == 0
+    assert gpu_bench.main(["--device", "cpu", "--gpus", "1", "--spawn-each-run"]) == 0
+    assert gpu_bench.main(["--device", "cpu", "--gpus", "2"]) == 0
+    assert [p.in_process for p in plans] == [True, False, False]
+    assert "--in-process" in plans[0].common("small", 8) and "--in-process" not in plans[1].common("small", 8)
+
+    calls = []
+    monkeypatch.setattr(gpu_bench, "_cli", lambda argv: calls.append(argv) or (1 if "--in-process" in argv else 0, ""))
+    plan, outcome = plans[0], Outcome(folder=str(tmp_path), plan={})
+    assert gpu_bench.run_bench(outcome, plan, plan.common("small", 8), "x") == (0, "x-spawned")
+    assert gpu_bench.run_bench(outcome, plan, plan.common("small", 8), "y") == (0, "y")
+    ids = [a[a.index("--run-id") + 1] for a in calls]
+    assert ids == ["x", "x-spawned", "y"] and ["--in-process" in a for a in calls] == [True, False, False]
+    assert not plan.in_process and outcome.launch_notes[0].startswith("x failed in-process (exit 1)")
+    outcome.spawned_check = {"run": "s", "ratio": 1.02, "ratio_ci": [0.97, 1.08]}
+    rows = summary(outcome).splitlines()
+    assert any(r.startswith("launch") and "x failed in-process (exit 1): every later run spawns" in r for r in rows)
+    assert any(r.startswith("spawned / in-process defaults") and "1.020 (95% CI 0.970-1.080)" in r for r in rows)
+
+
+def test_the_battery_runs_in_a_process_of_its_own_that_may_start_ranks(tmp_path):
+    """The battery's checks start rank processes: its process must be allowed children (a
+    multiprocessing pool's daemon worker is not); what it returns comes back, and a death is named."""
+    from harness.cli import main
+    from harness.records.writer import read_manifest
+    from harness.tools.gpu_bench import in_child
+
+    argv = ["bench", "--preset", "tiny", "--gpus-per-node", "2", "--iters", "2", "--warmup", "0",
+            "--runs-root", str(tmp_path), "--run-id", "two"]
+    assert in_child(main, argv) == 0
+    assert {r.pid for r in read_manifest(tmp_path / "two").ranks}.isdisjoint({os.getpid()})
+    with pytest.raises(RuntimeError, match=r"died without an answer \(exit code 3\)"):
+        in_child(os._exit, 3)

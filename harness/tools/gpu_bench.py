@@ -1,7 +1,7 @@
 """`make gpu-bench`: the first thing to run on a new GPU host, one command, a few minutes.
 
 On whatever GPUs the host has (one rank a GPU, one node), in this order:
-1. the battery (`make gpu-check`: every test marked cuda), a verdict a check;
+1. the battery (`make gpu-check`: every test marked cuda, in a process of its own), a verdict a check;
 2. `compare` on `small` at MLPerf's per-GPU batch (8192 a GPU), defaults, then `--opts all`;
 3. each optimization flag alone against the defaults, runs interleaved (defaults, +flag, ... each
    round), the period ratio of each flag with a bootstrap 95% CI (a flag that cannot take effect
@@ -11,13 +11,18 @@ On whatever GPUs the host has (one rank a GPU, one node), in this order:
    buffer (--no-gather-grads), in bf16 autocast casting each weight (--no-bf16-weight-copy), each
    against the defaults, and the dense step all in bf16 (--dense-precision bf16-pure, other
    numbers by design), alone and with --opts all (the fastest configuration; each row's mean
-   period beside its ratio);
-4. one run of the defaults with a --profile window in its warm-up: host against device per stage;
-5. `compare` on `tiny` (the latency-bound regime: launch and input-distribution overheads);
-6. one run of the defaults at a quarter of the batch, then the projection check (issue 46): the
-   projection (harness/projection/) calibrated on the defaults at both batch sizes (the host time
-   a sample needs two), each other run's period projected against what it measured.
-Everything goes into one folder, runs/gpu-bench-<stamp>/ (run folders, compares/, reports/,
+   period beside its ratio); then, where the runs were in-process, one run of the defaults spawned
+   against them;
+4. `compare` on `tiny` (the latency-bound regime: launch and input-distribution overheads);
+5. one run of the defaults at a quarter of the batch;
+6. one run of the defaults with a --profile window in its warm-up: host against device per stage
+   (the last run: in-process, none after it shares the process with the profiler);
+7. the projection check (issue 46): the projection (harness/projection/) calibrated on the
+   defaults at both batch sizes (the host time a sample needs two) and the profiled run's trace,
+   each other run's period projected against what it measured.
+On one GPU each run's rank runs in this process (bench --in-process: no interpreter, torch and CUDA
+start a run; --spawn-each-run to start a process each), and after a run that fails so, every later
+one spawns. Everything goes into one folder, runs/gpu-bench-<stamp>/ (run folders, compares/, reports/,
 battery.txt, gpu-bench.json, summary.md), and one summary table is printed last, with each run's
 start-up by phase. Every figure is the period between iteration starts, never the timed window alone.
 
@@ -31,77 +36,15 @@ import argparse
 import contextlib
 import io
 import json
+import multiprocessing
 import sys
-import tarfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from harness.names import OPTIMIZATION_FLAGS
+from harness.tools.gpu_bench_plan import Outcome, Plan
 from harness.tools.gpu_bench_table import summary
-
-
-@dataclass
-class Plan:
-    """What one gpu-bench runs (the command line's choices, resolved)."""
-
-    device: str
-    gpus: int
-    small: str = "small"
-    """The preset of the compare, flag and --opts all steps."""
-    batch_per_gpu: int = 8192
-    iters: int = 30
-    warmup: int = 5
-    repeats: int = 2
-    battery: bool = True
-    flags: tuple[str, ...] = OPTIMIZATION_FLAGS
-    precision: str = "bf16"
-    """The dense precision of every run (both engines): issue 45's targets are stated at bf16."""
-
-    def common(self, preset: str, batch_per_gpu: int | None) -> list[str]:
-        """bench/compare options every run of a preset shares."""
-        out = ["--preset", preset, "--device", self.device, "--nodes", "1", "--gpus-per-node", str(self.gpus),
-               "--iters", str(self.iters), "--warmup", str(self.warmup), "--dense-precision", self.precision]
-        batch = ["--global-batch", str(batch_per_gpu * self.gpus)] if batch_per_gpu else []
-        return out + batch + (["--hardware", "h100"] if self.device == "cuda" else [])
-
-
-@dataclass
-class Outcome:
-    """What gpu-bench found; written to gpu-bench.json as it goes."""
-
-    folder: str
-    plan: dict
-    checks: list[dict] = field(default_factory=list)
-    battery_verdict: str | None = None
-    compares: dict[str, dict] = field(default_factory=dict)
-    """Step name -> compare.json's ratio, CI, runs and the harness side's period and stages."""
-    flags: dict[str, dict] = field(default_factory=dict)
-    """Flag -> its runs and its period ratio over the defaults' with the CI."""
-    failures: list[str] = field(default_factory=list)
-    seconds: dict[str, float] = field(default_factory=dict)
-    profiled: str | None = None
-    """The profiled run's host-against-device finding (harness/report/profile_trace.py)."""
-    quarter_run: str | None = None
-    """The defaults at a quarter of the batch (a calibration run of the projection check)."""
-    projection: dict[str, dict] = field(default_factory=dict)
-    """Run label -> its measured and projected period and the error (the projection check)."""
-    archive: str | None = None
-    """A .tar.gz of the folder, rewritten after every step (a device lease brings back few files)."""
-
-    def save(self) -> None:
-        Path(self.folder, "gpu-bench.json").write_text(json.dumps(asdict(self), indent=1, default=str) + "\n")
-        if self.archive:
-            write_archive(Path(self.folder), Path(self.archive))
-
-
-def write_archive(folder: Path, archive: Path) -> None:
-    """folder as archive (gzip tar, written aside then renamed: a lease ending mid-write leaves the last one whole)."""
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    part = archive.with_name(archive.name + ".part")
-    with tarfile.open(part, "w:gz") as tar:
-        tar.add(folder, arcname=folder.name)
-    part.replace(archive)
 
 
 def _cli(argv: list[str]) -> tuple[int, str]:
@@ -114,18 +57,76 @@ def _cli(argv: list[str]) -> tuple[int, str]:
     return code, out.getvalue()
 
 
-def run_battery(outcome: Outcome) -> None:
-    from harness.tools.gpu_check import result_line, run_battery as battery, verdict
+def run_bench(outcome: Outcome, plan: Plan, argv: list[str], run_id: str) -> tuple[int, str]:
+    """`bench argv --run-id run_id` into the folder: (exit code, the run id that ran). A run that
+    fails in-process is run again spawned, and every later run spawns (a failed CUDA run can leave
+    this process's device unusable): said on screen and in launch_notes."""
+    folder = str(outcome.folder)
+    code, _ = _cli(["bench", *argv, "--run-id", run_id, "--runs-root", folder])
+    if code == 0 or "--in-process" not in argv:
+        return code, run_id
+    _spawn_from_now(outcome, plan, f"{run_id} failed in-process (exit {code})")
+    again = f"{run_id}-spawned"
+    code, _ = _cli(["bench", *[a for a in argv if a != "--in-process"], "--run-id", again, "--runs-root", folder])
+    outcome.launch_notes.append(f"{again}: spawned, exited {code}")
+    return code, again
+
+
+def _spawn_from_now(outcome: Outcome, plan: Plan, why: str) -> None:
+    plan.in_process = False
+    outcome.launch_notes.append(f"{why}: every later run spawns a process")
+    print(f"gpu-bench: {why}; every later run spawns a process", flush=True)
+
+
+def in_child(fn, *args):
+    """fn(*args) in a spawned process of its own (not a daemon: the battery's checks start rank
+    processes of their own), its value sent back; a RuntimeError if it died without one."""
+    ctx = multiprocessing.get_context("spawn")
+    here, there = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_answer, args=(there, fn, args), name="gpu-bench-child")
+    child.start()
+    there.close()
+    try:
+        return here.recv()
+    except EOFError:
+        child.join()
+        raise RuntimeError(f"its process died without an answer (exit code {child.exitcode})") from None
+    finally:
+        child.join()
+
+
+def _answer(conn, fn, args) -> None:
+    conn.send(fn(*args))
+    conn.close()
+
+
+def battery_in_child() -> tuple[list, int, str]:
+    """The battery (every test marked cuda) in a process of its own: (results, pytest's exit code,
+    its output). Its tests' CUDA state and settings stay out of this process, whose in-process runs
+    would otherwise start on them."""
+    return in_child(_battery)
+
+
+def _battery() -> tuple[list, int, str]:
+    from harness.tools.gpu_check import run_battery as battery
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         results, code = battery([])
+    return results, code, out.getvalue()
+
+
+def run_battery(outcome: Outcome, battery=battery_in_child) -> None:
+    """battery: what runs it (tests give a stand-in)."""
+    from harness.tools.gpu_check import result_line, verdict
+
+    results, code, output = battery()
     lines = [result_line(r) for r in results]
     outcome.battery_verdict, status = verdict(results)
     if status or code not in (0, 1, 5):  # pytest: 1 tests failed, 5 none collected; else it could not run them
         outcome.failures.append(f"battery: {outcome.battery_verdict} (pytest exited {code})")
     outcome.checks = [asdict(r) for r in results]
-    Path(outcome.folder, "battery.txt").write_text("\n".join([*lines, outcome.battery_verdict, "", out.getvalue()]))
+    Path(outcome.folder, "battery.txt").write_text("\n".join([*lines, outcome.battery_verdict, "", output]))
     print("\n".join(lines + [outcome.battery_verdict]), flush=True)
 
 
@@ -138,6 +139,8 @@ def run_compare(outcome: Outcome, plan: Plan, step: str, preset: str, batch_per_
     code, _ = _cli(argv)
     found = sorted(set((folder / "compares").glob("*/compare.json")) - before)  # this compare's, if it made one
     data = json.loads(found[-1].read_text()) if found else {}
+    if code != 0 and "--in-process" in argv:  # not run again: a compare is several runs
+        _spawn_from_now(outcome, plan, f"{step}: compare failed in-process (exit {code})")
     if code != 0 or data.get("ratio") is None:
         outcome.failures.append(f"{step}: compare exited {code} ({data.get('error') or 'no ratio'})")
         return
@@ -188,9 +191,8 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
     periods: dict[str, list[float]] = {name: [] for name in configs}
     for k in range(plan.repeats):
         for name, extra in configs.items():
-            run_id = f"{folder.name}-{name.strip('+')}-r{k}"
-            code, _ = _cli(["bench", *plan.common(plan.small, plan.batch_per_gpu), *extra, "--run-id", run_id,
-                            "--runs-root", str(folder)])
+            code, run_id = run_bench(outcome, plan, [*plan.common(plan.small, plan.batch_per_gpu), *extra],
+                                     f"{folder.name}-{name.strip('+')}-r{k}")
             if code != 0:
                 outcome.failures.append(f"flags: {name} run {k} exited {code} ({folder / run_id})")
                 continue
@@ -199,6 +201,7 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
             periods[name].append(period)
             print(f"  {name:26s} r{k}: period {period:.3f} ms", flush=True)
             outcome.save()  # the archive holds each run as it ends: a call cut off mid-step keeps them
+    outcome.defaults_runs = runs["defaults"]
     base = [report.load_run(folder / r) for r in runs["defaults"]]
     for name in list(configs)[1:]:
         if not runs[name] or not base:
@@ -209,16 +212,38 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
                                "inactive": _inactive(folder / runs[name][0], name.strip("+"))}
 
 
+def run_spawned_check(outcome: Outcome, plan: Plan) -> None:
+    """One run of the defaults in a process of its own, against the flag rounds' in-process ones:
+    what a spawned run costs beside its iterations (the start-up row) and whether both ways measure
+    the same period (the ratio's CI should hold 1)."""
+    from harness.report import api as report
+    from harness.report.compare import compare_runs
+
+    if not plan.in_process or not outcome.defaults_runs:
+        return
+    folder = Path(outcome.folder)
+    argv = [a for a in plan.common(plan.small, plan.batch_per_gpu) if a != "--in-process"]
+    code, run_id = run_bench(outcome, plan, argv, f"{folder.name}-defaults-spawned")
+    if code != 0:
+        outcome.failures.append(f"spawned check: exited {code} ({folder / run_id})")
+        return
+    cmp = compare_runs({"in-process": [report.load_run(folder / r) for r in outcome.defaults_runs],
+                        "spawned": [report.load_run(folder / run_id)]})
+    outcome.spawned_check = {"run": run_id, "ratio": cmp.ratio, "ratio_ci": list(cmp.ratio_ci)}
+    print(f"spawned / in-process defaults: period {cmp.ratio:.3f} (95% CI {cmp.ratio_ci[0]:.3f}-{cmp.ratio_ci[1]:.3f})",
+          flush=True)
+
+
 def run_profiled(outcome: Outcome, plan: Plan) -> None:
     """One run of the defaults with a --profile window in its warm-up: its trace says, per stage,
     launch-bound, kernel-bound or waiting for the host (measured, not guessed)."""
     from harness.report.profile_trace import read_run
 
     folder = Path(outcome.folder)
-    run_id = f"{folder.name}-profiled"
     common = plan.common(plan.small, plan.batch_per_gpu)
     common[common.index("--warmup") + 1] = str(max(plan.warmup, 8))
-    code, _ = _cli(["bench", *common, "--profile", "5:7", "--run-id", run_id, "--runs-root", str(folder)])
+    code, run_id = run_bench(outcome, plan, [*common, "--profile", "5:7"], f"{folder.name}-profiled")
+    outcome.profiled_run = run_id
     if code != 0:
         outcome.failures.append(f"profiled run exited {code} ({folder / run_id})")
         return
@@ -232,9 +257,8 @@ def run_quarter(outcome: Outcome, plan: Plan) -> None:
     """The defaults at a quarter of the batch: with the full batch's run, the projection's
     calibration tells host time that grows with the batch from host time that does not."""
     folder = Path(outcome.folder)
-    run_id = f"{folder.name}-quarter"
-    code, _ = _cli(["bench", *plan.common(plan.small, max(1, plan.batch_per_gpu // 4)), "--run-id", run_id,
-                    "--runs-root", str(folder)])
+    code, run_id = run_bench(outcome, plan, plan.common(plan.small, max(1, plan.batch_per_gpu // 4)),
+                             f"{folder.name}-quarter")
     if code != 0:
         outcome.failures.append(f"quarter-batch run exited {code} ({folder / run_id})")
         return
@@ -271,7 +295,7 @@ def run_projection_check(outcome: Outcome, plan: Plan) -> None:
     if not defaults or not outcome.quarter_run:
         outcome.failures.append("projection check: needs the defaults compare and the quarter-batch run")
         return
-    profiled = [p for p in [folder / f"{folder.name}-profiled"] if (p / "manifest.json").is_file()]
+    profiled = [p for p in [folder / (outcome.profiled_run or "-")] if (p / "manifest.json").is_file()]
     profile, cal, runs = calibrate([folder / defaults[0], folder / outcome.quarter_run, *profiled])
     if not profile.async_device and plan.gpus > 1:  # a CPU rehearsal: this host's gloo and threads
         from harness.tools.project import probe_host
@@ -310,6 +334,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--flags", default=",".join(OPTIMIZATION_FLAGS), help="the flags run alone (comma-separated)")
     p.add_argument("--no-battery", action="store_true")
+    p.add_argument("--spawn-each-run", action="store_true",
+                   help="start a process for each run's rank even on one GPU (default there: in this process)")
     p.add_argument("--dense-precision", choices=("fp32", "bf16"), default="bf16",
                    help="every run's dense precision, both engines (default bf16, issue 45's targets)")
     p.add_argument("--archive", type=Path, default=None,
@@ -338,7 +364,8 @@ def main(argv: list[str] | None = None, *, cuda_available: bool | None = None) -
     gpus = args.gpus or (torch.cuda.device_count() if args.device == "cuda" else 2)
     plan = Plan(device=args.device, gpus=gpus, small=args.preset_small, batch_per_gpu=args.batch_per_gpu,
                 iters=args.iters, warmup=args.warmup, repeats=args.repeats, battery=not args.no_battery,
-                flags=tuple(args.flags.split(",")), precision=args.dense_precision)
+                flags=tuple(args.flags.split(",")), precision=args.dense_precision,
+                in_process=gpus == 1 and not args.spawn_each_run)
     return run(plan, args.runs_root, archive=args.archive)
 
 
@@ -353,9 +380,11 @@ def run(plan: Plan, runs_root: Path, *, archive: Path | None = None) -> int:
         (f"{plan.small} --opts all", lambda: run_compare(outcome, plan, f"{plan.small} --opts all", plan.small,
                                                         plan.batch_per_gpu, ["--opts", "all"])),
         ("each flag alone", lambda: run_flags(outcome, plan)),
-        ("profiled run", lambda: run_profiled(outcome, plan)),
+        ("a spawned run", lambda: run_spawned_check(outcome, plan)),
         ("tiny (latency-bound)", lambda: run_compare(outcome, plan, "tiny", "tiny", None, [])),
         ("quarter-batch run", lambda: run_quarter(outcome, plan)),
+        # Last of the runs: in-process, no run after it shares the process with the profiler's CUPTI.
+        ("profiled run", lambda: run_profiled(outcome, plan)),
         ("projection check", lambda: run_projection_check(outcome, plan)),
     ]
     print(f"gpu-bench: {plan.gpus} {plan.device} rank(s), {len(steps)} steps -> {folder}", flush=True)

@@ -72,6 +72,12 @@ def summary(outcome) -> str:
                          f"{shares['between_iterations']:.1%}, input_dist exposed {shares['input_dist']:.1%}", ""))
     rows.append(("start-up a run (s)", startup_line([m.parent for m in Path(outcome.folder).glob("*/manifest.json")]),
                  "outside the iterations: harness/run/startup.py"))
+    check = outcome.spawned_check
+    if check:
+        lo, hi = check["ratio_ci"]
+        rows.append(("spawned / in-process defaults", f"{check['ratio']:.3f} (95% CI {lo:.3f}-{hi:.3f})",
+                     "the same config's period, one run spawned against the flag rounds' in-process ones"))
+    rows += [("launch", note, "") for note in outcome.launch_notes]
     if outcome.profiled:
         rows.append(("host against device", outcome.profiled, ""))
     if outcome.projection:

@@ -1,0 +1,88 @@
+"""What `make gpu-bench` runs (Plan) and what it found (Outcome), written as it goes
+(harness/tools/gpu_bench.py runs the steps)."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from harness.names import OPTIMIZATION_FLAGS
+
+
+@dataclass
+class Plan:
+    """What one gpu-bench runs (the command line's choices, resolved)."""
+
+    device: str
+    gpus: int
+    small: str = "small"
+    """The preset of the compare, flag and --opts all steps."""
+    batch_per_gpu: int = 8192
+    iters: int = 30
+    warmup: int = 5
+    repeats: int = 2
+    battery: bool = True
+    flags: tuple[str, ...] = OPTIMIZATION_FLAGS
+    precision: str = "bf16"
+    """The dense precision of every run (both engines): issue 45's targets are stated at bf16."""
+    in_process: bool = False
+    """Each run's one rank in this process (bench --in-process; one GPU only), not a process of its
+    own: on the first H100 host a spawned run spent 10 s and more outside its iterations. After a
+    run that fails in-process, the rest spawn (run_bench); one defaults run spawns whatever
+    (run_spawned_check), so the table shows what each way costs and that they measure alike."""
+
+    def common(self, preset: str, batch_per_gpu: int | None) -> list[str]:
+        """bench/compare options every run of a preset shares."""
+        out = ["--preset", preset, "--device", self.device, "--nodes", "1", "--gpus-per-node", str(self.gpus),
+               "--iters", str(self.iters), "--warmup", str(self.warmup), "--dense-precision", self.precision]
+        batch = ["--global-batch", str(batch_per_gpu * self.gpus)] if batch_per_gpu else []
+        return (out + batch + (["--hardware", "h100"] if self.device == "cuda" else [])
+                + (["--in-process"] if self.in_process else []))
+
+
+@dataclass
+class Outcome:
+    """What gpu-bench found; written to gpu-bench.json as it goes."""
+
+    folder: str
+    plan: dict
+    checks: list[dict] = field(default_factory=list)
+    battery_verdict: str | None = None
+    compares: dict[str, dict] = field(default_factory=dict)
+    """Step name -> compare.json's ratio, CI, runs and the harness side's period and stages."""
+    flags: dict[str, dict] = field(default_factory=dict)
+    """Flag -> its runs and its period ratio over the defaults' with the CI."""
+    defaults_runs: list[str] = field(default_factory=list)
+    """The flag rounds' runs of the defaults (each flag's ratio is over these)."""
+    failures: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    profiled: str | None = None
+    """The profiled run's host-against-device finding (harness/report/profile_trace.py)."""
+    profiled_run: str | None = None
+    """The profiled run's id (run_bench names a run it ran again spawned otherwise)."""
+    quarter_run: str | None = None
+    """The defaults at a quarter of the batch (a calibration run of the projection check)."""
+    projection: dict[str, dict] = field(default_factory=dict)
+    """Run label -> its measured and projected period and the error (the projection check)."""
+    archive: str | None = None
+    """A .tar.gz of the folder, rewritten after every step (a device lease brings back few files)."""
+    launch_notes: list[str] = field(default_factory=list)
+    """What became of the in-process runs: a failure that made the rest spawn (Plan.in_process)."""
+    spawned_check: dict | None = None
+    """A spawned run of the defaults against the in-process ones: period ratio and CI (run_spawned_check)."""
+
+    def save(self) -> None:
+        Path(self.folder, "gpu-bench.json").write_text(json.dumps(asdict(self), indent=1, default=str) + "\n")
+        if self.archive:
+            write_archive(Path(self.folder), Path(self.archive))
+
+
+def write_archive(folder: Path, archive: Path) -> None:
+    """folder as archive (gzip tar, written aside then renamed: a lease ending mid-write leaves the last one whole)."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    part = archive.with_name(archive.name + ".part")
+    with tarfile.open(part, "w:gz") as tar:
+        tar.add(folder, arcname=folder.name)
+    part.replace(archive)
