@@ -251,3 +251,44 @@ def test_the_battery_runs_in_a_process_of_its_own_that_may_start_ranks(tmp_path)
     assert {r.pid for r in read_manifest(tmp_path / "two").ranks}.isdisjoint({os.getpid()})
     with pytest.raises(RuntimeError, match=r"died without an answer \(exit code 3\)"):
         in_child(os._exit, 3)
+
+
+def test_a_budget_stops_the_flag_rounds_where_the_steps_after_would_not_fit(tmp_path, monkeypatch, capsys):
+    """Hand figures: rounds of 100 s (10 runs), 300 s gone, 9 runs' worth after: another round
+    would end at 300 + 100 + 90 = 490 s. A bench given 500 s runs it; one given 480 s stops, says
+    so, and its table tells how many rounds ran. Wired: a fake clock of 5 s a run."""
+    from harness.tools import gpu_bench
+    from harness.tools.gpu_bench import round_over_budget, runs_after_flags
+
+    kw = dict(elapsed_s=300.0, round_s=100.0, runs_a_round=10, runs_after=9)
+    assert round_over_budget(budget_s=500, **kw) is None
+    assert round_over_budget(budget_s=480, **kw) == ("another round (100 s) and the 9 runs' worth after it (90 s) "
+                                                     "would end at 490 s, past the 480 s budget")
+    assert runs_after_flags(Plan(device="cuda", gpus=1, repeats=3, in_process=True)) == 11
+    assert runs_after_flags(Plan(device="cuda", gpus=1, repeats=3)) == 8
+
+    now = [0.0]
+    monkeypatch.setattr(gpu_bench.time, "monotonic", lambda: now[0])
+
+    def run_bench(outcome, plan, argv, run_id):  # 5 s a run, every run failing (nothing to load)
+        now[0] += 5.0
+        return 1, run_id
+
+    monkeypatch.setattr(gpu_bench, "run_bench", run_bench)
+    # 4 runs a round (defaults, opts_all, autograd_cross, views_grads; pinned_d2h is CUDA only): 20 s
+    # a round; 10 runs' worth after (tiny's compare 8, quarter, profiled), 50 s; 10 s gone before.
+    # Round 2 would end at 10 + 20 + 20 + 50 = 100 s, round 3 at 120 s.
+    for budget, rounds in ((1000.0, 4), (110.0, 2), (90.0, 1)):
+        plan = Plan(device="cpu", gpus=1, repeats=4, flags=("pinned_d2h",), precision="fp32", budget_s=budget)
+        outcome = Outcome(folder=str(tmp_path), plan={}, seconds={"battery": 10.0})
+        gpu_bench.run_flags(outcome, plan)
+        ran = {int(f.split(" run ")[1].split()[0]) for f in outcome.failures}
+        assert ran == set(range(rounds)), (budget, outcome.failures)
+        assert (outcome.flag_rounds is None) == (rounds == 4)
+        if rounds == 2:
+            assert "would end at 120 s, past the 110 s budget" in outcome.flag_rounds["why"]
+            kept = outcome
+    outcome = kept
+    assert outcome.flag_rounds["ran"] == 2
+    row = [line for line in summary(outcome).splitlines() if line.startswith("flag rounds")]
+    assert len(row) == 1 and "2 of 4" in row[0]

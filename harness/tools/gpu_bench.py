@@ -26,6 +26,10 @@ one spawns. Everything goes into one folder, runs/gpu-bench-<stamp>/ (run folder
 battery.txt, gpu-bench.json, summary.md), and one summary table is printed last, with each run's
 start-up by phase. Every figure is the period between iteration starts, never the timed window alone.
 
+--budget-s N (a device lease's seconds) stops the flag rounds after the first where another
+round and the steps after it would not fit at the pace of the rounds so far; the table says how
+many ran and why.
+
 Without CUDA it says so in one line and exits 0. `--device cpu` runs the same plan on CPU ranks
 (with --preset-small tiny: a rehearsal of the plan, not a measurement of a GPU).
 """
@@ -189,7 +193,16 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
         configs["bf16_pure_all"] = ["--dense-precision", "bf16-pure", "--opts", "all"]
     runs: dict[str, list[str]] = {name: [] for name in configs}
     periods: dict[str, list[float]] = {name: [] for name in configs}
+    start, before = time.monotonic(), sum(outcome.seconds.values())
     for k in range(plan.repeats):
+        took, why = time.monotonic() - start, None
+        if k and plan.budget_s is not None:
+            why = round_over_budget(budget_s=plan.budget_s, elapsed_s=before + took, round_s=took / k,
+                                    runs_a_round=len(configs), runs_after=runs_after_flags(plan))
+        if why:
+            outcome.flag_rounds = {"ran": k, "asked": plan.repeats, "why": why}
+            print(f"  flag rounds: {k} of {plan.repeats}: {why}", flush=True)
+            break
         for name, extra in configs.items():
             code, run_id = run_bench(outcome, plan, [*plan.common(plan.small, plan.batch_per_gpu), *extra],
                                      f"{folder.name}-{name.strip('+')}-r{k}")
@@ -210,6 +223,24 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
         outcome.flags[name] = {"runs": runs[name], "ratio": cmp.ratio, "ratio_ci": list(cmp.ratio_ci),
                                "period_ms": sum(periods[name]) / len(periods[name]),
                                "inactive": _inactive(folder / runs[name][0], name.strip("+"))}
+
+
+def runs_after_flags(plan: Plan) -> int:
+    """Runs of the steps after the flag rounds, in flag-run equivalents: tiny's compare (both
+    engines), the quarter-batch and profiled runs, and the spawned check (start-up and all)."""
+    return 2 * plan.repeats + 2 + (3 if plan.in_process else 0)
+
+
+def round_over_budget(*, budget_s: float, elapsed_s: float, round_s: float, runs_a_round: int,
+                      runs_after: int) -> str | None:
+    """Why another flag round does not fit in budget_s, with the runs after it at the rounds' mean
+    a run; None where it fits."""
+    after = round_s / runs_a_round * runs_after
+    end = elapsed_s + round_s + after
+    if end <= budget_s:
+        return None
+    return (f"another round ({round_s:.0f} s) and the {runs_after} runs' worth after it ({after:.0f} s) would end "
+            f"at {end:.0f} s, past the {budget_s:.0f} s budget")
 
 
 def run_spawned_check(outcome: Outcome, plan: Plan) -> None:
@@ -332,6 +363,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="seconds the whole bench may take: a flag round after the first starts only if it and "
+                        "the steps after it fit, at the rounds' pace so far (default: every round)")
     p.add_argument("--flags", default=",".join(OPTIMIZATION_FLAGS), help="the flags run alone (comma-separated)")
     p.add_argument("--no-battery", action="store_true")
     p.add_argument("--spawn-each-run", action="store_true",
@@ -346,6 +380,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.flags.split(",")) - set(OPTIMIZATION_FLAGS))
     if unknown:
         p.error(f"--flags: {', '.join(unknown)} not among {', '.join(OPTIMIZATION_FLAGS)}")
+    if args.repeats < 1:
+        p.error(f"--repeats must be a positive integer, got {args.repeats}")
+    if args.budget_s is not None and not args.budget_s > 0:
+        p.error(f"--budget-s must be a positive number of seconds, got {args.budget_s}")
     return args
 
 
@@ -365,7 +403,7 @@ def main(argv: list[str] | None = None, *, cuda_available: bool | None = None) -
     plan = Plan(device=args.device, gpus=gpus, small=args.preset_small, batch_per_gpu=args.batch_per_gpu,
                 iters=args.iters, warmup=args.warmup, repeats=args.repeats, battery=not args.no_battery,
                 flags=tuple(args.flags.split(",")), precision=args.dense_precision,
-                in_process=gpus == 1 and not args.spawn_each_run)
+                in_process=gpus == 1 and not args.spawn_each_run, budget_s=args.budget_s)
     return run(plan, args.runs_root, archive=args.archive)
 
 

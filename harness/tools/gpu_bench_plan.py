@@ -33,6 +33,10 @@ class Plan:
     run that fails in-process, the rest spawn (run_bench); one defaults run spawns whatever
     (run_spawned_check), so the table shows what each way costs and that they measure alike."""
 
+    budget_s: float | None = None
+    """Seconds the whole bench may take (a device lease's): the flag rounds after the first stop
+    where another would not leave the steps after them time (gpu_bench.round_over_budget)."""
+
     def common(self, preset: str, batch_per_gpu: int | None) -> list[str]:
         """bench/compare options every run of a preset shares."""
         out = ["--preset", preset, "--device", self.device, "--nodes", "1", "--gpus-per-node", str(self.gpus),
@@ -70,6 +74,8 @@ class Outcome:
     """A .tar.gz of the folder, rewritten after every step (a device lease brings back few files)."""
     launch_notes: list[str] = field(default_factory=list)
     """What became of the in-process runs: a failure that made the rest spawn (Plan.in_process)."""
+    flag_rounds: dict | None = None
+    """Where the flag rounds stopped short of the repeats asked for (Plan.budget_s): ran, asked, why."""
     spawned_check: dict | None = None
     """A spawned run of the defaults against the in-process ones: period ratio and CI (run_spawned_check)."""
 

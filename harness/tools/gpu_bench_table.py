@@ -78,6 +78,9 @@ def summary(outcome) -> str:
         rows.append(("spawned / in-process defaults", f"{check['ratio']:.3f} (95% CI {lo:.3f}-{hi:.3f})",
                      "the same config's period, one run spawned against the flag rounds' in-process ones"))
     rows += [("launch", note, "") for note in outcome.launch_notes]
+    if outcome.flag_rounds:
+        r = outcome.flag_rounds
+        rows.append(("flag rounds", f"{r['ran']} of {r['asked']}", r["why"]))
     if outcome.profiled:
         rows.append(("host against device", outcome.profiled, ""))
     if outcome.projection:
