@@ -207,7 +207,8 @@ def bench(cfg: BenchConfig, how: Invocation) -> int:
                                in_process=how.in_process)
         if launch.mode == "torchrun" and not how.run_id:
             raise ValueError("a multi-host launch needs the same --run-id (make: RUN_ID=...) on every host")
-        ranks_per_host = cfg.run.world_size if launch.mode in ("local-simulation", "in-process") else cfg.run.gpus_per_node
+        on_this_host = launch.mode in ("local-simulation", "in-process")
+        ranks_per_host = cfg.run.world_size if on_this_host else cfg.run.gpus_per_node
         plan, estimate, flags = plan_and_flags(cfg, ranks_per_host=ranks_per_host, dry_run=how.dry_run)
         if uses_cuda(cfg.run.device) and not how.dry_run:  # a dry run may plan a cluster from a smaller host
             check_gpus_per_host(ranks_per_host=ranks_per_host, device_count=cuda_device_count())

@@ -184,7 +184,7 @@ def test_a_failing_battery_fails_the_bench_and_says_which(tmp_path, monkeypatch)
         outcome = Outcome(folder=str(tmp_path), plan={})
         gpu_bench.run_battery(outcome, battery=lambda r=results, c=code: (r, c, "pytest's output"))
         assert bool(outcome.failures) == failed, outcome.failures
-        assert not failed or outcome.failures[0].startswith(f"battery: gpu-check: NOT") and f"exited {code}" in outcome.failures[0]
+        assert not failed or outcome.failures[0].startswith("battery: gpu-check: NOT") and f"exited {code}" in outcome.failures[0]
 
 
 def test_a_refused_compare_is_not_reported_with_an_earlier_compares_error(tmp_path, monkeypatch):

@@ -199,7 +199,8 @@ def check_in_process(cfg: BenchConfig, *, environ: Mapping[str, str], rdzv_endpo
                                          ("MASTER_ADDR", "MASTER_ADDR" in environ),
                                          ("SLURM_JOB_ID", "SLURM_JOB_ID" in environ)) if there]
     if launched:
-        raise ValueError(f"--in-process starts no launcher, but {', '.join(launched)} asks for one: drop one or the other")
+        raise ValueError(f"--in-process starts no launcher, but {', '.join(launched)} asks for one: "
+                         "drop one or the other")
     if not os.path.exists("/proc/self/clear_refs"):
         raise ValueError("--in-process needs Linux's /proc/self/clear_refs (each run's own memory peak); "
                          "this host has none: drop --in-process")

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from harness.run.device import set_tf32, process_group_options, resolve_device
+from harness.run.device import process_group_options, resolve_device, set_tf32
 from harness.records.manifest import RankInfo
 from harness.run.peaks import dense_gemm_probe, measure_copy_gbps, measure_gemm_gflops, peak_rss_gib, reset_peak_rss
 from harness.run.startup import StartupClock
@@ -109,7 +109,7 @@ def _process_state_kept() -> Iterator[None]:
     environ, threads = dict(os.environ), torch.get_num_threads()
     tf32 = torch.backends.cuda.matmul.allow_tf32
     gc.collect()
-    if torch.cuda.is_initialized():  # what the process held before (a battery's tests) leaves the device
+    if torch.cuda.is_initialized():  # what the launcher's process held before leaves the device
         torch.cuda.empty_cache()
     gc.freeze()
     try:
