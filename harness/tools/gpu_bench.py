@@ -93,10 +93,10 @@ def in_child(fn, *args):
     try:
         return here.recv()
     except EOFError:
-        child.join()
-        raise RuntimeError(f"its process died without an answer (exit code {child.exitcode})") from None
+        pass
     finally:
         child.join()
+    raise RuntimeError(f"its process died without an answer (exit code {child.exitcode})")
 
 
 def _answer(conn, fn, args) -> None:
