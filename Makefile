@@ -24,6 +24,7 @@ DAYS          ?=
 SEED          ?=
 DATA          ?=
 TARGET_AUC    ?=
+HARDWARE      ?=
 
 PYTHON        ?= $(shell command -v python3.11 || command -v python3)
 # Valid names come from harness/names.py, which imports neither torch nor anything else outside
@@ -32,6 +33,7 @@ NAMES         = $(shell $(PYTHON) -c "import harness.names as n; print(' '.join(
 VALID_PRESETS  := $(call NAMES,PRESET_NAMES)
 VALID_SHARDING := $(call NAMES,SHARDING_KINDS)
 VALID_ENGINES  := $(call NAMES,ENGINES)
+VALID_HARDWARE := $(call NAMES,HARDWARE_PROFILES)
 VENV          := .venv
 # A working NVIDIA driver picks the CUDA torch/fbgemm pair; anything else the CPU pair.
 HAS_CUDA      := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
@@ -59,7 +61,7 @@ NOT_ONE_OF     = $(if $(filter 1,$(words $(1))),$(filter-out $(2),$(1)),x)
 CHECK_NAME     = $(if $($(1)),$(if $(call NOT_ONE_OF,$($(1)),$(2)),make: $(1)=$($(1)) is not valid; valid values: $(2)))
 CHECK_POSITIVE = $(if $($(1)),$(if $(call IS_POSITIVE,$($(1))),,make: $(1)=$($(1)) is not valid; valid values: a positive integer (1$(comma) 2$(comma) 3$(comma) ...)))
 CHECK_NATURAL  = $(if $($(1)),$(if $(call ONE_NUMBER,$($(1))),,make: $(1)=$($(1)) is not valid; valid values: an integer >= 0))
-KNOB_GOALS    := bench ablation compare precision-perf dataset mlperf data-perf check-bench-knobs
+KNOB_GOALS    := bench ablation compare precision-perf dataset mlperf data-perf project check-bench-knobs
 VENV_FREE     := help clean-venv check-bench-knobs check-dataset-out check-mlperf-data browser redis-server cluster-packages
 GOALS_OF       = $(filter $(1),$(MAKECMDGOALS))
 OTHER_VARIANT := $(firstword $(filter-out $(STAMP),$(wildcard $(VENV)/.installed-*)))
@@ -70,7 +72,7 @@ REFUSAL       := $(or \
     $(strip $(foreach k,NODES GPUS_PER_NODE ITERS REPEATS ROWS DAYS,$(call CHECK_POSITIVE,$(k)))), \
     $(call CHECK_NATURAL,WARMUP), $(call CHECK_NATURAL,SEED), \
     $(call CHECK_NAME,SHARDING,$(VALID_SHARDING)), $(call CHECK_NAME,ENGINE,$(VALID_ENGINES)), \
-    $(call CHECK_NAME,DRY_RUN,0 1))), \
+    $(call CHECK_NAME,HARDWARE,$(VALID_HARDWARE)), $(call CHECK_NAME,DRY_RUN,0 1))), \
   $(if $(call GOALS_OF,dataset check-dataset-out),$(if $(OUT),,make dataset: give OUT=<folder to write>)), \
   $(if $(call GOALS_OF,mlperf check-mlperf-data),$(if $(DATA),,make mlperf: give DATA=<folder of MLPerf-layout \
     files> (make dataset writes some))), \
@@ -106,6 +108,8 @@ help:
 	@echo "make perf   [PRESET=tiny|small (tiny)]  (timeline on vs off: the instrumentation's cost)"
 	@echo "make precision-perf [PRESET=small] [REPEATS=2]  (fp16 tables, fp16/bf16 on the wire vs fp32)"
 	@echo "make plan-compare [LAYOUTS=1x8,2x8,16x8]  (mlperf tables: this planner vs TorchRec's)"
+	@echo "make project [PRESET=mlperf] [NODES=16] [GPUS_PER_NODE=8] [HARDWARE=h100|h200|cpu] [OPTS=...]"
+	@echo "            [CALIBRATE=run,...]  (what the config would take there, calibrated on runs)"
 	@echo "make mlperf DATA=dir [TARGET_AUC=0.80275] [PRESET=...] [NODES=n] [GPUS_PER_NODE=n] [OPTS=...]"
 	@echo "            (an epoch at most, 20 evaluations an epoch, stops at the target; MLPerf result log)"
 	@echo "make dataset OUT=dir [ROWS=100000 a day] [DAYS=3] [PRESET=tiny] [SEED=0]  (MLPerf file layout)"
@@ -114,6 +118,7 @@ help:
 	@echo "make perf-dynamic [REPEATS=2]  (ID transformer vs a dict and torch.unique; hit rates; a plot)"
 	@echo "make gpu-check  (on a GPU host: the CUDA battery, a line a check; elsewhere one line)"
 	@echo "make gpu-bench  (on a GPU host, first: battery, compares, each flag alone, tiny)"
+	@echo "make clean-runs [PS=redis://...]  (old runs' parameter-store spill files and Redis keys)"
 	@echo "make clean-venv (remove .venv: the fix when it holds the other (CPU/CUDA) variant)"
 	@echo "PY=python3      (any target: that interpreter and its packages, nothing installed)"
 	@echo ""
@@ -241,8 +246,6 @@ gpu-bench: $(DEPS) $(EXT)
 # calibrated on run folders (CALIBRATE=run,...; by default the recorded ones of tests/data/), marked
 # projected.
 project: check-bench-knobs $(DEPS)
-	@case "$(or $(HARDWARE),h100)" in cpu|h100) ;; \
-	  *) echo "make: HARDWARE=$(HARDWARE) is not valid; valid values: cpu h100" >&2; exit 2;; esac
 	$(PY) -m harness.tools.project --preset $(or $(PRESET),mlperf) --nodes $(or $(NODES),16) \
 	  --gpus-per-node $(or $(GPUS_PER_NODE),8) --hardware $(or $(HARDWARE),h100) \
 	  $(if $(CALIBRATE),--calibrate $(CALIBRATE)) $(OPTS)

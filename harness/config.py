@@ -134,7 +134,7 @@ class ShardingConfig:
     blocks (one a rank) that split the dim into widths divisible by 4 (model/planner.py); 1: no
     table is split column-wise."""
     hardware: str = option("cpu", choices=HARDWARE_PROFILES)
-    """Bandwidth and memory profile the planner assumes: cpu or h100 (harness/launch/planning.py)."""
+    """The memory and bandwidth profile the planner assumes (harness/launch/planning.py PROFILES)."""
     memory_gib: float | None = None
     """Per-rank memory budget for shards and optimizer state; left out: the profile's."""
     memory_gbps: float | None = None

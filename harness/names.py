@@ -30,7 +30,7 @@ OPTIMIZATION_FLAGS = ("cuda_graphs", "threaded_input_dist", "pinned_d2h", "avoid
 SHARDING_KINDS = ("auto", *SHARDING_TYPES)
 """`--sharding` / SHARDING=: the planner picks per table (auto), or one type forced on every table."""
 
-HARDWARE_PROFILES = ("cpu", "h100")
+HARDWARE_PROFILES = ("cpu", "h100", "h200")
 """Bandwidth and memory profiles the planner knows (harness/launch/planning.py)."""
 
 DEVICES = ("auto", "cpu", "cuda")

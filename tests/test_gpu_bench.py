@@ -4,6 +4,7 @@ and the GEMM probe every rank measures, which is the dense step's widest GEMM.""
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -25,6 +26,28 @@ def test_the_plan_runs_small_at_8192_a_gpu_on_the_h100_profile():
     assert argv[argv.index("--global-batch") + 1] == str(8192 * 8)
     assert argv[argv.index("--gpus-per-node") + 1] == "8" and argv[argv.index("--hardware") + 1] == "h100"
     assert "--global-batch" not in plan.common("tiny", None)  # tiny keeps its own batch
+
+
+def test_an_h200_plans_as_one_and_the_table_says_which_gpu_met_the_h100_target(tmp_path):
+    """The device tool lends H200s too: their runs plan with the H200's memory (not an H100's), the
+    table's first row names the GPU, and the period target, stated on one H100, says where it ran."""
+    from harness.tools.gpu_bench_plan import hardware_of
+    assert hardware_of("NVIDIA H200") == "h200" and hardware_of("NVIDIA H100 80GB HBM3") == "h100"
+    assert hardware_of("NVIDIA A100-SXM4-80GB") is None and hardware_of(None) is None
+    plan = Plan(device="cuda", gpus=1, gpu_name="NVIDIA H200", hardware="h200")
+    argv = plan.common("small", 8192)
+    assert argv[argv.index("--hardware") + 1] == "h200"
+    flags = {"+cuda_graphs": {"ratio": 0.7, "ratio_ci": [0.6, 0.8], "period_ms": 5.5, "inactive": None}}
+    lines = summary(Outcome(folder=str(tmp_path), plan=asdict(plan), flags=flags)).splitlines()
+    assert lines[0].split()[1:5] == ["1", "x", "NVIDIA", "H200,"] and "h200 profile" in lines[0]
+    target = next(line for line in lines if line.startswith("target: period"))
+    assert "met: fastest +cuda_graphs 5.50 ms" in target and "this ran on NVIDIA H200" in target
+    other = Plan(device="cuda", gpus=1, gpu_name="NVIDIA A100-SXM4-80GB", hardware="h100")
+    first = summary(Outcome(folder=str(tmp_path), plan=asdict(other), flags=flags)).splitlines()[0]
+    assert "h100 profile (no profile has this GPU's name)" in first
+    h100 = Plan(device="cuda", gpus=1, gpu_name="NVIDIA H100 80GB HBM3", hardware="h100")
+    lines = summary(Outcome(folder=str(tmp_path), plan=asdict(h100), flags=flags)).splitlines()
+    assert "ran on" not in next(line for line in lines if line.startswith("target: period"))
 
 
 def test_a_flag_that_cannot_take_effect_here_is_not_run_and_says_why(tmp_path):
@@ -55,7 +78,8 @@ def test_the_summary_has_a_line_for_every_finding(tmp_path):
                       failures=["tiny: compare exited 1 (no ratio)"],
                       profiled="profiled iterations, rank 0: launch-bound: the GPU is busy 7.3 of 17.5 ms")
     lines = summary(outcome).splitlines()
-    assert lines[0].split() == ["battery", "gpu-check:", "READY", "(12", "passed,", "0", "failed,", "0", "skipped)"]
+    assert lines[0].split()[:2] == ["device", "?"] and "no GPU" in lines[0]
+    assert lines[1].split() == ["battery", "gpu-check:", "READY", "(12", "passed,", "0", "failed,", "0", "skipped)"]
     assert "small defaults: harness/torchrec  0.870 (95% CI 0.850-0.890)  (harness period 51.30 ms)" in lines
     assert any(line.startswith("+cuda_graphs / defaults") and "0.830 (95% CI 0.800-0.860)" in line for line in lines)
     assert any("inactive: torch 2.11 already avoids recordStream" in line for line in lines)

@@ -60,6 +60,24 @@ def test_valid_values_come_from_the_names_module():
                                                                text=True).stdout
 
 
+def test_make_help_lists_every_target_the_docs_list_and_the_hardware_knob_takes_the_profiles():
+    """make help and docs/targets-and-knobs.md's list, read independently, name the same targets
+    (make project, issue 46's command, was in neither list once); HARDWARE's valid values are the
+    planner's profiles."""
+    import re
+
+    from harness.names import HARDWARE_PROFILES
+
+    help_out = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True).stdout
+    doc = (ROOT / "docs" / "targets-and-knobs.md").read_text().split("## The targets", 1)[1].split("```")[1]
+    in_help = set(re.findall(r"^make ([a-z-]+)", help_out, re.M))
+    in_doc = set(re.findall(r"^make ([a-z-]+)", doc, re.M))
+    assert in_doc - {"help"} == in_help and "project" in in_help
+    out = subprocess.run(["make", "-s", "--no-print-directory", "project", "HARDWARE=a100"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and f"valid values: {' '.join(HARDWARE_PROFILES)}" in out.stderr
+
+
 def test_only_the_knobs_set_are_passed():
     out = subprocess.run(["make", "-n", "--no-print-directory", "bench", "PRESET=tiny", "ITERS=4"],
                          cwd=ROOT, capture_output=True, text=True)

@@ -26,12 +26,15 @@ GB = 1e9
 
 # Per-rank figures. h100: 80 GB HBM3 of which 64 GiB for embeddings (the rest: dense model,
 # activations, NCCL buffers), 3.35 TB/s HBM, NVLink 4 at 450 GB/s a direction, one 400 Gb/s
-# NDR InfiniBand port per GPU (50 GB/s). cpu: a share of host RAM, one core's copy bandwidth,
+# NDR InfiniBand port per GPU (50 GB/s). h200: the same links and the same headroom out of 141 GB
+# HBM3e (120 GiB for embeddings), 4.8 TB/s. cpu: a share of host RAM, one core's copy bandwidth,
 # gloo over loopback and 10 GbE between hosts.
 # Latencies: a small NCCL collective costs ~10 us inside an NVLink node and ~25 us across
 # InfiniBand; a gloo all-to-all of a few KB here took 0.15 ms polled (model/collective_wait.py).
 PROFILES: dict[str, dict[str, float | None]] = {
     "h100": {"memory_gib": 64.0, "memory_gbps": 3350.0, "intra_node_gbps": 450.0, "inter_node_gbps": 50.0,
+             "intra_node_latency_us": 10.0, "inter_node_latency_us": 25.0},
+    "h200": {"memory_gib": 120.0, "memory_gbps": 4800.0, "intra_node_gbps": 450.0, "inter_node_gbps": 50.0,
              "intra_node_latency_us": 10.0, "inter_node_latency_us": 25.0},
     "cpu": {"memory_gib": None, "memory_gbps": 20.0, "intra_node_gbps": 2.0, "inter_node_gbps": 1.25,
             "intra_node_latency_us": 150.0, "inter_node_latency_us": 300.0},

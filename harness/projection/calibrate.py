@@ -43,7 +43,7 @@ from harness.report.api import iteration_summary, load_run
 from harness.report.load import Run
 from harness.report.tables import critical_stage_means
 from harness.names import STAGES
-from harness.projection.hardware import Profile, cpu, dense_precision, h100, rank_cores
+from harness.projection.hardware import HARDWARE, Profile, cpu, dense_precision, gpu_profile_name, rank_cores
 from harness.projection.kernels import dense_impl, stage_kernels
 from harness.projection.project import Calibration, cpu_share, dense_roof_s, effective_flags, project
 from harness.projection.work import Work, work_of
@@ -158,12 +158,15 @@ def probed_run(runs: list[Measured]) -> Measured:
 
 
 def base_profile(runs: list[Measured]) -> Profile:
-    """The spec profile of the first run's device: h100 for a CUDA run; on a CPU the start-up probes
-    of the run with the most dense FLOPs a rank (its GEMM probe is at the largest shape, the
-    steadiest), with the cores that run's rank had."""
+    """The spec profile of the runs' device: a GPU's by its name (h100, h200; another is refused); on
+    a CPU the start-up probes of the run with the most dense FLOPs a rank (its GEMM probe is at the
+    largest shape, the steadiest), with the cores that run's rank had."""
     first = runs[0]
     if not first.run.manifest.device.startswith("cpu"):
-        return h100()
+        try:
+            return HARDWARE[gpu_profile_name(first.run.manifest.device)]()
+        except ValueError as exc:
+            raise ValueError(f"calibrate: {first.name}: {exc}") from None
     m = probed_run(runs)
     r0, local = m.run.manifest.ranks[0], m.run.manifest.config.run.gpus_per_node
     if r0.threads > 1:  # threads_per_rank gave each rank cores // local of them
@@ -342,9 +345,14 @@ def _set_drains(first: Measured, p: Profile, cal: Calibration) -> None:
 def calibrate(paths: list[Path | str]) -> tuple[Profile, Calibration, list[Measured]]:
     """The profile and calibration the runs at `paths` set (the first run's device picks the profile);
     runs of the same configuration are pooled (`by_config`)."""
-    runs = by_config([measured(p) for p in paths])
-    if not runs:
+    given = [measured(p) for p in paths]
+    if not given:
         raise ValueError("calibrate: give at least one run folder")
+    devices = {m.run.manifest.device for m in given}
+    if len(devices) > 1:  # each figure would be a mean of two machines', or one's taken for the other's
+        raise ValueError(f"calibrate: the runs ran on {len(devices)} devices ({', '.join(sorted(devices))}); "
+                         "give runs of one")
+    runs = by_config(given)
     p = base_profile(runs)
     _set_launch(runs, p)
     _set_dense_eff(runs, p)

@@ -59,14 +59,14 @@ def _links(p: Profile, name: str) -> None:
     p.set("inter_node_latency_us", prof["inter_node_latency_us"], "us", src, "a collective")
 
 
-def h100() -> Profile:
-    """NVIDIA H100 SXM5 80GB (DGX H100), dense (no sparsity) tensor-core peaks from the data sheet."""
-    p = Profile("h100", async_device=True)
-    sheet = "spec (NVIDIA H100 SXM5 data sheet, dense)"
+def _hopper(name: str, sheet: str) -> Profile:
+    """An NVIDIA Hopper SXM GPU: the H100 and the H200 share the chip, its clocks and so its
+    tensor-core peaks; their memory differs (planning.PROFILES, set by _links)."""
+    p = Profile(name, async_device=True)
     p.set("peak_fp32_tflops", 67.0, "TFLOP/s", sheet, "FP32 without tensor cores")
     p.set("peak_tf32_tflops", 494.7, "TFLOP/s", sheet)
     p.set("peak_bf16_tflops", 989.4, "TFLOP/s", sheet)
-    _links(p, "h100")
+    _links(p, name)
     p.set("launch_us", 10.0, "us", "assumption", "host time a kernel launch, eager PyTorch; replaced by calibration")
     p.set("graph_launch_us", 20.0, "us", "assumption", "host time to replay one CUDA graph")
     p.set("graph_kernel_gap_us", 1.0, "us", "assumption", "device gap between a graph's kernels")
@@ -76,6 +76,17 @@ def h100() -> Profile:
     p.set("lookup_eff", 0.5, "of HBM", "assumption", "embedding lookup/update bandwidth; replaced by calibration")
     p.set("update_eff", 0.5, "of HBM", "assumption", "dense optimizer step bandwidth; replaced by calibration")
     return p
+
+
+def h100() -> Profile:
+    """NVIDIA H100 SXM5 80GB (DGX H100), dense (no sparsity) tensor-core peaks from the data sheet."""
+    return _hopper("h100", "spec (NVIDIA H100 SXM5 data sheet, dense)")
+
+
+def h200() -> Profile:
+    """NVIDIA H200 SXM 141GB (DGX H200): the H100's peaks (its data sheet gives the same, dense), 4.8
+    TB/s of HBM3e."""
+    return _hopper("h200", "spec (NVIDIA H200 SXM data sheet, dense)")
 
 
 def cpu(gemm_gflops: float = 50.0, copy_gbps: float = 10.0, source: str = "assumption", *, cores: float = 2,
@@ -108,7 +119,37 @@ def cpu(gemm_gflops: float = 50.0, copy_gbps: float = 10.0, source: str = "assum
     return p
 
 
-HARDWARE = {"h100": h100, "cpu": cpu}
+HARDWARE = {"h100": h100, "h200": h200, "cpu": cpu}
+GPU_NAMES = {"H100": "h100", "H200": "h200"}
+"""A part of the name CUDA gives a device (torch.cuda.get_device_name) -> its profile."""
+
+
+def gpu_profile_name(device: str) -> str:
+    """The profile of a run's device as its manifest names it ("cuda (NVIDIA H100 80GB HBM3)"), or of
+    a device name; a GPU this module has no spec sheet for is refused, not taken for an H100."""
+    for part, name in GPU_NAMES.items():
+        if part in device:
+            return name
+    raise ValueError(f"no spec profile for the GPU {device!r} (profiles: {', '.join(sorted(GPU_NAMES))}); "
+                     f"add its data sheet's figures to harness/projection/hardware.py")
+
+
+def retarget(calibrated: Profile, name: str) -> Profile:
+    """The profile `name` with what runs on another GPU calibrated (each efficiency, the host's costs:
+    every figure a run set), for projecting a GPU from another's runs; spec figures are the
+    target's. A CPU's figures say nothing of a GPU's, nor the reverse: refused."""
+    if name == calibrated.name:
+        return calibrated
+    target = HARDWARE[name]()
+    if target.async_device != calibrated.async_device:
+        ran = "a GPU" if calibrated.async_device else "a CPU"
+        raise ValueError(f"--hardware {name}: the calibration runs ran on {ran} ({calibrated.name}); "
+                         f"give runs of {'a CPU' if ran == 'a GPU' else 'a GPU'} (CALIBRATE=...) or --hardware "
+                         f"{calibrated.name}")
+    for key, fig in calibrated.figures.items():
+        if not fig.source.startswith(("spec", "assumption")):
+            target.figures[key] = dataclasses.replace(fig, note=f"{fig.note}; measured on {calibrated.name}".lstrip("; "))
+    return target
 
 
 def set_gloo(p: Profile, figures: dict[str, float], ranks: int) -> None:

@@ -47,7 +47,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from harness.names import OPTIMIZATION_FLAGS
-from harness.tools.gpu_bench_plan import Outcome, Plan
+from harness.tools.gpu_bench_plan import Outcome, Plan, hardware_of
 from harness.tools.gpu_bench_table import summary
 
 
@@ -400,7 +400,9 @@ def main(argv: list[str] | None = None, *, cuda_available: bool | None = None) -
               "run make gpu-bench on a GPU host")
         return 0
     gpus = args.gpus or (torch.cuda.device_count() if args.device == "cuda" else 2)
-    plan = Plan(device=args.device, gpus=gpus, small=args.preset_small, batch_per_gpu=args.batch_per_gpu,
+    gpu_name = torch.cuda.get_device_name(0) if args.device == "cuda" else None
+    plan = Plan(device=args.device, gpus=gpus, gpu_name=gpu_name, hardware=hardware_of(gpu_name) or "h100",
+                small=args.preset_small, batch_per_gpu=args.batch_per_gpu,
                 iters=args.iters, warmup=args.warmup, repeats=args.repeats, battery=not args.no_battery,
                 flags=tuple(args.flags.split(",")), precision=args.dense_precision,
                 in_process=gpus == 1 and not args.spawn_each_run, budget_s=args.budget_s)

@@ -3,10 +3,11 @@
 python -m harness.tools.project [--preset mlperf] [--nodes 16] [--gpus-per-node 8] [--hardware h100]
     [--calibrate run,...] [--plans harness,torchrec] [--opts all | any bench option] [--out reports/projection-...]
 
-Calibrated on the run folders given (default for h100: the second H100 session's bf16 defaults and
---cuda-graphs runs in tests/data/h100-runs-2/; for cpu: tiny and small at one rank of a 2-core VM,
+Calibrated on the run folders given (default for h100 and h200: the second H100 session's bf16
+defaults and --cuda-graphs runs in tests/data/h100-runs-2/; for cpu: tiny and small at one rank of a 2-core VM,
 each at its batch and a quarter of it, in tests/data/cpu-runs-2core/), it projects the configuration, its baseline (no
 flag), each flag alone and all flags (harness/projection/), and writes a report marked projected.
+Runs of one GPU project another (--hardware): its spec figures, their calibrated ones.
 With --plans it also projects each sharding plan named (this harness's planner's, TorchRec's
 EmbeddingShardingPlanner's: harness/tools/plan_compare.py) at baseline and all flags.
 """
@@ -29,19 +30,21 @@ from harness.launch.planning import make_plan
 from harness.names import OPTIMIZATION_FLAGS, PRESET_NAMES
 from harness.projection import render
 from harness.projection.calibrate import calibrate, probed_run
-from harness.projection.hardware import set_gloo, set_thread_gain
+from harness.projection.hardware import retarget, set_gloo, set_thread_gain
 from harness.projection.probe import dense_threads, gloo_collectives
 from harness.projection.project import project
 from harness.projection.work import work_of
 from harness.tools.plan_compare import torchrec_plan
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CALIBRATION = {"h100": ("tests/data/h100-runs-2/s-bf16-r0", "tests/data/h100-runs-2/s-bf16-cuda-graphs-r0"),
+H100_RUNS = ("tests/data/h100-runs-2/s-bf16-r0", "tests/data/h100-runs-2/s-bf16-cuda-graphs-r0")
+DEFAULT_CALIBRATION = {"h100": H100_RUNS, "h200": H100_RUNS,
                        "cpu": tuple(f"tests/data/cpu-runs-2core/{preset}-1{q}-r{k}" for preset in ("tiny", "small")
                                     for q in ("", "-quarter") for k in (0, 1))}
 """Without --calibrate: the recorded runs of that hardware (the CPU ones are a 2-core VM's, each
 preset on one rank at its batch and a quarter of it, twice: calibrate on runs of your own host for
-its figures; the report names the runs it used)."""
+its figures; the report names the runs it used). No H200 has run this harness yet: h200 takes the
+H100 runs' efficiencies and host costs, its own data sheet's peaks and bandwidths (hardware.retarget)."""
 SEARCH = ("runs", "tests/data/h100-runs-2", "tests/data/h100-runs")
 PLANS = ("harness", "torchrec")
 """--plans: this harness's planner (harness/launch/planning.py), TorchRec's EmbeddingShardingPlanner."""
@@ -161,8 +164,8 @@ def project_plans(cfg, names: Sequence[str], profile, cal, log: Callable[[str], 
 
 def compares_to_published(cfg, profile) -> bool:
     """The published figures (TorchRec's 7.6 and 3.4 ms, the ~2.3 ms record) are mlperf on H100s:
-    set beside a projection of that, not of another preset or a CPU."""
-    return cfg.run.preset == "mlperf" and profile.async_device
+    set beside a projection of that, not of another preset, GPU or a CPU."""
+    return cfg.run.preset == "mlperf" and profile.name == "h100"
 
 
 def probe_host(profile, cfg, runs, log: Callable[[str], None]) -> None:
@@ -180,11 +183,19 @@ def probe_host(profile, cfg, runs, log: Callable[[str], None]) -> None:
         set_thread_gain(profile, dense_threads(m.run.manifest.config.model, m.work.local_batch, probed))
 
 
-def run_projection(cfg, calibration: list[Path], out: Path | None = None, *, plans: Sequence[str] = ("harness",),
-                   log: Callable[[str], None] = print) -> dict:
-    """Calibrate, project the config on this harness's plan (baseline, each flag, all flags, as
-    given) and each of `plans` (baseline, all flags); write the report under `out` if given."""
+def calibrated(cfg, calibration: list[Path]) -> tuple:
+    """calibrate's profile, calibration and runs, the profile that of the config's --hardware
+    (hardware.retarget); ValueError where the runs cannot calibrate it."""
     profile, cal, runs = calibrate(calibration)
+    return retarget(profile, cfg.sharding.hardware), cal, runs
+
+
+def run_projection(cfg, calibration: list[Path], out: Path | None = None, *, plans: Sequence[str] = ("harness",),
+                   log: Callable[[str], None] = print, calibrated_as: tuple | None = None) -> dict:
+    """Calibrate (or take `calibrated`'s answer, calibrated_as), project the config on this
+    harness's plan (baseline, each flag, all flags, as given) and each of `plans` (baseline, all
+    flags); write the report under `out` if given."""
+    profile, cal, runs = calibrated_as or calibrated(cfg, calibration)
     probe_host(profile, cfg, runs, log)
     plan, _ = make_plan(cfg, ranks_per_host=cfg.run.gpus_per_node)
     work = work_of(cfg, plan, world_size=cfg.run.world_size, ranks_per_node=cfg.run.gpus_per_node)
@@ -221,12 +232,13 @@ def main(argv: list[str] | None = None) -> int:
         if not names:
             raise ValueError(f"--calibrate: give run folders for hardware {cfg.sharding.hardware}")
         calibration = [resolve_run(n) for n in names]
+        calibrated_as = calibrated(cfg, calibration)
     except ValueError as exc:
         print(f"make project: {exc}", file=sys.stderr)
         return 2
     out = args.out or ROOT / "reports" / f"projection-{cfg.run.preset}-{cfg.run.nodes}x{cfg.run.gpus_per_node}"
     res = run_projection(cfg, calibration, out, plans=plans or default_plans(cfg.run.world_size),
-                         log=lambda line: print(line, flush=True))
+                         log=lambda line: print(line, flush=True), calibrated_as=calibrated_as)
     base, every, projected = res["base"], res["every"], res["plans"]
     published = render.against_published(base, every) if compares_to_published(cfg, res["profile"]) else []
     for line in render.findings(base, every) + published + res["extra"]:
