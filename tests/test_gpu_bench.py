@@ -56,14 +56,14 @@ def test_a_flag_that_cannot_take_effect_here_is_not_run_and_says_why(tmp_path):
     from harness.tools.gpu_bench import inactive_here
 
     one = inactive_here(Plan(device="cuda", gpus=1))
-    assert sorted(one) == ["avoid_record_streams", "threaded_input_dist"] and "one GPU" in one["threaded_input_dist"]
+    assert sorted(one) == ["avoid_record_streams", "threaded_input_dist"] and "one rank" in one["threaded_input_dist"]
     assert sorted(inactive_here(Plan(device="cuda", gpus=2))) == ["avoid_record_streams"]
     assert "skip_splits_a2a" not in inactive_here(Plan(device="cpu", gpus=2))
     outcome = Outcome(folder=str(tmp_path), plan={}, flags={
         "+threaded_input_dist": {"runs": [], "inactive": one["threaded_input_dist"], "skipped": True},
         "+cuda_graphs": {"ratio": 0.7, "ratio_ci": [0.6, 0.8], "period_ms": 6.3, "inactive": None}})
     rows = [line for line in summary(outcome).splitlines() if line.startswith("+threaded_input_dist")]
-    assert len(rows) == 1 and "not run" in rows[0] and "inactive: one GPU" in rows[0]
+    assert len(rows) == 1 and "not run" in rows[0] and "inactive: one rank" in rows[0]
     target = [line for line in summary(outcome).splitlines() if line.startswith("target: each flag")][0]
     assert target.split()[5] == "met", target  # counted: the flag run, not the one that was not
 

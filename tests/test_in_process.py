@@ -26,12 +26,12 @@ def _losses(run_dir):
 def test_an_in_process_run_trains_as_a_spawned_one_and_leaves_the_process_as_it_was(tmp_path):
     """Same seed, same losses bit for bit, whichever way the rank started (no flag changes the
     math); the run's settings (threads, environment, TF32) are put back and no thread of it (the
-    input-dist thread, the batch threads) is left running."""
+    threads drawing batches ahead, asked for: a CPU rank draws none by default) is left running."""
     threads, environ = torch.get_num_threads(), dict(os.environ)
     torch.set_num_threads(1)
     try:
         alive = threading.active_count()
-        assert main([*TINY, "--in-process", "--threaded-input-dist", "--runs-root", str(tmp_path),
+        assert main([*TINY, "--in-process", "--ahead", "2", "--runs-root", str(tmp_path),
                      "--run-id", "here"]) == 0
         assert torch.get_num_threads() == 1 and dict(os.environ) == environ
         assert not torch.backends.cuda.matmul.allow_tf32

@@ -127,11 +127,11 @@ def resolve(
     elif requested["avoid_record_streams"] and torch_avoids_record_streams(torch_version):
         reasons["avoid_record_streams"] = (f"torch {torch_version} already avoids recordStream in ProcessGroupNCCL "
                                            "and ignores the variable (deprecated since torch 2.8)")
-    if requested["threaded_input_dist"] and cuda and world_size == 1:
+    if requested["threaded_input_dist"] and world_size == 1:
         reasons["threaded_input_dist"] = (
-            "one GPU: the input dist exchanges nothing (a local copy), so there is no collective to hide, and on a "
-            "launch-bound host a second launching thread only contends for the GIL (one H100, small at 8192: "
-            "1.13x the defaults' period, docs/gpu-session-2-notes.md)")
+            "one rank: the input dist exchanges nothing (a local copy at most), so there is no collective to hide, "
+            "and a second thread contends for the GIL and the rank's cores (the defaults' period: one H100, small "
+            "at 8192, 1.13x; one CPU rank, tiny 1.16x, small 0.96x (95% CI 0.90-1.02); docs/optimizations.md)")
     elif requested["threaded_input_dist"]:
         notes["threaded_input_dist"] = (
             "the input thread also launches the splits and ids exchanges, on a process group of its own"
