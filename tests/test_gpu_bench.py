@@ -247,6 +247,12 @@ def test_on_one_gpu_runs_are_in_process_until_one_fails_there(tmp_path, monkeypa
     assert gpu_bench.main(["--device", "cpu", "--gpus", "2"]) == 0
     assert [p.in_process for p in plans] == [True, False, False]
     assert "--in-process" in plans[0].common("small", 8) and "--in-process" not in plans[1].common("small", 8)
+    from harness.run import peaks
+    with monkeypatch.context() as m:  # no peak of a run's own here: every run spawns, from the start, said once
+        m.setattr(peaks, "CLEAR_REFS", str(tmp_path))
+        assert gpu_bench.main(["--device", "cpu", "--gpus", "1"]) == 0
+    assert not plans[-1].in_process and "bench --in-process cannot run here (IsADirectoryError" in plans[-1].spawn_why
+    plans.pop()
 
     calls = []
     monkeypatch.setattr(gpu_bench, "_cli", lambda argv: calls.append(argv) or (1 if "--in-process" in argv else 0, ""))

@@ -84,3 +84,22 @@ def test_in_process_with_more_than_one_rank_or_a_launcher_is_refused_in_one_line
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and why in err[0], err
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("broken", ["clear_refs", "status"])
+def test_a_host_that_cannot_give_a_run_its_own_peak_refuses_in_process_in_one_line(tmp_path, capsys, monkeypatch,
+                                                                                   broken):
+    """A sandboxed kernel may lack either file or refuse the write (the device tool's H200s were seen
+    under gVisor): tried before the run, not found out after its iterations."""
+    from harness.run import peaks
+    if broken == "clear_refs":
+        monkeypatch.setattr(peaks, "CLEAR_REFS", str(tmp_path))  # a folder: the write fails
+    else:
+        status = tmp_path / "status"
+        status.write_text("Name:\tpython\nVmRSS:\t1000 kB\n")
+        monkeypatch.setattr(peaks, "STATUS", str(status))
+    assert main([*TINY, "--in-process", "--runs-root", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--in-process needs a memory peak of the run's own" in err[0], err
+    assert ("IsADirectoryError" if broken == "clear_refs" else "has no VmHWM line") in err[0]
+    assert not (tmp_path / "runs").exists()

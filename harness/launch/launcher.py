@@ -191,7 +191,7 @@ def node_commands(launch: Launch, run_dir: Path, run_id: str) -> list[str]:
 def check_in_process(cfg: BenchConfig, *, environ: Mapping[str, str], rdzv_endpoint: str | None,
                      node_rank: int | None) -> None:
     """--in-process: one rank, on this host, on Linux (the run's memory peak is the process's since
-    the rank began: /proc/self/clear_refs); a ValueError (one line) otherwise."""
+    the rank began: harness/run/peaks.own_peak_unavailable); a ValueError (one line) otherwise."""
     if cfg.run.world_size != 1:
         raise ValueError(f"--in-process runs one rank in this process; this run has {cfg.run.world_size} "
                          f"({cfg.run.nodes} node(s) x {cfg.run.gpus_per_node}): drop --in-process")
@@ -201,9 +201,11 @@ def check_in_process(cfg: BenchConfig, *, environ: Mapping[str, str], rdzv_endpo
     if launched:
         raise ValueError(f"--in-process starts no launcher, but {', '.join(launched)} asks for one: "
                          "drop one or the other")
-    if not os.path.exists("/proc/self/clear_refs"):
-        raise ValueError("--in-process needs Linux's /proc/self/clear_refs (each run's own memory peak); "
-                         "this host has none: drop --in-process")
+    from harness.run.peaks import own_peak_unavailable
+    why = own_peak_unavailable()
+    if why:
+        raise ValueError(f"--in-process needs a memory peak of the run's own (/proc/self/clear_refs, VmHWM); "
+                         f"here: {why}: drop --in-process")
 
 
 def run(launch: Launch, run_dir: Path, *, run_id: str) -> None:

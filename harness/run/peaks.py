@@ -70,17 +70,35 @@ def measure_copy_gbps(device: torch.device, mib: int = 64, reps: int = 5) -> flo
     return 2 * src.numel() * 4 * reps / _timed(device, lambda: dst.copy_(src), reps) / 1e9
 
 
+CLEAR_REFS, STATUS = "/proc/self/clear_refs", "/proc/self/status"
+"""Linux's files for a peak of a rank's own (module names: tests point them elsewhere)."""
+
+
 def reset_peak_rss() -> None:
     """Linux: the process's resident-memory peak (VmHWM) back to what it holds now, so that a rank
     run in a longer-lived process (the in-process launch) reports its own peak, not the process's."""
-    with open("/proc/self/clear_refs", "w") as f:
+    with open(CLEAR_REFS, "w") as f:
         f.write("5")
 
 
 def peak_rss_gib(*, since_reset: bool) -> float:
     """The process's resident-memory peak in GiB: since reset_peak_rss (VmHWM) or since it started."""
     if since_reset:
-        with open("/proc/self/status") as f:
-            kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        with open(STATUS) as f:
+            kib = next((int(line.split()[1]) for line in f if line.startswith("VmHWM:")), None)
+        if kib is None:
+            raise OSError(f"{STATUS} has no VmHWM line")
         return kib / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def own_peak_unavailable() -> str | None:
+    """Why this process cannot give a run its own memory peak (reset_peak_rss, then VmHWM), or None.
+    Tried, not guessed from the files being there: a sandboxed kernel may implement part of /proc
+    (the device tool's H200s were seen under gVisor). It resets this process's peak, harmlessly."""
+    try:
+        reset_peak_rss()
+        peak_rss_gib(since_reset=True)
+    except (OSError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None

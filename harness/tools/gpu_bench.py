@@ -47,7 +47,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from harness.names import OPTIMIZATION_FLAGS
-from harness.tools.gpu_bench_plan import Outcome, Plan, hardware_of
+from harness.tools.gpu_bench_plan import Outcome, Plan, hardware_of, in_process_choice
 from harness.tools.gpu_bench_table import summary
 
 
@@ -401,18 +401,19 @@ def main(argv: list[str] | None = None, *, cuda_available: bool | None = None) -
         return 0
     gpus = args.gpus or (torch.cuda.device_count() if args.device == "cuda" else 2)
     gpu_name = torch.cuda.get_device_name(0) if args.device == "cuda" else None
+    in_process, spawn_why = in_process_choice(gpus, args.spawn_each_run)
     plan = Plan(device=args.device, gpus=gpus, gpu_name=gpu_name, hardware=hardware_of(gpu_name) or "h100",
-                small=args.preset_small, batch_per_gpu=args.batch_per_gpu,
-                iters=args.iters, warmup=args.warmup, repeats=args.repeats, battery=not args.no_battery,
-                flags=tuple(args.flags.split(",")), precision=args.dense_precision,
-                in_process=gpus == 1 and not args.spawn_each_run, budget_s=args.budget_s)
+                small=args.preset_small, batch_per_gpu=args.batch_per_gpu, iters=args.iters, warmup=args.warmup,
+                repeats=args.repeats, battery=not args.no_battery, flags=tuple(args.flags.split(",")),
+                precision=args.dense_precision, in_process=in_process, spawn_why=spawn_why, budget_s=args.budget_s)
     return run(plan, args.runs_root, archive=args.archive)
 
 
 def run(plan: Plan, runs_root: Path, *, archive: Path | None = None) -> int:
     folder = Path(runs_root) / time.strftime("gpu-bench-%Y%m%d-%H%M%S")
     folder.mkdir(parents=True)
-    outcome = Outcome(folder=str(folder), plan=asdict(plan), archive=str(archive) if archive else None)
+    outcome = Outcome(folder=str(folder), plan=asdict(plan), archive=str(archive) if archive else None,
+                      launch_notes=[f"every run spawns a process: {plan.spawn_why}"] if plan.spawn_why else [])
     steps = [("battery", lambda: run_battery(outcome))] if plan.battery and plan.device == "cuda" else []
     steps += [
         (f"{plan.small} defaults", lambda: run_compare(outcome, plan, f"{plan.small} defaults", plan.small,

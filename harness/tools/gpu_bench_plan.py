@@ -33,6 +33,8 @@ class Plan:
     run that fails in-process, the rest spawn (run_bench); one defaults run spawns whatever
     (run_spawned_check), so the table shows what each way costs and that they measure alike."""
 
+    spawn_why: str | None = None
+    """Why every run spawns on one GPU though --spawn-each-run was not given (in_process_choice)."""
     gpu_name: str | None = None
     """What CUDA calls the device (torch.cuda.get_device_name); None on a CPU rehearsal."""
     hardware: str = "h100"
@@ -50,6 +52,16 @@ class Plan:
         batch = ["--global-batch", str(batch_per_gpu * self.gpus)] if batch_per_gpu else []
         return (out + batch + (["--hardware", self.hardware] if self.device == "cuda" else [])
                 + (["--in-process"] if self.in_process else []))
+
+
+def in_process_choice(gpus: int, spawn_each_run: bool) -> tuple[bool, str | None]:
+    """Plan.in_process and Plan.spawn_why: in-process on one GPU unless asked not to, or unless this
+    host cannot give a run its own memory peak (bench --in-process would refuse every run)."""
+    if gpus != 1 or spawn_each_run:
+        return False, None
+    from harness.run.peaks import own_peak_unavailable
+    why = own_peak_unavailable()
+    return why is None, why and f"bench --in-process cannot run here ({why})"
 
 
 def hardware_of(gpu_name: str | None) -> str | None:
