@@ -14,7 +14,7 @@ from harness.config_fields import (finite_numbers, non_negative_int as _non_nega
                                    positive_numbers)
 from harness.store_url import check_store_url, mask_secrets
 from harness.names import (
-    COLLECTIVE_WAITS, COMM_PRECISIONS, DENSE_PRECISIONS, DYNAMIC_KINDS, DYNAMIC_POLICIES, TABLE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, ENGINES, HARDWARE_PROFILES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
+    COLLECTIVE_WAITS, COMM_PRECISIONS, DENSE_PRECISIONS, DYNAMIC_KINDS, DYNAMIC_POLICIES, TABLE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, ENGINES, HARDWARE_CHOICES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
     ShardingType,
 )
 
@@ -133,8 +133,9 @@ class ShardingConfig:
     """The most column blocks the planner tries for a column_wise table: it searches 2..column_shards
     blocks (one a rank) that split the dim into widths divisible by 4 (model/planner.py); 1: no
     table is split column-wise."""
-    hardware: str = option("cpu", choices=HARDWARE_PROFILES)
-    """The memory and bandwidth profile the planner assumes (harness/launch/planning.py PROFILES)."""
+    hardware: str = option("auto", choices=HARDWARE_CHOICES)
+    """The memory and bandwidth profile the planner assumes (harness/launch/planning.py PROFILES);
+    auto: the run's device's (the GPU's by its name)."""
     memory_gib: float | None = None
     """Per-rank memory budget for shards and optimizer state; left out: the profile's."""
     memory_gbps: float | None = None
@@ -155,8 +156,8 @@ class ShardingConfig:
                 raise ValueError(f"sharding.per_table names table {t} twice; give each table one kind")
             named.add(t)
         _positive_int("sharding.column_shards", self.column_shards)
-        if self.hardware not in HARDWARE_PROFILES:
-            raise ValueError(f"sharding.hardware {self.hardware!r} is not one of {sorted(HARDWARE_PROFILES)}")
+        if self.hardware not in HARDWARE_CHOICES:
+            raise ValueError(f"sharding.hardware {self.hardware!r} is not one of {list(HARDWARE_CHOICES)}")
         positive_numbers("sharding", self, ("memory_gib", "memory_gbps", "intra_node_gbps", "inter_node_gbps"))
 
 

@@ -33,6 +33,9 @@ SHARDING_KINDS = ("auto", *SHARDING_TYPES)
 HARDWARE_PROFILES = ("cpu", "h100", "h200")
 """Bandwidth and memory profiles the planner knows (harness/launch/planning.py)."""
 
+HARDWARE_CHOICES = ("auto", *HARDWARE_PROFILES)
+"""`--hardware`: a profile, or auto (the run's device's: harness/launch/planning.hardware_profile)."""
+
 DEVICES = ("auto", "cpu", "cuda")
 """What ranks run on: auto takes CUDA when present."""
 
@@ -66,7 +69,7 @@ COMPACTED = "all"
 """A completed run's records, one file per rank and kind: rankNNNNN/<kind>-all.parquet (harness/records/writer.py)."""
 
 __all__ = [
-    "COLLECTIVE_WAITS", "COMM_PRECISIONS", "DENSE_PRECISIONS", "TABLE_PRECISIONS", "STAGE_OF_PHASE", "DEVICES", "EMBEDDING_OPTIMIZERS", "ENGINE_TIMED_STAGES", "ENGINES", "HARDWARE_PROFILES", "OPTIMIZATION_FLAGS",
+    "COLLECTIVE_WAITS", "COMM_PRECISIONS", "DENSE_PRECISIONS", "TABLE_PRECISIONS", "STAGE_OF_PHASE", "DEVICES", "EMBEDDING_OPTIMIZERS", "ENGINE_TIMED_STAGES", "ENGINES", "HARDWARE_CHOICES", "HARDWARE_PROFILES", "OPTIMIZATION_FLAGS",
     "COMPACTED", "DYNAMIC_POLICIES", "PRESET_NAMES", "RUN_STATES", "SHARDING_KINDS", "SHARDING_TYPES", "STAGES",
     "DYNAMIC_KINDS", "ShardingType", "BETWEEN_ITERATIONS",
 ]

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from harness.projection.calibrate import calibrate, measured
-from harness.projection.hardware import gpu_profile_name, h100, h200, retarget
+from harness.launch.planning import gpu_profile_name
+from harness.projection.hardware import h100, h200, retarget
 from harness.projection.kernels import dense_impl
 from harness.projection.project import effective_flags, iteration_ops
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from harness.config import DEFAULT_DYNAMIC_SLOTS, BenchConfig
 from harness.launch.launcher import Launch, srun_argv, torchrun_argv
 from harness.records.manifest import PlanEstimate, RankEstimate
+from harness.run.device import gpu_name, uses_cuda
 from model.names import DYNAMIC_KINDS, STATE_PER_ELEMENT, STATE_PER_ROW, WEIGHT_BYTES, ShardingType
 from model.dynamic_budget import DynamicDemand, budget_slots
 from model.plan_traffic import Geometry, shard_bytes
@@ -41,6 +42,35 @@ PROFILES: dict[str, dict[str, float | None]] = {
 }
 
 
+GPU_NAMES = {"H100": "h100", "H200": "h200"}
+"""A part of the name CUDA gives a device (torch.cuda.get_device_name) -> its profile."""
+
+
+def gpu_profile_name(device: str) -> str:
+    """The profile of a GPU by its name, or by a run's device as its manifest names it ("cuda
+    (NVIDIA H100 80GB HBM3)"); a GPU no profile names is a ValueError, not taken for an H100."""
+    for part, name in GPU_NAMES.items():
+        if part in device:
+            return name
+    raise ValueError(f"no spec profile for the GPU {device!r} (profiles: {', '.join(sorted(GPU_NAMES))}); "
+                     f"add its data sheet's figures to harness/launch/planning.py and harness/projection/hardware.py")
+
+
+def hardware_profile(cfg: BenchConfig) -> tuple[str, str]:
+    """The profile the planner uses and, where --hardware left it to auto, how it was chosen: the
+    run's device's (cpu for CPU ranks, a GPU's by its name; a GPU no profile names plans with the
+    H100's figures, and says so)."""
+    if cfg.sharding.hardware != "auto":
+        return cfg.sharding.hardware, ""
+    if not uses_cuda(cfg.run.device):
+        return "cpu", "auto: CPU ranks"
+    name = gpu_name()
+    try:
+        return gpu_profile_name(name), f"auto: {name}"
+    except ValueError:
+        return "h100", f"auto: no profile has {name}'s name, so the H100's"
+
+
 def host_memory_share_gib(ranks_per_host: int) -> float:
     """Half the host's RAM split over the ranks it runs (the rest: dense model, data, the OS)."""
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -50,7 +80,7 @@ def host_memory_share_gib(ranks_per_host: int) -> float:
 def topology(cfg: BenchConfig, *, ranks_per_host: int, on_this_host: bool = False) -> Topology:
     """on_this_host: the ranks will run here on CPU, so the tables must fit this host's RAM,
     whatever the hardware profile or --memory-gib say (those plan a cluster's GPUs)."""
-    sh, prof = cfg.sharding, PROFILES[cfg.sharding.hardware]
+    sh, prof = cfg.sharding, PROFILES[hardware_profile(cfg)[0]]
     memory_gib = sh.memory_gib or prof["memory_gib"] or host_memory_share_gib(ranks_per_host)
     if on_this_host:
         memory_gib = min(memory_gib, host_memory_share_gib(ranks_per_host))
@@ -138,8 +168,9 @@ def make_plan(cfg: BenchConfig, *, ranks_per_host: int,
             raise
         host_bound = host_memory_share_gib(ranks_per_host) < (cfg.sharding.memory_gib or float("inf"))
         raise PlanError(host_refusal(str(exc), ranks_per_host) if host_bound else str(exc)) from None
+    hardware, source = hardware_profile(cfg)
     estimate = PlanEstimate(
-        hardware=cfg.sharding.hardware,
+        hardware=hardware, hardware_source=source,
         memory_gib=topo.memory_bytes / 2**30, memory_gbps=topo.memory_bw / GB,
         intra_node_gbps=topo.intra_node_bw / GB, inter_node_gbps=topo.inter_node_bw / GB,
         link="inter-node" if topo.world_size > topo.ranks_per_node else "intra-node",
@@ -195,7 +226,8 @@ def format_plan(plan: tuple[TablePlan, ...], est: PlanEstimate, *, detail: bool 
     counts = {k: sum(tp.kind == k for tp in plan) for k in ShardingType}
     kinds = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
     lines = [
-        f"sharding plan, {est.hardware} profile: {est.memory_gib:.1f} GiB a rank, memory {est.memory_gbps:.0f} GB/s, "
+        f"sharding plan, {est.hardware} profile{f' ({est.hardware_source})' if est.hardware_source else ''}: "
+        f"{est.memory_gib:.1f} GiB a rank, memory {est.memory_gbps:.0f} GB/s, "
         f"links {est.intra_node_gbps:g} GB/s in a node and {est.inter_node_gbps:g} GB/s across, latency "
         f"{est.intra_node_latency_us:g} us in a node and {est.inter_node_latency_us:g} us across",
         f"{len(plan)} tables: {kinds}",

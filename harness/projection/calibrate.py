@@ -43,7 +43,8 @@ from harness.report.api import iteration_summary, load_run
 from harness.report.load import Run
 from harness.report.tables import critical_stage_means
 from harness.names import STAGES
-from harness.projection.hardware import HARDWARE, Profile, cpu, dense_precision, gpu_profile_name, rank_cores
+from harness.launch.planning import gpu_profile_name
+from harness.projection.hardware import HARDWARE, Profile, cpu, dense_precision, rank_cores
 from harness.projection.kernels import dense_impl, stage_kernels
 from harness.projection.project import Calibration, cpu_share, dense_roof_s, effective_flags, project
 from harness.projection.work import Work, work_of

@@ -120,20 +120,6 @@ def cpu(gemm_gflops: float = 50.0, copy_gbps: float = 10.0, source: str = "assum
 
 
 HARDWARE = {"h100": h100, "h200": h200, "cpu": cpu}
-GPU_NAMES = {"H100": "h100", "H200": "h200"}
-"""A part of the name CUDA gives a device (torch.cuda.get_device_name) -> its profile."""
-
-
-def gpu_profile_name(device: str) -> str:
-    """The profile of a run's device as its manifest names it ("cuda (NVIDIA H100 80GB HBM3)"), or of
-    a device name; a GPU this module has no spec sheet for is refused, not taken for an H100."""
-    for part, name in GPU_NAMES.items():
-        if part in device:
-            return name
-    raise ValueError(f"no spec profile for the GPU {device!r} (profiles: {', '.join(sorted(GPU_NAMES))}); "
-                     f"add its data sheet's figures to harness/projection/hardware.py")
-
-
 def retarget(calibrated: Profile, name: str) -> Profile:
     """The profile `name` with what runs on another GPU calibrated (each efficiency, the host's costs:
     every figure a run set), for projecting a GPU from another's runs; spec figures are the

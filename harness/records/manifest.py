@@ -230,6 +230,8 @@ class PlanEstimate:
 
     hardware: str
     """The hardware profile planned for."""
+    hardware_source: str = ""
+    """How the profile was chosen where --hardware did not name it (auto: the run's device)."""
     memory_gib: float
     """Per-rank memory budget used."""
     memory_gbps: float

@@ -16,6 +16,11 @@ def uses_cuda(requested: str) -> bool:
     return requested == "cuda" or (requested == "auto" and torch.cuda.is_available())
 
 
+def gpu_name() -> str | None:
+    """What CUDA calls this host's first GPU; None without one (a seam: tests stand in a name)."""
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
 def cuda_device_count() -> int:
     """GPUs this process sees (a seam: tests stand in a count)."""
     return torch.cuda.device_count()

@@ -65,9 +65,9 @@ def in_process_choice(gpus: int, spawn_each_run: bool) -> tuple[bool, str | None
 
 
 def hardware_of(gpu_name: str | None) -> str | None:
-    """The profile of runs on this GPU (harness/projection/hardware.GPU_NAMES), None where no profile
+    """The profile of runs on this GPU (harness/launch/planning.GPU_NAMES), None where no profile
     has its name (Plan.hardware is then h100's, said in the table's device row)."""
-    from harness.projection.hardware import gpu_profile_name
+    from harness.launch.planning import gpu_profile_name
     try:
         return gpu_profile_name(gpu_name) if gpu_name else None
     except ValueError:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from harness.launch.options import add_config_options, config_from_args
-from harness.launch.planning import make_plan
+from harness.launch.planning import hardware_profile, make_plan
 from harness.names import OPTIMIZATION_FLAGS, PRESET_NAMES
 from harness.projection import render
 from harness.projection.calibrate import calibrate, probed_run
@@ -187,7 +187,7 @@ def calibrated(cfg, calibration: list[Path]) -> tuple:
     """calibrate's profile, calibration and runs, the profile that of the config's --hardware
     (hardware.retarget); ValueError where the runs cannot calibrate it."""
     profile, cal, runs = calibrate(calibration)
-    return retarget(profile, cfg.sharding.hardware), cal, runs
+    return retarget(profile, hardware_profile(cfg)[0]), cal, runs
 
 
 def run_projection(cfg, calibration: list[Path], out: Path | None = None, *, plans: Sequence[str] = ("harness",),
@@ -228,9 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plans = parse_plans(args.plans)
         cfg = config_from_args(args)
-        names = args.calibrate.split(",") if args.calibrate else DEFAULT_CALIBRATION.get(cfg.sharding.hardware, ())
+        hardware = hardware_profile(cfg)[0]
+        names = args.calibrate.split(",") if args.calibrate else DEFAULT_CALIBRATION.get(hardware, ())
         if not names:
-            raise ValueError(f"--calibrate: give run folders for hardware {cfg.sharding.hardware}")
+            raise ValueError(f"--calibrate: give run folders for hardware {hardware}")
         calibration = [resolve_run(n) for n in names]
         calibrated_as = calibrated(cfg, calibration)
     except ValueError as exc:
