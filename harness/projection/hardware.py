@@ -120,6 +120,8 @@ def cpu(gemm_gflops: float = 50.0, copy_gbps: float = 10.0, source: str = "assum
 
 
 HARDWARE = {"h100": h100, "h200": h200, "cpu": cpu}
+
+
 def retarget(calibrated: Profile, name: str) -> Profile:
     """The profile `name` with what runs on another GPU calibrated (each efficiency, the host's costs:
     every figure a run set), for projecting a GPU from another's runs; spec figures are the
