@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -173,7 +174,7 @@ def test_the_projection_check_projects_each_run_from_the_defaults_at_two_batches
     from pathlib import Path
 
     from harness.report.api import load_run
-    from harness.tools.gpu_bench import projection_targets, run_projection_check
+    from harness.tools.gpu_bench_projection import projection_targets, run_projection_check
 
     shutil.copytree(Path("tests/data/cpu-runs-2core"), tmp_path, dirs_exist_ok=True)
     outcome = Outcome(folder=str(tmp_path), plan={"small": "small"}, quarter_run="tiny-1-r0",
@@ -195,6 +196,32 @@ def test_the_projection_check_projects_each_run_from_the_defaults_at_two_batches
     found = Outcome(folder=str(tmp_path), plan={}, projection=outcome.projection)
     row = [line for line in summary(found).splitlines() if line.startswith("projected/measured period")]
     assert len(row) == 1 and "tiny " in row[0] and "calibrated on the defaults at two batch sizes" in row[0]
+
+
+def test_the_16x8_job_is_projected_from_the_benchs_own_gpu_runs(tmp_path):
+    """Given the second H100 session's defaults and --cuda-graphs runs as a bench's, the step
+    calibrates on them in that order and projects what docs/projection.md recorded make project's
+    default giving from the same two runs (12.4 and 6.0 ms at bf16); a CPU rehearsal skips it."""
+    import shutil
+
+    from harness.tools.gpu_bench_projection import cluster_calibration, run_cluster_projection
+
+    shutil.copytree(Path(__file__).parent / "data" / "h100-runs-2", tmp_path, dirs_exist_ok=True)
+    outcome = Outcome(folder=str(tmp_path), plan={"small": "small"},
+                      compares={"small defaults": {"runs": {"harness": ["s-bf16-r0", "s-bf16-r1"]}}},
+                      flags={"+cuda_graphs": {"runs": ["s-bf16-cuda-graphs-r0", "s-bf16-cuda-graphs-r1"]}},
+                      quarter_run="no-such-run")
+    assert [p.name for p in cluster_calibration(outcome)] == ["s-bf16-r0", "s-bf16-cuda-graphs-r0"]
+    run_cluster_projection(outcome, Plan(device="cpu", gpus=1))
+    assert outcome.cluster_projection is None and not outcome.failures
+    run_cluster_projection(outcome, Plan(device="cuda", gpus=1))
+    c = outcome.cluster_projection
+    assert not outcome.failures and c["calibrated_on"] == ["s-bf16-r0", "s-bf16-cuda-graphs-r0"]
+    assert c["baseline_ms"] == pytest.approx(12.4, abs=0.1) and c["all_flags_ms"] == pytest.approx(6.0, abs=0.1)
+    assert "PROJECTED" in (tmp_path / "reports" / "projection-mlperf-16x8" / "projection.md").read_text()
+    found = Outcome(folder=str(tmp_path), plan={}, cluster_projection=c)
+    row = [line for line in summary(found).splitlines() if line.startswith("16 x 8 H100 mlperf, projected")]
+    assert len(row) == 1 and f"({c['ratio']:.2f}x)" in row[0] and "TorchRec 7.6 and 3.4 ms" in row[0]
 
 
 def test_a_failing_battery_fails_the_bench_and_says_which(tmp_path, monkeypatch):

@@ -19,7 +19,9 @@ On whatever GPUs the host has (one rank a GPU, one node), in this order:
    (the last run: in-process, none after it shares the process with the profiler);
 7. the projection check (issue 46): the projection (harness/projection/) calibrated on the
    defaults at both batch sizes (the host time a sample needs two) and the profiled run's trace,
-   each other run's period projected against what it measured.
+   each other run's period projected against what it measured;
+8. the 16 x 8 H100 mlperf job projected, calibrated on this bench's runs (make project's default
+   calibrated on today's code), beside the published figures (harness/tools/gpu_bench_projection.py).
 On one GPU each run's rank runs in this process (bench --in-process: no interpreter, torch and CUDA
 start a run; --spawn-each-run to start a process each), and after a run that fails so, every later
 one spawns. Everything goes into one folder, runs/gpu-bench-<stamp>/ (run folders, compares/, reports/,
@@ -48,6 +50,7 @@ from pathlib import Path
 
 from harness.names import OPTIMIZATION_FLAGS
 from harness.tools.gpu_bench_plan import Outcome, Plan, hardware_of, in_process_choice
+from harness.tools.gpu_bench_projection import run_cluster_projection, run_projection_check
 from harness.tools.gpu_bench_table import summary
 
 
@@ -296,50 +299,6 @@ def run_quarter(outcome: Outcome, plan: Plan) -> None:
     outcome.quarter_run = run_id
 
 
-def _harness_runs(outcome: Outcome, step: str) -> list[str]:
-    """The harness side's run ids of a compare step (none if it did not run)."""
-    return outcome.compares.get(step, {}).get("runs", {}).get("harness", [])
-
-
-def projection_targets(outcome: Outcome) -> dict[str, str]:
-    """label -> run id of the runs the projection check projects: each flag's first run alone, the
-    --opts all and tiny compares' first harness runs, and the second defaults run (the same config)."""
-    small = outcome.plan.get("small", "small")
-    out = {name: f["runs"][0] for name, f in outcome.flags.items() if f.get("runs")}
-    for step, label in ((f"{small} --opts all", "--opts all"), ("tiny", "tiny")):
-        if _harness_runs(outcome, step):
-            out[label] = _harness_runs(outcome, step)[0]
-    defaults = _harness_runs(outcome, f"{small} defaults")
-    if len(defaults) > 1:
-        out["defaults (another run)"] = defaults[1]
-    return out
-
-
-def run_projection_check(outcome: Outcome, plan: Plan) -> None:
-    """Calibrated on the first defaults run, the quarter-batch run and the profiled run (its trace:
-    the dense step's device time), each target's period projected against its measured one (issue
-    46: within 25%)."""
-    from harness.projection.calibrate import calibrate, measured, project_run
-
-    folder = Path(outcome.folder)
-    defaults = _harness_runs(outcome, f"{plan.small} defaults")
-    if not defaults or not outcome.quarter_run:
-        outcome.failures.append("projection check: needs the defaults compare and the quarter-batch run")
-        return
-    profiled = [p for p in [folder / (outcome.profiled_run or "-")] if (p / "manifest.json").is_file()]
-    profile, cal, runs = calibrate([folder / defaults[0], folder / outcome.quarter_run, *profiled])
-    if not profile.async_device and plan.gpus > 1:  # a CPU rehearsal: this host's gloo and threads
-        from harness.tools.project import probe_host
-        probe_host(profile, measured(folder / defaults[0]).run.manifest.config, runs, print)
-    for label, run_id in projection_targets(outcome).items():
-        m = measured(folder / run_id)
-        got = project_run(m, profile, cal).period_ms
-        want = m.period_s * 1e3
-        outcome.projection[label] = {"run": run_id, "measured_ms": want, "projected_ms": got, "error": got / want - 1}
-        print(f"  projection {label:26s} measured {want:8.3f} ms, projected {got:8.3f} ms ({got / want - 1:+.0%})",
-              flush=True)
-
-
 def inactive_here(plan: Plan) -> dict[str, str]:
     """The plan's flags that cannot take effect on its device and GPU count, with why (none is run)."""
     from harness.run.optimizations import inactive_whatever_the_plan
@@ -427,6 +386,7 @@ def run(plan: Plan, runs_root: Path, *, archive: Path | None = None) -> int:
         # Last of the runs: in-process, no run after it shares the process with the profiler's CUPTI.
         ("profiled run", lambda: run_profiled(outcome, plan)),
         ("projection check", lambda: run_projection_check(outcome, plan)),
+        ("16 x 8 projection", lambda: run_cluster_projection(outcome, plan)),
     ]
     print(f"gpu-bench: {plan.gpus} {plan.device} rank(s), {len(steps)} steps -> {folder}", flush=True)
     start = time.monotonic()

@@ -106,6 +106,8 @@ class Outcome:
     """The defaults at a quarter of the batch (a calibration run of the projection check)."""
     projection: dict[str, dict] = field(default_factory=dict)
     """Run label -> its measured and projected period and the error (the projection check)."""
+    cluster_projection: dict | None = None
+    """The 16 x 8 H100 mlperf job projected from this bench's runs: baseline, all flags, their ratio."""
     archive: str | None = None
     """A .tar.gz of the folder, rewritten after every step (a device lease brings back few files)."""
     launch_notes: list[str] = field(default_factory=list)

@@ -215,7 +215,8 @@ def run_projection(cfg, calibration: list[Path], out: Path | None = None, *, pla
                 plans=projected)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """make project's options: these and every bench option of the config."""
     parser = argparse.ArgumentParser(prog="harness.tools.project", description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=PRESET_NAMES, default="mlperf")
     parser.add_argument("--calibrate", default=None, help="run folders or ids, comma-separated")
@@ -224,7 +225,11 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"sharding plans to project, comma-separated, of {', '.join(PLANS)} "
                              "[harness,torchrec on several ranks, harness on one]")
     add_config_options(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         plans = parse_plans(args.plans)
         cfg = config_from_args(args)
