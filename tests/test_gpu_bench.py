@@ -25,30 +25,27 @@ def test_the_plan_runs_small_at_8192_a_gpu_on_the_h100_profile():
     plan = Plan(device="cuda", gpus=8)
     argv = plan.common("small", plan.batch_per_gpu)
     assert argv[argv.index("--global-batch") + 1] == str(8192 * 8)
-    assert argv[argv.index("--gpus-per-node") + 1] == "8" and argv[argv.index("--hardware") + 1] == "h100"
+    assert argv[argv.index("--gpus-per-node") + 1] == "8" and "--hardware" not in argv  # auto: the GPU's
     assert "--global-batch" not in plan.common("tiny", None)  # tiny keeps its own batch
 
 
-def test_an_h200_plans_as_one_and_the_table_says_which_gpu_met_the_h100_target(tmp_path):
-    """The device tool lends H200s too: their runs plan with the H200's memory (not an H100's), the
-    table's first row names the GPU, and the period target, stated on one H100, says where it ran."""
-    from harness.tools.gpu_bench_plan import hardware_of
-    assert hardware_of("NVIDIA H200") == "h200" and hardware_of("NVIDIA H100 80GB HBM3") == "h100"
-    assert hardware_of("NVIDIA A100-SXM4-80GB") is None and hardware_of(None) is None
-    plan = Plan(device="cuda", gpus=1, gpu_name="NVIDIA H200", hardware="h200")
-    argv = plan.common("small", 8192)
-    assert argv[argv.index("--hardware") + 1] == "h200"
+def test_the_table_names_the_gpu_its_profile_and_where_the_h100_target_ran(tmp_path):
+    """The device tool lends H200s too: the table's first row names the GPU and the profile its
+    runs planned with (--hardware auto: planning.PROFILES' h200 for an H200), and the period
+    target, stated on one H100, says where it ran."""
     flags = {"+cuda_graphs": {"ratio": 0.7, "ratio_ci": [0.6, 0.8], "period_ms": 5.5, "inactive": None}}
-    lines = summary(Outcome(folder=str(tmp_path), plan=asdict(plan), flags=flags)).splitlines()
-    assert lines[0].split()[1:5] == ["1", "x", "NVIDIA", "H200,"] and "h200 profile" in lines[0]
-    target = next(line for line in lines if line.startswith("target: period"))
+
+    def lines(gpu):
+        plan = Plan(device="cuda", gpus=1, gpu_name=gpu)
+        return summary(Outcome(folder=str(tmp_path), plan=asdict(plan), flags=flags)).splitlines()
+
+    h200 = lines("NVIDIA H200")
+    assert h200[0].split()[1:5] == ["1", "x", "NVIDIA", "H200,"] and "with the h200 profile (auto: NVIDIA H200)" in h200[0]
+    target = next(line for line in h200 if line.startswith("target: period"))
     assert "met: fastest +cuda_graphs 5.50 ms" in target and "this ran on NVIDIA H200" in target
-    other = Plan(device="cuda", gpus=1, gpu_name="NVIDIA A100-SXM4-80GB", hardware="h100")
-    first = summary(Outcome(folder=str(tmp_path), plan=asdict(other), flags=flags)).splitlines()[0]
-    assert "h100 profile (no profile has this GPU's name)" in first
-    h100 = Plan(device="cuda", gpus=1, gpu_name="NVIDIA H100 80GB HBM3", hardware="h100")
-    lines = summary(Outcome(folder=str(tmp_path), plan=asdict(h100), flags=flags)).splitlines()
-    assert "ran on" not in next(line for line in lines if line.startswith("target: period"))
+    assert "h100 profile (auto: no profile has NVIDIA A100-SXM4-80GB's name" in lines("NVIDIA A100-SXM4-80GB")[0]
+    h100 = lines("NVIDIA H100 80GB HBM3")
+    assert "ran on" not in next(line for line in h100 if line.startswith("target: period"))
 
 
 def test_a_flag_that_cannot_take_effect_here_is_not_run_and_says_why(tmp_path):

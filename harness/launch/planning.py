@@ -62,9 +62,11 @@ def hardware_profile(cfg: BenchConfig) -> tuple[str, str]:
     H100's figures, and says so)."""
     if cfg.sharding.hardware != "auto":
         return cfg.sharding.hardware, ""
-    if not uses_cuda(cfg.run.device):
-        return "cpu", "auto: CPU ranks"
-    name = gpu_name()
+    return gpu_hardware(gpu_name()) if uses_cuda(cfg.run.device) else ("cpu", "auto: CPU ranks")
+
+
+def gpu_hardware(name: str) -> tuple[str, str]:
+    """hardware_profile's choice for a GPU that CUDA calls `name`, and why."""
     try:
         return gpu_profile_name(name), f"auto: {name}"
     except ValueError:

@@ -49,7 +49,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from harness.names import OPTIMIZATION_FLAGS
-from harness.tools.gpu_bench_plan import Outcome, Plan, hardware_of, in_process_choice
+from harness.tools.gpu_bench_plan import Outcome, Plan, in_process_choice
 from harness.tools.gpu_bench_projection import run_cluster_projection, run_projection_check
 from harness.tools.gpu_bench_table import summary
 
@@ -361,9 +361,8 @@ def main(argv: list[str] | None = None, *, cuda_available: bool | None = None) -
     gpus = args.gpus or (torch.cuda.device_count() if args.device == "cuda" else 2)
     gpu_name = torch.cuda.get_device_name(0) if args.device == "cuda" else None
     in_process, spawn_why = in_process_choice(gpus, args.spawn_each_run)
-    plan = Plan(device=args.device, gpus=gpus, gpu_name=gpu_name, hardware=hardware_of(gpu_name) or "h100",
-                small=args.preset_small, batch_per_gpu=args.batch_per_gpu, iters=args.iters, warmup=args.warmup,
-                repeats=args.repeats, battery=not args.no_battery, flags=tuple(args.flags.split(",")),
+    plan = Plan(device=args.device, gpus=gpus, gpu_name=gpu_name, small=args.preset_small,
+                batch_per_gpu=args.batch_per_gpu, iters=args.iters, warmup=args.warmup, repeats=args.repeats, battery=not args.no_battery, flags=tuple(args.flags.split(",")),
                 precision=args.dense_precision, in_process=in_process, spawn_why=spawn_why, budget_s=args.budget_s)
     return run(plan, args.runs_root, archive=args.archive)
 

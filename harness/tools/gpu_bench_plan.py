@@ -37,9 +37,6 @@ class Plan:
     """Why every run spawns on one GPU though --spawn-each-run was not given (in_process_choice)."""
     gpu_name: str | None = None
     """What CUDA calls the device (torch.cuda.get_device_name); None on a CPU rehearsal."""
-    hardware: str = "h100"
-    """Every run's --hardware (the planner's profile) on CUDA: gpu_name's (h100, h200); a GPU with
-    no spec profile plans with h100's, as the table's device row says."""
 
     budget_s: float | None = None
     """Seconds the whole bench may take (a device lease's): the flag rounds after the first stop
@@ -50,8 +47,7 @@ class Plan:
         out = ["--preset", preset, "--device", self.device, "--nodes", "1", "--gpus-per-node", str(self.gpus),
                "--iters", str(self.iters), "--warmup", str(self.warmup), "--dense-precision", self.precision]
         batch = ["--global-batch", str(batch_per_gpu * self.gpus)] if batch_per_gpu else []
-        return (out + batch + (["--hardware", self.hardware] if self.device == "cuda" else [])
-                + (["--in-process"] if self.in_process else []))
+        return out + batch + (["--in-process"] if self.in_process else [])
 
 
 def in_process_choice(gpus: int, spawn_each_run: bool) -> tuple[bool, str | None]:
@@ -64,22 +60,14 @@ def in_process_choice(gpus: int, spawn_each_run: bool) -> tuple[bool, str | None
     return why is None, why and f"bench --in-process cannot run here ({why})"
 
 
-def hardware_of(gpu_name: str | None) -> str | None:
-    """The profile of runs on this GPU (harness/launch/planning.GPU_NAMES), None where no profile
-    has its name (Plan.hardware is then h100's, said in the table's device row)."""
-    from harness.launch.planning import gpu_profile_name
-    try:
-        return gpu_profile_name(gpu_name) if gpu_name else None
-    except ValueError:
-        return None
-
-
 def device_line(plan: dict) -> str:
-    """The table's device row: what ran, and the profile its runs planned with."""
+    """The table's device row: what ran, and the planner's profile for it (each run's --hardware
+    auto: harness/launch/planning.gpu_hardware)."""
     if not plan.get("gpu_name"):
         return f"{plan.get('gpus', '?')} {plan.get('device', 'cpu')} rank(s), no GPU"
-    line = f"{plan.get('gpus', '?')} x {plan['gpu_name']}, runs planned with the {plan.get('hardware')} profile"
-    return line if hardware_of(plan["gpu_name"]) else line + " (no profile has this GPU's name)"
+    from harness.launch.planning import gpu_hardware
+    profile, why = gpu_hardware(plan["gpu_name"])
+    return f"{plan.get('gpus', '?')} x {plan['gpu_name']}, runs planned with the {profile} profile ({why})"
 
 
 @dataclass
