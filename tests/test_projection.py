@@ -171,6 +171,39 @@ def test_dense_kernel_count_matches_the_trace():
     assert (gathered, b2, views2 - gathered2) == (123, 16, 25 - 16)
 
 
+def test_a_data_parallel_group_launches_no_input_dist(tmp_path):
+    """A run's own trace (2 CPU ranks, tiny's data-parallel plan): no op under input dist's ranges;
+    so the projection counts none for that group, where an exchanging group counts its 7 (5 and
+    its splits' 2, which skip_splits_a2a removes from the table-wise group alone), and in emb_fwd
+    its lookup's 4 of a group's 6 (kernels.py's docstring: hand counts)."""
+    from harness.cli import main
+    from harness.presets import tiny
+    from harness.projection.kernels import stage_kernels
+
+    runs = tmp_path / "runs"
+    assert main(["bench", "--preset", "tiny", "--iters", "3", "--warmup", "3", "--profile", "1:2",
+                 "--runs-root", str(runs)]) == 0
+    (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
+    assert {tp["kind"] for tp in json.loads((run_dir / "manifest.json").read_text())["plan"]} == {"data_parallel"}
+    for rank in ("rank00000", "rank00001"):
+        ranges = [e for e in json.loads((run_dir / rank / "trace.json").read_text())["traceEvents"]
+                  if e.get("ph") == "X"]
+        parts = [e for e in ranges if e["name"].startswith("input_dist:")]
+        assert parts, "no input dist range in the window"
+        assert not [e for e in ranges for p in parts if e.get("cat") == "cpu_op" and e.get("tid") == p.get("tid")
+                    and p["ts"] <= e["ts"] <= p["ts"] + p["dur"]]
+    cfg = tiny()
+
+    def kernels(groups, skip=False):
+        k = stage_kernels(cfg, groups=groups, params=1000, world_size=2, flags={"skip_splits_a2a": skip})
+        return k.input_dist, k.emb_fwd, k.emb_bwd
+
+    assert kernels(("data_parallel",)) == (2, 5 + 4, 13 + 12)
+    assert kernels(("pooled",)) == (2 + 7, 5 + 6, 13 + 12)
+    assert kernels(("pooled", "data_parallel"), skip=True) == (2 + 7 - 2, 5 + 6 + 4, 13 + 2 * 12)
+    assert kernels(("row_wise",), skip=True) == (2 + 7, 5 + 6, 13 + 12)
+
+
 def test_collective_waits_for_the_slowest_rank_and_pipelining_hides_it():
     ops = [Launch("input_dist", 0.001, 0.0), Collective("ids", "input_dist", np.array([0.004, 0.004])),
            Launch("emb_fwd", 0.001, np.array([0.001, 0.003]), waits=("ids@prev",)),

@@ -181,7 +181,7 @@ def base_profile(runs: list[Measured]) -> Profile:
 def _kernels(m: Measured, profile: Profile):
     cfg = m.run.manifest.config
     flags = effective_flags(cfg, profile, m.work)
-    return stage_kernels(cfg, groups=len(m.work.groups), params=m.work.params, world_size=m.work.world_size,
+    return stage_kernels(cfg, groups=m.work.groups, params=m.work.params, world_size=m.work.world_size,
                          flags=flags, **dense_impl(m.run.manifest.optimizations)), flags
 
 

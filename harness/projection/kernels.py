@@ -33,9 +33,13 @@ kernels in dense_fwd_bwd; the H100 trace (docs/gpu-session-2-notes.md,
 tests/data/h100-runs-2/s-bf16-prof/rank00000/trace.json.gz, made before the fused layers) counted 217; fused,
 204, and with the bf16 weight copy 14 x 9 + 3 x 4 + 10 = 148 (neither yet traced on a GPU). The embedding stages are counted from the same trace (one sharding
 group, world size 1: emb_fwd 11, emb_bwd 25, dense_update 6) and split into a fixed part and a part
-a sharding group (each group runs its own lookup kernel, exchanges and permutes): an assumption,
-stated in the output. Since the trace, one sharding holding every table in order hands its output
-to the dense step as it is (model/sharded_embeddings.py): two copies fewer each way, left in these
+a sharding group (each group runs its own lookup kernel, exchanges and permutes: GROUP_KERNELS):
+an assumption, stated in the output. A data-parallel group is counted from its code path
+(model/shardings/data_parallel.py) where it launches less: no input dist (it looks up its own ids:
+none of the 7), and in emb_fwd its lookup alone, the trace's offsets scan (2), bounds check and
+forward kernel (4 of 6); its backward, all-reduce and Adagrad count as a group's 12 (2026-11-27;
+before, every group was counted alike). Since the trace, one sharding holding every table in order
+hands its output to the dense step as it is (model/sharded_embeddings.py): two copies fewer each way, left in these
 counts (2 of 36 kernels at the calibrated launch cost; the calibration's rest absorbs them). Since
 stop 55, on one rank a table-wise sharding moves nothing (model/shardings/table_wise.py,
 model/ids_all_to_all.py): the pooled rows' copy, cat and column gather each way and the ids'
@@ -47,6 +51,7 @@ it ran.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 KERNELS_FP32_LINEAR = 8
@@ -62,15 +67,35 @@ PURE_CASTS = 3
 BUCKET_BYTES = 4 * 2**20
 KERNELS_A_BUCKET = 2
 
-# (fixed, a sharding group): emb_fwd 5 + 6 = 11 and emb_bwd 13 + 12 = 25 with one group (the trace).
-EMB_FWD = (5, 6)
-EMB_BWD = (13, 12)
+# Fixed parts; a sharding group's are GROUP_KERNELS. With the table-wise group the trace's: emb_fwd
+# 5 + 6 = 11 and emb_bwd 13 + 12 = 25; fixed in input_dist: the batch's ids moved (2).
+EMB_FWD_FIXED = 5
+EMB_BWD_FIXED = 13
 DENSE_UPDATE = 6
-# input_dist a group: bucketize/permute (3), the lengths and values all-to-alls (2); the splits
-# all-to-all and its D2H copy (2) unless skip_splits_a2a; fixed: the batch's ids moved (2).
-INPUT_DIST_GROUP = 5
-INPUT_DIST_SPLITS = 2
 INPUT_DIST_FIXED = 2
+
+
+@dataclass(frozen=True)
+class GroupKernels:
+    """Kernels one sharding group launches on a rank in one iteration, by stage."""
+
+    input_dist: int
+    """Its ids' bucketize and permutes (3), the lengths and values all-to-alls (2), and its splits'."""
+    splits: int
+    """Of input_dist: the splits' all-to-all and their copy to the host (skip_splits_a2a removes
+    them from the table-wise group, whose splits are known in advance)."""
+    emb_fwd: int
+    emb_bwd: int
+
+
+EXCHANGING_GROUP = GroupKernels(input_dist=7, splits=2, emb_fwd=6, emb_bwd=12)
+GROUP_KERNELS = {"data_parallel": GroupKernels(input_dist=0, splits=0, emb_fwd=4, emb_bwd=12)}
+"""A group by its name (model/planner.py GROUP_OF_KIND): data-parallel tables as the module docstring
+says; every other group EXCHANGING_GROUP."""
+
+
+def group_kernels(group: str) -> GroupKernels:
+    return GROUP_KERNELS.get(group, EXCHANGING_GROUP)
 
 
 @dataclass(frozen=True)
@@ -115,9 +140,11 @@ def dense_kernels(model, *, bf16: bool, params: int, world_size: int, fused_cros
     return k + (KERNELS_A_BUCKET + (copy or pure) + gather) * buckets, buckets
 
 
-def stage_kernels(cfg, *, groups: int, params: int, world_size: int, flags: dict[str, bool],
+def stage_kernels(cfg, *, groups: Sequence[str], params: int, world_size: int, flags: dict[str, bool],
                   fused_cross: bool = False, weight_copy: bool = False, gather: bool = False) -> StageKernels:
-    """Kernels a stage launches on one rank in one iteration (module docstring). fused_cross: how
+    """Kernels a stage launches on one rank in one iteration (module docstring). groups: the plan's
+    sharding groups (Work.groups); skip_splits_a2a removes the table-wise group's splits exchange
+    (its splits are known; the others' depend on the ids). fused_cross: how
     the cross layers run (ResolvedFlags.cross_net); weight_copy: whether the dense parameters are a
     bf16 copy (ResolvedFlags.dense_weights); gather: whether the gradients are gathered
     (ResolvedFlags.dense_grads)."""
@@ -125,12 +152,13 @@ def stage_kernels(cfg, *, groups: int, params: int, world_size: int, flags: dict
     dense, buckets = dense_kernels(cfg.model, bf16=bf16, params=params, world_size=world_size,
                                    fused_cross=fused_cross, weight_copy=weight_copy, pure=pure, gather=gather)
     copy = (bf16 and weight_copy) or pure
-    splits = 0 if flags.get("skip_splits_a2a") else INPUT_DIST_SPLITS
+    per = [group_kernels(g) for g in groups]
+    known = [group_kernels(g).splits for g in groups if g == "pooled" and flags.get("skip_splits_a2a")]
     return StageKernels(
-        input_dist=INPUT_DIST_FIXED + groups * (INPUT_DIST_GROUP + splits),
-        emb_fwd=EMB_FWD[0] + groups * EMB_FWD[1],
+        input_dist=INPUT_DIST_FIXED + sum(k.input_dist for k in per) - sum(known),
+        emb_fwd=EMB_FWD_FIXED + sum(k.emb_fwd for k in per),
         dense_fwd_bwd=dense,
-        emb_bwd=EMB_BWD[0] + groups * EMB_BWD[1],
+        emb_bwd=EMB_BWD_FIXED + sum(k.emb_bwd for k in per),
         dense_update=DENSE_UPDATE + copy * (1 + (world_size == 1)) + gather * ((world_size == 1) - 1),
         dense_buckets=buckets,
     )

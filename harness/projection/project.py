@@ -224,7 +224,7 @@ def iteration_ops(cfg, work: Work, profile: Profile, cal: Calibration, flags: di
                   **dense_choices: bool) -> tuple[list, StageKernels]:
     """One iteration's ops on every rank (module docstring for what each flag changes).
     dense_choices: the dense step's kernel choices (kernels.dense_impl)."""
-    k = stage_kernels(cfg, groups=len(work.groups), params=work.params, world_size=work.world_size, flags=flags,
+    k = stage_kernels(cfg, groups=work.groups, params=work.params, world_size=work.world_size, flags=flags,
                       **dense_choices)
     launch, hbm = profile.value("launch_us") * 1e-6, profile.value("hbm_gbps") * 1e9
     speed, turns = cpu_share(profile, work)
