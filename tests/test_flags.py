@@ -177,7 +177,11 @@ def test_threaded_input_dist_failure_fails_the_run_and_leaves_no_thread():
     assert not any(t.name == "input-dist" for t in threading.enumerate())
 
 
-def test_ablation_runs_each_config_and_repeats_only_active_ones(tmp_path, capsys):
+def test_ablation_runs_each_distinct_config_and_shares_the_runs_of_the_rest(tmp_path, capsys):
+    """On a CPU with a table-wise plan the CUDA-only flags cannot take effect, so of the 12 configs 4
+    differ (by hand: no flag, the thread alone, the skip alone, both); each of the other 8 is given
+    the runs of the first config that resolves as it does, and runs nothing itself. The 4 run
+    interleaved, a round at a time."""
     names = [c["name"] for c in ablation_configs()]
     assert names[0] == "baseline" and names[6] == "all" and len(names) == 12
     assert "+skip_splits_a2a" in names and "all-cuda_graphs" in names
@@ -195,13 +199,23 @@ def test_ablation_runs_each_config_and_repeats_only_active_ones(tmp_path, capsys
     manifest = json.loads((folder / "ablation.json").read_text())
     by_name = {c["name"]: c for c in manifest["configs"]}
     assert manifest["status"] == "completed" and len(by_name) == 12
-    for name in ("+cuda_graphs", "+pinned_d2h", "+avoid_record_streams"):  # CUDA/NCCL only: run once
-        assert by_name[name]["all_inactive"] and len(by_name[name]["runs"]) == 1
-        assert by_name[name]["inactive_reasons"]
-    for name in ("baseline", "+threaded_input_dist", "+skip_splits_a2a", "all", "all-skip_splits_a2a"):
-        assert not by_name[name]["all_inactive"] and len(by_name[name]["runs"]) == 3
-    assert len(calls) == sum(len(c["runs"]) for c in manifest["configs"])
+    ran = {"baseline", "+threaded_input_dist", "+skip_splits_a2a", "all"}
+    for name in ran:
+        assert "same_as" not in by_name[name] and len(by_name[name]["runs"]) == 3
+    shared = {"+cuda_graphs": "baseline", "+pinned_d2h": "baseline", "+avoid_record_streams": "baseline",
+              "all-cuda_graphs": "all", "all-pinned_d2h": "all", "all-avoid_record_streams": "all",
+              "all-threaded_input_dist": "+skip_splits_a2a", "all-skip_splits_a2a": "+threaded_input_dist"}
+    assert set(shared) | ran == set(by_name)
+    for name, same in shared.items():
+        assert by_name[name]["same_as"] == same and by_name[name]["runs"] == by_name[same]["runs"], name
+    for name in ("+cuda_graphs", "+pinned_d2h", "+avoid_record_streams"):  # CUDA/NCCL only
+        assert by_name[name]["all_inactive"] and by_name[name]["inactive_reasons"]
+    assert len(calls) == 4 * 3 and len({run_id for run_id, _ in calls}) == 12
     assert calls[0][1] == {f: False for f in OPTIMIZATION_FLAGS}
+    # Interleaved: round by round, each distinct config once a round, in the configs' order.
+    assert [run_id[-6:] for run_id, _ in calls[:5]] == ["c00-r0", "c02-r0", "c05-r0", "c06-r0", "c00-r1"]
+    assert [run_id[-2:] for run_id, _ in calls] == ["r0"] * 4 + ["r1"] * 4 + ["r2"] * 4
+    assert "12 configs, 4 of them distinct here" in capsys.readouterr().out
 
 
 def test_cross_layers_are_recorded_fused_or_as_written():

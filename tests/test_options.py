@@ -113,8 +113,11 @@ def test_ablation_derives_every_config_from_the_users_with_replace(tmp_path):
         seen.append(cfg)
         return 0
 
+    # Resolved as on 8 GPUs under a torch that still needs avoid_record_streams: every flag takes
+    # effect, so every config runs (on a CPU, those alike share runs: tests/test_flags.py).
     run_ablation(user, repeats=1, runs_root=tmp_path, bench=fake_bench,
-                 check=lambda c: resolve(c.optimizations, cuda=False, plan_kinds=["table_wise"]))
+                 check=lambda c: resolve(c.optimizations, cuda=True, plan_kinds=["table_wise"], torch_version="2.7.0",
+                                         world_size=8))
     assert len(seen) == 12
     for cfg in seen:  # only the optimization flags differ from what the user asked for
         assert cfg == user.replace(optimizations=OptimizationsConfig(**cfg.optimizations.requested()))

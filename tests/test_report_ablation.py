@@ -197,3 +197,19 @@ def test_ablation_findings_first_and_the_final_loss_check(tmp_path):
     loss = pd.read_csv(out / "final_loss.csv").set_index("config")
     assert loss.loc["all", "final_loss"] == pytest.approx(0.51) and loss.loc["baseline", "final_loss"] == 0.5
     assert not loss.loc["all", "equals_baseline"] and loss.loc["+skip_splits_a2a", "equals_baseline"]
+
+
+def test_a_config_given_another_configs_runs_reports_their_period_and_says_whose(tmp_path):
+    """make ablation gives a config that resolves as an earlier one that config's runs (same_as):
+    its row is their period (hand value: the skip runs' 9, 9.5 and 10, mean 9.5) and says so."""
+    for run_id in ("s1", "s2", "s3"):
+        r0, r1 = RUNS[run_id]
+        iter_run(tmp_path, run_id, {0: [*r0, CLOSE], 1: [*r1, CLOSE]}, warmup=[100.0])
+    skip = {"cuda_graphs": False, "skip_splits_a2a": True}
+    configs = [config("+skip_splits_a2a", "alone", "skip_splits_a2a", ["s1", "s2", "s3"], requested=skip),
+               {**config("all", "all", None, ["s1", "s2", "s3"], requested={**skip, "cuda_graphs": True},
+                         reasons={"cuda_graphs": REASON}), "same_as": "+skip_splits_a2a"}]
+    t = ablation_table(load_ablation(write_ablation(tmp_path, "ab-same", configs), tmp_path)).set_index("config")
+    assert t.loc["all", "period_ms"] == pytest.approx(9.5) == t.loc["+skip_splits_a2a", "period_ms"]
+    assert "the runs of +skip_splits_a2a: it resolves to the same effective flags here" in t.loc["all", "note"]
+    assert "the runs of" not in t.loc["+skip_splits_a2a", "note"]

@@ -159,6 +159,8 @@ def ablation_table(ab: Ablation, *, n_boot: int = N_BOOT, seed: int = 0) -> pd.D
             notes.append(f"failed run(s) left out: {', '.join(map(str, cfg['failed_runs']))}")
         if len(groups) == 1:
             notes.append("1 repeat: the CI covers iteration noise only")
+        if cfg.get("same_as"):
+            notes.insert(0, f"the runs of {cfg['same_as']}: it resolves to the same effective flags here")
         if cfg.get("all_inactive"):
             notes.insert(0, _inactive_note(cfg) or "all requested flags inactive")
         elif cfg.get("inactive_reasons"):
