@@ -153,9 +153,9 @@ def stage_kernels(cfg, *, groups: Sequence[str], params: int, world_size: int, f
                                    fused_cross=fused_cross, weight_copy=weight_copy, pure=pure, gather=gather)
     copy = (bf16 and weight_copy) or pure
     per = [group_kernels(g) for g in groups]
-    known = [group_kernels(g).splits for g in groups if g == "pooled" and flags.get("skip_splits_a2a")]
+    known = sum(k.splits for g, k in zip(groups, per) if g == "pooled") if flags.get("skip_splits_a2a") else 0
     return StageKernels(
-        input_dist=INPUT_DIST_FIXED + sum(k.input_dist for k in per) - sum(known),
+        input_dist=INPUT_DIST_FIXED + sum(k.input_dist for k in per) - known,
         emb_fwd=EMB_FWD_FIXED + sum(k.emb_fwd for k in per),
         dense_fwd_bwd=dense,
         emb_bwd=EMB_BWD_FIXED + sum(k.emb_bwd for k in per),
