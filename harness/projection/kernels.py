@@ -37,8 +37,8 @@ a sharding group (each group runs its own lookup kernel, exchanges and permutes:
 an assumption, stated in the output. A data-parallel group is counted from its code path
 (model/shardings/data_parallel.py) where it launches less: no input dist (it looks up its own ids:
 none of the 7), and in emb_fwd its lookup alone, the trace's offsets scan (2), bounds check and
-forward kernel (4 of 6); its backward, all-reduce and Adagrad count as a group's 12 (2026-11-27;
-before, every group was counted alike). Since the trace, one sharding holding every table in order
+forward kernel (4 of 6); its backward, all-reduce and Adagrad count as a group's 12 (what this
+changed in the 16 x 8 projection: docs/projection.md). Since the trace, one sharding holding every table in order
 hands its output to the dense step as it is (model/sharded_embeddings.py): two copies fewer each way, left in these
 counts (2 of 36 kernels at the calibrated launch cost; the calibration's rest absorbs them). Since
 stop 55, on one rank a table-wise sharding moves nothing (model/shardings/table_wise.py,
