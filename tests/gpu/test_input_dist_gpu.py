@@ -22,6 +22,16 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 SLEEP_CYCLES = 50_000_000
 
 
+def load_kernels(device: torch.device) -> None:
+    """Launch the tests' kernels once before they time anything: under CUDA's lazy loading (the
+    default) a kernel's first launch loads its module, which may synchronize the whole context
+    (the CUDA programming guide, "Lazy Loading"), and would wait for a sleep on another stream."""
+    torch.arange(1 << 20, device=device).sum().item()
+    torch.full((1, 4), 0, dtype=torch.int64, device=device).cpu()
+    torch.cuda._sleep(1)
+    torch.cuda.synchronize(device)
+
+
 def test_threaded_input_dist_row_wise_ragged_500_iterations(tmp_path):
     """threaded input dist with row-wise tables and ragged batches for 500 iterations without a hang"""
     if torch.cuda.device_count() < 2:
@@ -46,13 +56,17 @@ def test_pinned_ring_reads_the_right_values_behind_a_delayed_stream(monkeypatch,
     if max_ring is not None:
         monkeypatch.setattr(pinned_d2h, "MAX_RING", max_ring)
     device = torch.device("cuda", torch.cuda.current_device())
+    load_kernels(device)
     copies = HostCopies(device=device, pinned=True, depth=2)
     stream = torch.cuda.Stream(device=device)
     handles = []
     with torch.cuda.stream(stream):
         # Six copies through a ring of depth two, each source filled only after a long sleep: the
         # ring wraps onto copies still in flight. It grows in place of a wait (up to MAX_RING);
-        # held at two buffers it must wait for them and move their values out first.
+        # held at two buffers it must wait for them and move their values out first. The first
+        # sleep is long enough that none has landed before the sixth is issued (the host's first
+        # page-locked allocations take milliseconds; the first H100 battery saw 5 buffers, not 6).
+        torch.cuda._sleep(10 * SLEEP_CYCLES)
         for k in range(6):
             torch.cuda._sleep(SLEEP_CYCLES)
             src = torch.full((2, 4), k, dtype=torch.int64, device=device)
@@ -69,6 +83,7 @@ def test_pinned_ring_reads_the_right_values_behind_a_delayed_stream(monkeypatch,
 def test_a_later_batchs_copy_does_not_hold_the_hand_over():
     """batches copied on their own stream: the hand-over does not wait for a later batch's copy"""
     device = torch.device("cuda", torch.cuda.current_device())
+    load_kernels(device)  # else the sum's first launch waits for the sleep (the first H100 battery)
     streams = CudaInputStream(device)
     with streams.input():
         ids = torch.arange(1 << 20, device=device)
