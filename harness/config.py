@@ -10,12 +10,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.config_fields import (finite_numbers, non_negative_int as _non_negative_int, option, positive_int as _positive_int,
-                                   positive_numbers)
+from harness.config_fields import (finite_numbers, non_negative_int as _non_negative_int, one_of as _one_of, option,
+                                   positive_int as _positive_int, positive_numbers)
 from harness.store_url import check_store_url, mask_secrets
 from harness.names import (
     COLLECTIVE_WAITS, COMM_PRECISIONS, DENSE_PRECISIONS, DYNAMIC_KINDS, DYNAMIC_POLICIES, TABLE_PRECISIONS, DEVICES, EMBEDDING_OPTIMIZERS, ENGINES, HARDWARE_CHOICES, OPTIMIZATION_FLAGS, SHARDING_KINDS, SHARDING_TYPES,
-    ShardingType,
+    ShardingType, DRAW_PLACES,
 )
 
 @dataclass(kw_only=True, frozen=True)
@@ -105,6 +105,11 @@ class DataConfig:
     """Batches drawn ahead of the loop on a thread of their own (harness/data/ahead.py), pinned on
     CUDA so their copies to the device are asynchronous; 0: drawn in the loop, between iterations.
     Left out: 2 on CUDA; 0 on CPU ranks, where that thread would take a core from them."""
+    draw_on: str = option("host", choices=DRAW_PLACES)
+    """Where the synthetic stream's batches are drawn: host (numpy; on CUDA by threads ahead of the
+    loop, --ahead) or device (one Triton kernel on the rank's GPU, harness/data/device_draw.py: the
+    same numbers up to the GPU's float64 ulps; ragged batches stay on the host). device takes
+    effect on CUDA with Triton installed; elsewhere the manifest says why not."""
     path: str | None = option(None, option="data", metavar="DIR")
     """A folder of MLPerf multi-hot Criteo files (harness/data/criteo_files.py; `make dataset` writes
     some) to train on instead of the synthetic stream; the synthetic knobs then do not apply."""
@@ -116,6 +121,9 @@ class DataConfig:
             _non_negative_int("data.ahead", self.ahead)
         if self.id_exponent < 0:
             raise ValueError(f"data.id_exponent must be >= 0, got {self.id_exponent}")
+        _one_of("data.draw_on", self.draw_on, DRAW_PLACES)
+        if self.path is not None and self.draw_on == "device":
+            raise ValueError("data.draw_on device draws the synthetic stream; the files at --data are read on the host")
         if self.path is not None and self.ragged_every:
             raise ValueError("data.ragged_every makes synthetic batches ragged; the files at --data have fixed hotness")
 
@@ -146,8 +154,7 @@ class ShardingConfig:
     """Per-rank bandwidth between nodes (GB/s); left out: the profile's."""
 
     def __post_init__(self) -> None:
-        if self.kind not in SHARDING_KINDS:
-            raise ValueError(f"sharding.kind {self.kind!r} is not one of {list(SHARDING_KINDS)}")
+        _one_of("sharding.kind", self.kind, SHARDING_KINDS)
         named: set[int] = set()
         for t, k in self.per_table:
             if k not in SHARDING_TYPES:
@@ -156,8 +163,7 @@ class ShardingConfig:
                 raise ValueError(f"sharding.per_table names table {t} twice; give each table one kind")
             named.add(t)
         _positive_int("sharding.column_shards", self.column_shards)
-        if self.hardware not in HARDWARE_CHOICES:
-            raise ValueError(f"sharding.hardware {self.hardware!r} is not one of {list(HARDWARE_CHOICES)}")
+        _one_of("sharding.hardware", self.hardware, HARDWARE_CHOICES)
         positive_numbers("sharding", self, ("memory_gib", "memory_gbps", "intra_node_gbps", "inter_node_gbps"))
 
 
@@ -198,8 +204,7 @@ class OptimizationsConfig:
     same results either way. gloo only: NCCL waits never block the host, so CUDA runs block."""
 
     def __post_init__(self) -> None:
-        if self.collective_wait not in COLLECTIVE_WAITS:
-            raise ValueError(f"collective_wait {self.collective_wait!r} is not one of {list(COLLECTIVE_WAITS)}")
+        _one_of("collective_wait", self.collective_wait, COLLECTIVE_WAITS)
         if self.threaded_input_dist and not self.pipeline:
             raise ValueError("threaded_input_dist launches the next batch's input dist ahead: it needs the "
                              "pipelined loop (drop --no-pipeline or --threaded-input-dist)")
@@ -240,14 +245,10 @@ class PrecisionConfig:
         return "fp32" if self.comm == "fp32" else "bf16"
 
     def __post_init__(self) -> None:
-        if self.dense not in DENSE_PRECISIONS:
-            raise ValueError(f"precision.dense {self.dense!r} is not one of {list(DENSE_PRECISIONS)}")
-        if self.tables not in TABLE_PRECISIONS:
-            raise ValueError(f"precision.tables {self.tables!r} is not one of {list(TABLE_PRECISIONS)}")
-        if self.comm not in COMM_PRECISIONS:
-            raise ValueError(f"precision.comm {self.comm!r} is not one of {list(COMM_PRECISIONS)}")
-        if self.comm_bwd not in ("auto", *COMM_PRECISIONS):
-            raise ValueError(f"precision.comm_bwd {self.comm_bwd!r} is not one of {['auto', *COMM_PRECISIONS]}")
+        _one_of("precision.dense", self.dense, DENSE_PRECISIONS)
+        _one_of("precision.tables", self.tables, TABLE_PRECISIONS)
+        _one_of("precision.comm", self.comm, COMM_PRECISIONS)
+        _one_of("precision.comm_bwd", self.comm_bwd, ("auto", *COMM_PRECISIONS))
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -290,10 +291,8 @@ class RunConfig:
         for name in ("iters", "nodes", "gpus_per_node", "flush_every"):
             _positive_int(f"run.{name}", getattr(self, name))
         _non_negative_int("run.warmup_iters", self.warmup_iters)
-        if self.engine not in ENGINES:
-            raise ValueError(f"run.engine {self.engine!r} is not one of {list(ENGINES)}")
-        if self.device not in DEVICES:
-            raise ValueError(f"run.device {self.device!r} is not one of {list(DEVICES)}")
+        _one_of("run.engine", self.engine, ENGINES)
+        _one_of("run.device", self.device, DEVICES)
         if not self.collective_timeout_s > 0:
             raise ValueError("run.collective_timeout_s must be > 0")
 
@@ -340,8 +339,7 @@ class DynamicConfig:
             _positive_int("dynamic.slots", self.slots)
         positive_numbers("dynamic", self, ("memory_gib",))
         _positive_int("dynamic.half_life", self.half_life)
-        if self.policy not in DYNAMIC_POLICIES:
-            raise ValueError(f"dynamic.policy {self.policy!r} is not one of {list(DYNAMIC_POLICIES)}")
+        _one_of("dynamic.policy", self.policy, DYNAMIC_POLICIES)
         if self.ps is not None:
             check_store_url(self.ps)
         positive_numbers("dynamic", self, ("ps_memory_gib", "ps_spill_gib"), zero=True)
@@ -367,8 +365,7 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         _non_negative_int("evaluation.every_samples", self.every_samples)
-        if self.stage not in EVAL_STAGES:
-            raise ValueError(f"evaluation.stage {self.stage!r} is not one of {list(EVAL_STAGES)}")
+        _one_of("evaluation.stage", self.stage, EVAL_STAGES)
         if self.target_auc is not None:
             if not 0.5 < self.target_auc < 1.0:
                 raise ValueError(f"evaluation.target_auc must be between 0.5 and 1, got {self.target_auc}")

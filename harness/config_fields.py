@@ -21,6 +21,11 @@ def option(default: Any = dataclasses.MISSING, **meta: Any) -> Any:
     return field(default=default, metadata=meta)
 
 
+def one_of(name: str, value: Any, choices: Any) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} {value!r} is not one of {list(choices)}")
+
+
 def positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")

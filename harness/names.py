@@ -39,6 +39,10 @@ HARDWARE_CHOICES = ("auto", *HARDWARE_PROFILES)
 DEVICES = ("auto", "cpu", "cuda")
 """What ranks run on: auto takes CUDA when present."""
 
+DRAW_PLACES = ("host", "device")
+"""`--draw-on`: where synthetic batches are drawn (harness/data/synthetic.py on the host,
+harness/data/device_draw.py on a GPU)."""
+
 PRESET_NAMES = ("mlperf", "small", "tiny", "mlperf-ids")
 """The presets (harness/presets.py defines one function for each)."""
 

@@ -329,9 +329,9 @@ def test_a_budget_stops_the_flag_rounds_where_the_steps_after_would_not_fit(tmp_
         return 1, run_id
 
     monkeypatch.setattr(gpu_bench, "run_bench", run_bench)
-    # 4 runs a round (defaults, opts_all, autograd_cross, views_grads; pinned_d2h is CUDA only): 20 s
-    # a round; 10 runs' worth after (tiny's compare 8, quarter, profiled), 50 s; 10 s gone before.
-    # Round 2 would end at 10 + 20 + 20 + 50 = 100 s, round 3 at 120 s.
+    # 5 runs a round (defaults, opts_all, autograd_cross, views_grads, device_draw; pinned_d2h is
+    # CUDA only): 25 s a round; 10 runs' worth after (tiny's compare 8, quarter, profiled), 50 s;
+    # 10 s gone before. Round 2 would end at 10 + 25 + 25 + 50 = 110 s, round 3 at 135 s.
     for budget, rounds in ((1000.0, 4), (110.0, 2), (90.0, 1)):
         plan = Plan(device="cpu", gpus=1, repeats=4, flags=("pinned_d2h",), precision="fp32", budget_s=budget)
         outcome = Outcome(folder=str(tmp_path), plan={}, seconds={"battery": 10.0})
@@ -340,7 +340,7 @@ def test_a_budget_stops_the_flag_rounds_where_the_steps_after_would_not_fit(tmp_
         assert ran == set(range(rounds)), (budget, outcome.failures)
         assert (outcome.flag_rounds is None) == (rounds == 4)
         if rounds == 2:
-            assert "would end at 120 s, past the 110 s budget" in outcome.flag_rounds["why"]
+            assert "would end at 135 s, past the 110 s budget" in outcome.flag_rounds["why"]
             kept = outcome
     outcome = kept
     assert outcome.flag_rounds["ran"] == 2

@@ -117,6 +117,9 @@ class AheadEntry:
     the GIL, so they run in parallel); runs recorded before this field had one."""
     reason: str = ""
     """Why that many, for reports."""
+    on_device: bool = False
+    """The synthetic batches drawn on the rank's GPU (config data.draw_on device,
+    harness/data/device_draw.py), none by host threads; manifests before it: False."""
 
 
 @dataclass(kw_only=True, frozen=True)

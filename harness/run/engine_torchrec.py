@@ -122,6 +122,34 @@ class TimedOptimizer:
             self.opt.step()
 
 
+_DRAWN_BATCH = None
+
+
+def drawn_on_device(batch):
+    """A TorchRec Batch already on the GPU, drawn on the current stream: the pipeline's copy to the
+    device runs on its own stream, which must wait for the draw first (an event, not a host sync),
+    and marks the tensors as its own (the caching allocator then keeps them for it)."""
+    global _DRAWN_BATCH
+    if _DRAWN_BATCH is None:
+        from torchrec.datasets.utils import Batch
+
+        class DrawnBatch(Batch):
+            drawn: torch.cuda.Event | None = None
+
+            def to(self, device, non_blocking=False):
+                stream = torch.cuda.current_stream(device)
+                stream.wait_event(self.drawn)
+                self.record_stream(stream)
+                return super().to(device, non_blocking=non_blocking)
+
+        _DRAWN_BATCH = DrawnBatch
+    out = _DRAWN_BATCH(dense_features=batch.dense_features, sparse_features=batch.sparse_features,
+                       labels=batch.labels)
+    out.drawn = torch.cuda.Event()
+    out.drawn.record()
+    return out
+
+
 class Lookahead:
     """The batches the pipeline pulls, made before the timed region as the harness's feeder does:
     `prepare(it)` makes those `progress(it)` may pull (it fetches up to two batches ahead)."""
@@ -138,7 +166,10 @@ class Lookahead:
         b = self.data.local_batch(self.made, self.rank, self.world)
         kjt = KeyedJaggedTensor(keys=[feature_name(t) for t in range(b.sparse.num_features)],
                                 values=b.sparse.values, lengths=b.sparse.lengths.reshape(-1))
-        self.ready.append(Batch(dense_features=b.dense, sparse_features=kjt, labels=b.labels))
+        batch = Batch(dense_features=b.dense, sparse_features=kjt, labels=b.labels)
+        if b.dense.is_cuda:  # drawn on the GPU (--draw-on device), on this thread's stream
+            batch = drawn_on_device(batch)
+        self.ready.append(batch)
         self.made += 1
 
     def prepare(self, it: int) -> None:

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from harness.config import BenchConfig
 from harness.data.ahead import Ahead, maybe_ahead
+from harness.data.device_draw import DeviceSynthetic
 from harness.data.source import open_batches
 from harness.records.manifest import ResolvedFlags
 from harness.records.writer import RankRecorder
@@ -38,7 +39,10 @@ def train(
     env = RankEnv(cfg=cfg, rank=rank, device=device, recorder=recorder, plan=list(plan), group=group)
     flags = flags or resolved_flags(env)
     set_tf32(flags.precision.tf32)
-    data = maybe_ahead(open_batches(cfg), flags.batches_ahead.depth, rank=rank, world=cfg.run.world_size,
+    data = open_batches(cfg)
+    if flags.batches_ahead.on_device:
+        data = DeviceSynthetic(data, device)
+    data = maybe_ahead(data, flags.batches_ahead.depth, rank=rank, world=cfg.run.world_size,
                        total=cfg.run.warmup_iters + cfg.run.iters, device=device, workers=flags.batches_ahead.workers)
     try:
         result_log = open_result_log(cfg, rank=rank, device=device, recorder=recorder, data=data)

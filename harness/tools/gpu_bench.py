@@ -11,8 +11,9 @@ On whatever GPUs the host has (one rank a GPU, one node), in this order:
    buffer (--no-gather-grads), in bf16 autocast casting each weight (--no-bf16-weight-copy), each
    against the defaults, and the dense step all in bf16 (--dense-precision bf16-pure, other
    numbers by design), alone and with --opts all (the fastest configuration; each row's mean
-   period beside its ratio); then, where the runs were in-process, one run of the defaults spawned
-   against them;
+   period beside its ratio), the batches drawn on the GPU (--draw-on device) alone and in that
+   fastest configuration (each row also gives its GPU idle between iterations); then, where the
+   runs were in-process, one run of the defaults spawned against them;
 4. `compare` on `tiny` (the latency-bound regime: launch and input-distribution overheads);
 5. one run of the defaults at a quarter of the batch;
 6. one run of the defaults with a --profile window in its warm-up: host against device per stage
@@ -190,10 +191,14 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
     configs = {"defaults": [], **{f"+{f}": [f"--{f.replace('_', '-')}"] for f in plan.flags if f not in skipped},
                "opts_all": ["--opts", "all"], "autograd_cross": ["--no-fused-cross"],
                "views_grads": ["--no-gather-grads"]}
+    # Batches drawn on the GPU (--draw-on device, harness/data/device_draw.py), alone and in the
+    # fastest configuration: what the host's batch threads cost the period.
+    configs["device_draw"] = ["--draw-on", "device"]
     if plan.precision == "bf16":
         configs["autocast_casts"] = ["--no-bf16-weight-copy"]
         configs["bf16_pure"] = ["--dense-precision", "bf16-pure"]
         configs["bf16_pure_all"] = ["--dense-precision", "bf16-pure", "--opts", "all"]
+        configs["bf16_pure_all_device_draw"] = [*configs["bf16_pure_all"], "--draw-on", "device"]
     runs: dict[str, list[str]] = {name: [] for name in configs}
     periods: dict[str, list[float]] = {name: [] for name in configs}
     start, before = time.monotonic(), sum(outcome.seconds.values())
@@ -225,6 +230,7 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
         cmp = compare_runs({"defaults": base, name: [report.load_run(folder / r) for r in runs[name]]})
         outcome.flags[name] = {"runs": runs[name], "ratio": cmp.ratio, "ratio_ci": list(cmp.ratio_ci),
                                "period_ms": sum(periods[name]) / len(periods[name]),
+                               "share_of_period": _harness_side([folder / r for r in runs[name]])["share_of_period"],
                                "inactive": _inactive(folder / runs[name][0], name.strip("+"))}
 
 
@@ -307,8 +313,12 @@ def inactive_here(plan: Plan) -> dict[str, str]:
 
 
 def _inactive(run_dir: Path, flag: str) -> str | None:
-    """Why the flag did not take effect in that run (its manifest), or None."""
+    """Why the flag (or a device_draw row's --draw-on device) did not take effect in that run (its
+    manifest), or None."""
     flags = json.loads((run_dir / "manifest.json").read_text())["optimizations"]
+    if "device_draw" in flag:
+        ahead = flags.get("batches_ahead", {})
+        return None if ahead.get("on_device") else ahead.get("reason", "not drawn on the device")
     return flags["inactive_reasons"].get(flag)
 
 

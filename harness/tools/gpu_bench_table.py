@@ -64,6 +64,8 @@ def summary(outcome) -> str:
             continue
         lo, hi = f["ratio_ci"]
         note = f"period {f['period_ms']:.2f} ms" if "period_ms" in f else ""
+        idle = f.get("share_of_period", {}).get("between_iterations")
+        note += f", GPU idle between {idle:.1%}" if idle is not None and idle == idle else ""
         note += f"; inactive: {f['inactive']}" if f["inactive"] else ""
         rows.append((f"{name} / defaults", f"{f['ratio']:.3f} (95% CI {lo:.3f}-{hi:.3f})", note))
     for step, c in outcome.compares.items():

@@ -1,0 +1,117 @@
+"""Synthetic batches drawn on the device (harness/data/device_draw.py): the kernel, run on CPU
+tensors in Triton's interpreter, gives the host stream's numbers to the bit (numpy's Philox,
+log1p and power law: harness/data/synthetic.py, the independent reference); `--draw-on device`
+resolves as the run can take it, and says why not where it cannot."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from harness.config import DataConfig
+from harness.data import device_draw
+from harness.data.device_draw import DeviceSynthetic
+from harness.data.synthetic import SyntheticCriteo
+from harness.presets import small, tiny
+from harness.run.optimizations import batches_ahead
+
+
+@pytest.fixture
+def interpreted(monkeypatch):
+    """The kernel built for Triton's interpreter (numpy on the host), not for a GPU."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(device_draw, "_KERNEL", None)
+
+
+def same(a, b) -> bool:
+    return (torch.equal(a.dense, b.dense) and torch.equal(a.labels, b.labels)
+            and torch.equal(a.sparse.lengths, b.sparse.lengths) and torch.equal(a.sparse.values, b.sparse.values)
+            and a.sparse.feature_values == b.sparse.feature_values)
+
+
+@pytest.mark.parametrize("preset,batch,exponent,seed", [
+    (tiny, 96, 1.05, 0), (tiny, 96, 0.0, 3), (tiny, 96, 1.0, 3), (tiny, 96, 2.0, (1 << 64) + 5), (small, 256, 1.05, 0)])
+def test_the_kernel_draws_the_host_stream(interpreted, preset, batch, exponent, seed):
+    """Every rank's share of several global batches: the same bits as numpy's stream (the seeds:
+    the default, another, and one over 2^64, whose high word is Philox's second key word)."""
+    cfg = preset()
+    host = SyntheticCriteo(cfg.model, DataConfig(global_batch_size=batch, id_exponent=exponent, seed=seed))
+    drawn = DeviceSynthetic(host, torch.device("cpu"))
+    for it in (0, 1, 5):
+        for rank in (0, 1):
+            assert same(drawn.local_batch(it, rank, 2), host.local_batch(it, rank, 2)), (it, rank)
+
+
+def test_a_ragged_batch_is_drawn_on_the_host(interpreted, monkeypatch):
+    cfg = tiny()
+    host = SyntheticCriteo(cfg.model, DataConfig(global_batch_size=96, ragged_every=2))
+    drawn = DeviceSynthetic(host, torch.device("cpu"))
+    monkeypatch.setattr(drawn, "samples", lambda *a: pytest.fail("a ragged batch went to the kernel"))
+    assert not host.is_regular(1)
+    assert same(drawn.local_batch(1, 0, 1), host.local_batch(1, 0, 1))
+    assert drawn.is_regular(1) is False  # the rest is the host source's
+
+
+def test_draw_on_device_resolves_where_it_can_take_effect():
+    on_gpu = batches_ahead(None, cuda=True, cores=16, draw_on="device", triton_missing=lambda: None)
+    assert on_gpu.on_device and on_gpu.depth == 0 and "Triton kernel" in on_gpu.reason
+    no_triton = batches_ahead(None, cuda=True, cores=16, draw_on="device", triton_missing=lambda: "no module")
+    assert not no_triton.on_device and no_triton.depth == 2 and no_triton.reason.startswith("--draw-on device: no module")
+    on_cpu = batches_ahead(None, cuda=False, draw_on="device")
+    assert not on_cpu.on_device and on_cpu.reason.startswith("--draw-on device needs a CUDA device")
+    assert not batches_ahead(None, cuda=True, cores=16).on_device
+
+
+def test_the_files_cannot_be_drawn_on_the_device():
+    with pytest.raises(ValueError, match="files at --data are read on the host"):
+        DataConfig(global_batch_size=8, path="/data", draw_on="device")
+
+
+def test_a_cpu_run_asked_to_draw_on_the_device_records_why_not(tmp_path):
+    from harness.cli import main
+
+    assert main(["bench", "--preset", "tiny", "--nodes", "1", "--gpus-per-node", "1", "--iters", "3", "--warmup", "1",
+                 "--draw-on", "device", "--in-process", "--runs-root", str(tmp_path)]) == 0
+    (run,) = tmp_path.iterdir()
+    entry = json.loads((run / "manifest.json").read_text())["optimizations"]["batches_ahead"]
+    assert entry["on_device"] is False and "needs a CUDA device" in entry["reason"]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_batches_drawn_on_the_gpu_are_the_host_streams():
+    """small's 8192-sample batches drawn on the GPU against numpy's: every id, dense value and label
+    the same (the GPU's float64 log1p, exp and pow may differ from the host's by an ulp: a mismatch
+    is counted and named)."""
+    cfg = small()
+    host = SyntheticCriteo(cfg.model, DataConfig(global_batch_size=8192))
+    drawn = DeviceSynthetic(host, torch.device("cuda", torch.cuda.current_device()))
+    for it in (0, 7):
+        got, want = drawn.local_batch(it, 0, 1), host.local_batch(it, 0, 1)
+        differ = {name: int((getattr(got, name).cpu() != getattr(want, name)).sum()) for name in ("dense", "labels")}
+        differ["ids"] = int((got.sparse.values.cpu() != want.sparse.values).sum())
+        assert differ == {"dense": 0, "labels": 0, "ids": 0}, f"iteration {it}: values that differ {differ}"
+        assert torch.equal(got.sparse.lengths.cpu(), want.sparse.lengths)
+        assert got.sparse.feature_values == want.sparse.feature_values
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("engine", ["harness", "torchrec"])
+def test_both_engines_train_on_batches_drawn_on_the_gpu(tmp_path, engine):
+    """One GPU, --draw-on device: the run records the batches drawn on the device and trains (the
+    TorchRec engine's pipeline copies on its own stream, which waits for the draw's event)."""
+    import pandas as pd
+
+    from harness.cli import main
+
+    assert main(["bench", "--device", "cuda", "--preset", "tiny", "--nodes", "1", "--gpus-per-node", "1",
+                 "--iters", "20", "--warmup", "2", "--engine", engine, "--draw-on", "device", "--in-process",
+                 "--runs-root", str(tmp_path)]) == 0
+    (run,) = tmp_path.iterdir()
+    entry = json.loads((run / "manifest.json").read_text())["optimizations"]["batches_ahead"]
+    assert entry["on_device"] is True and entry["depth"] == 0, entry
+    its = pd.concat(pd.read_parquet(p) for p in run.glob("rank*/iterations-*.parquet"))
+    assert len(its) == 22 and its["loss"].notna().all()
