@@ -6,23 +6,24 @@ resolves as the run can take it, and says why not where it cannot."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from harness.config import DataConfig
-from harness.data import device_draw
 from harness.data.device_draw import DeviceSynthetic
 from harness.data.synthetic import SyntheticCriteo
 from harness.presets import small, tiny
 from harness.run.optimizations import batches_ahead
 
-
-@pytest.fixture
-def interpreted(monkeypatch):
-    """The kernel built for Triton's interpreter (numpy on the host), not for a GPU."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(device_draw, "_KERNEL", None)
+CASES = [("tiny", 96, 1.05, 0), ("tiny", 96, 0.0, 3), ("tiny", 96, 1.0, 3), ("tiny", 96, 2.0, (1 << 64) + 5),
+         ("small", 256, 1.05, 0)]
+"""(preset, global batch, id exponent, seed): the seeds are the default, another, and one over 2^64,
+whose high word is Philox's second key word."""
 
 
 def same(a, b) -> bool:
@@ -31,20 +32,40 @@ def same(a, b) -> bool:
             and a.sparse.feature_values == b.sparse.feature_values)
 
 
-@pytest.mark.parametrize("preset,batch,exponent,seed", [
-    (tiny, 96, 1.05, 0), (tiny, 96, 0.0, 3), (tiny, 96, 1.0, 3), (tiny, 96, 2.0, (1 << 64) + 5), (small, 256, 1.05, 0)])
-def test_the_kernel_draws_the_host_stream(interpreted, preset, batch, exponent, seed):
-    """Every rank's share of several global batches: the same bits as numpy's stream (the seeds:
-    the default, another, and one over 2^64, whose high word is Philox's second key word)."""
-    cfg = preset()
-    host = SyntheticCriteo(cfg.model, DataConfig(global_batch_size=batch, id_exponent=exponent, seed=seed))
-    drawn = DeviceSynthetic(host, torch.device("cpu"))
-    for it in (0, 1, 5):
-        for rank in (0, 1):
-            assert same(drawn.local_batch(it, rank, 2), host.local_batch(it, rank, 2)), (it, rank)
+def differing(cases) -> dict[str, list]:
+    """For each case, the (iteration, rank) whose batch drawn by the kernel on CPU tensors differs
+    from numpy's (run under TRITON_INTERPRET=1)."""
+    out = {}
+    for preset, batch, exponent, seed in cases:
+        cfg = {"tiny": tiny, "small": small}[preset]()
+        host = SyntheticCriteo(cfg.model, DataConfig(global_batch_size=batch, id_exponent=exponent, seed=seed))
+        drawn = DeviceSynthetic(host, torch.device("cpu"))
+        out[repr((preset, batch, exponent, seed))] = [
+            [it, rank] for it in (0, 1, 5) for rank in (0, 1)
+            if not same(drawn.local_batch(it, rank, 2), host.local_batch(it, rank, 2))]
+    return out
 
 
-def test_a_ragged_batch_is_drawn_on_the_host(interpreted, monkeypatch):
+@pytest.fixture(scope="module")
+def interpreted():
+    """differing(CASES) in a process of its own with TRITON_INTERPRET=1: Triton reads it when its
+    language module is first imported, which another test of the session or a library may have
+    done already."""
+    code = "import json; from tests.test_device_draw import differing, CASES; print(json.dumps(differing(CASES)))"
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"},
+                          capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_kernel_draws_the_host_stream(interpreted, case):
+    """Every rank's share of several global batches, drawn by the kernel in Triton's interpreter:
+    the same bits as numpy's stream."""
+    assert interpreted[repr(case)] == []
+
+
+def test_a_ragged_batch_is_drawn_on_the_host(monkeypatch):
     cfg = tiny()
     host = SyntheticCriteo(cfg.model, DataConfig(global_batch_size=96, ragged_every=2))
     drawn = DeviceSynthetic(host, torch.device("cpu"))

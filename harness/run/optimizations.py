@@ -110,8 +110,8 @@ def batches_ahead(requested: int | None, *, cuda: bool, local_ranks: int = 1, co
             missing = (triton_missing or unavailable)()
             if missing is None:
                 return AheadEntry(depth=0, workers=0, on_device=True,
-                                  reason="drawn on the GPU by one Triton kernel a batch (--draw-on device; "
-                                         "ragged batches on the host)")
+                                  reason="drawn on the GPU (--draw-on device: a Triton kernel and float64 ops a "
+                                         "batch; ragged batches on the host)")
             not_on_device = f"--draw-on device: {missing}; drawn on the host"
     entry = _host_ahead(requested, cuda=cuda, local_ranks=local_ranks, cores=cores)
     return dataclasses.replace(entry, reason=f"{not_on_device}; {entry.reason}") if not_on_device else entry
