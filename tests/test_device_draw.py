@@ -19,17 +19,12 @@ from harness.data.device_draw import DeviceSynthetic
 from harness.data.synthetic import SyntheticCriteo
 from harness.presets import small, tiny
 from harness.run.optimizations import batches_ahead
+from tests.test_ahead import same
 
 CASES = [("tiny", 96, 1.05, 0), ("tiny", 96, 0.0, 3), ("tiny", 96, 1.0, 3), ("tiny", 96, 2.0, (1 << 64) + 5),
          ("small", 256, 1.05, 0)]
 """(preset, global batch, id exponent, seed): the seeds are the default, another, and one over 2^64,
 whose high word is Philox's second key word."""
-
-
-def same(a, b) -> bool:
-    return (torch.equal(a.dense, b.dense) and torch.equal(a.labels, b.labels)
-            and torch.equal(a.sparse.lengths, b.sparse.lengths) and torch.equal(a.sparse.values, b.sparse.values)
-            and a.sparse.feature_values == b.sparse.feature_values)
 
 
 def differing(cases) -> dict[str, list]:
