@@ -346,3 +346,32 @@ def test_a_budget_stops_the_flag_rounds_where_the_steps_after_would_not_fit(tmp_
     assert outcome.flag_rounds["ran"] == 2
     row = [line for line in summary(outcome).splitlines() if line.startswith("flag rounds")]
     assert len(row) == 1 and "2 of 4" in row[0]
+
+
+def test_a_failed_device_draw_check_skips_its_rows(tmp_path, monkeypatch):
+    """The check's error keeps the device-draw rows out of the flag rounds, each row saying why; a
+    check that ran says what it compared, or how many values differ."""
+    from harness.tools import gpu_bench
+    from harness.tools.gpu_bench_draw import check_line, draw_check
+
+    ran = []
+
+    def run_bench(outcome, plan, argv, run_id):
+        ran.append(argv)
+        return 1, run_id
+
+    monkeypatch.setattr(gpu_bench, "run_bench", run_bench)
+    outcome = Outcome(folder=str(tmp_path), plan={}, draw_check={"error": "TypeError: boom"})
+    gpu_bench.run_flags(outcome, Plan(device="cpu", gpus=1, repeats=1, flags=(), precision="bf16"))
+    assert ran and not any("--draw-on" in argv for argv in ran)
+    assert outcome.flags["device_draw"] == {"runs": [], "inactive": "the draw check failed: TypeError: boom",
+                                            "skipped": True}
+    assert "bf16_pure_all_device_draw" not in outcome.flags
+    assert check_line({"error": None, "differ": {"ids": 0, "dense": 0, "labels": 0},
+                       "values": {"ids": 10, "dense": 4, "labels": 2}}) == (
+        "numpy's bits: 10 ids, 4 dense values, 2 labels")
+    assert check_line({"error": None, "differ": {"ids": 1, "dense": 0, "labels": 0},
+                       "values": {"ids": 10, "dense": 4, "labels": 2}}) == (
+        "differ from numpy's: 1 of 10 ids, 0 of 4 dense, 0 of 2 labels")
+    if not torch.cuda.is_available():  # no GPU here: the check says so instead of raising
+        assert draw_check("tiny", 96)["error"]

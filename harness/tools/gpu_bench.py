@@ -2,7 +2,9 @@
 
 On whatever GPUs the host has (one rank a GPU, one node), in this order:
 1. the battery (`make gpu-check`: every test marked cuda, in a process of its own), a verdict a check;
-2. `compare` on `small` at MLPerf's per-GPU batch (8192 a GPU), defaults, then `--opts all`;
+2. `compare` on `small` at MLPerf's per-GPU batch (8192 a GPU), defaults, then `--opts all`; then
+   `--draw-on device`'s batches against numpy's, in a process of its own (where it fails, the
+   device-draw rows below are not run; gpu_bench_draw.py);
 3. each optimization flag alone against the defaults, runs interleaved (defaults, +flag, ... each
    round), the period ratio of each flag with a bootstrap 95% CI (a flag that cannot take effect
    on this device and GPU count whatever the plan is not run: its row says why); in the same
@@ -185,6 +187,7 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
     # its numbers differ by design), alone and with every flag (the fastest the harness has: issue
     # 45's period target).
     skipped = inactive_here(plan)
+    no_draw = (outcome.draw_check or {}).get("error")
     for f, why in skipped.items():
         outcome.flags[f"+{f}"] = {"runs": [], "inactive": why, "skipped": True}
         print(f"  +{f:25s} not run: it cannot take effect here ({why})", flush=True)
@@ -194,11 +197,15 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
     # Batches drawn on the GPU (--draw-on device, harness/data/device_draw.py), alone and in the
     # fastest configuration: what the host's batch threads cost the period.
     configs["device_draw"] = ["--draw-on", "device"]
+    if no_draw:
+        del configs["device_draw"]
+        outcome.flags["device_draw"] = {"runs": [], "inactive": f"the draw check failed: {no_draw}", "skipped": True}
     if plan.precision == "bf16":
         configs["autocast_casts"] = ["--no-bf16-weight-copy"]
         configs["bf16_pure"] = ["--dense-precision", "bf16-pure"]
         configs["bf16_pure_all"] = ["--dense-precision", "bf16-pure", "--opts", "all"]
-        configs["bf16_pure_all_device_draw"] = [*configs["bf16_pure_all"], "--draw-on", "device"]
+        if not no_draw:
+            configs["bf16_pure_all_device_draw"] = [*configs["bf16_pure_all"], "--draw-on", "device"]
     runs: dict[str, list[str]] = {name: [] for name in configs}
     periods: dict[str, list[float]] = {name: [] for name in configs}
     start, before = time.monotonic(), sum(outcome.seconds.values())
@@ -232,6 +239,16 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
                                "period_ms": sum(periods[name]) / len(periods[name]),
                                "share_of_period": _harness_side([folder / r for r in runs[name]])["share_of_period"],
                                "inactive": _inactive(folder / runs[name][0], name.strip("+"))}
+
+
+def run_draw_check(outcome: Outcome, plan: Plan) -> None:
+    """--draw-on device's batches against numpy's, in a process of its own (gpu_bench_draw.py)."""
+    from harness.tools.gpu_bench_draw import check_line, draw_check
+
+    if plan.device != "cuda":
+        return
+    outcome.draw_check = in_child(draw_check, plan.small, plan.batch_per_gpu)
+    print(f"device draw: {check_line(outcome.draw_check)}", flush=True)
 
 
 def runs_after_flags(plan: Plan) -> int:
@@ -388,6 +405,7 @@ def run(plan: Plan, runs_root: Path, *, archive: Path | None = None) -> int:
                                                       plan.batch_per_gpu, [])),
         (f"{plan.small} --opts all", lambda: run_compare(outcome, plan, f"{plan.small} --opts all", plan.small,
                                                         plan.batch_per_gpu, ["--opts", "all"])),
+        ("device draw check", lambda: run_draw_check(outcome, plan)),
         ("each flag alone", lambda: run_flags(outcome, plan)),
         ("a spawned run", lambda: run_spawned_check(outcome, plan)),
         ("tiny (latency-bound)", lambda: run_compare(outcome, plan, "tiny", "tiny", None, [])),

@@ -96,6 +96,8 @@ class Outcome:
     """Run label -> its measured and projected period and the error (the projection check)."""
     cluster_projection: dict | None = None
     """The 16 x 8 H100 mlperf job projected from this bench's runs: baseline, all flags, their ratio."""
+    draw_check: dict | None = None
+    """--draw-on device against numpy's batches, before the flag rounds (gpu_bench_draw.py)."""
     archive: str | None = None
     """A .tar.gz of the folder, rewritten after every step (a device lease brings back few files)."""
     launch_notes: list[str] = field(default_factory=list)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.report.startup import startup_line
+from harness.tools.gpu_bench_draw import check_line
 from harness.tools.gpu_bench_plan import device_line
 
 
@@ -54,6 +55,8 @@ def target_rows(outcome) -> list[tuple[str, str, str]]:
 def summary(outcome) -> str:
     """The one table gpu-bench prints last (and writes to summary.md), of its Outcome (gpu_bench.py)."""
     rows = [("device", device_line(outcome.plan), ""), ("battery", outcome.battery_verdict or "not run", "")]
+    if check_line(outcome.draw_check):
+        rows.append(("device draw vs numpy", check_line(outcome.draw_check), "2 batches (--draw-on device)"))
     for step, c in outcome.compares.items():
         lo, hi = c["ratio_ci"]
         rows.append((f"{step}: harness/torchrec", f"{c['ratio']:.3f} (95% CI {lo:.3f}-{hi:.3f})",

@@ -1,0 +1,50 @@
+"""gpu-bench's check of `--draw-on device` before its flag rounds run it: two batches of the bench's
+shape drawn on the GPU (harness/data/device_draw.py) against numpy's, in a process of its own (a
+kernel that fails to build or faults leaves gpu-bench's own CUDA state alone). Where it fails, the
+device-draw rows are not run and say why; where values differ, the table says how many."""
+
+from __future__ import annotations
+
+
+def draw_check(preset: str, batch: int) -> dict:
+    """{"error": why it could not draw, or None; "differ": ids, dense values and labels that differ
+    from numpy's over the two batches; "values": how many of each were compared}."""
+    import torch
+
+    from harness.config import DataConfig
+    from harness.data.device_draw import DeviceSynthetic, unavailable
+    from harness.data.synthetic import SyntheticCriteo
+    from harness.presets import PRESETS
+
+    missing = unavailable()
+    if missing:
+        return {"error": missing}
+    cfg = PRESETS[preset]()
+    host = SyntheticCriteo(cfg.model, DataConfig(global_batch_size=batch))
+    differ = {"ids": 0, "dense": 0, "labels": 0}
+    values = dict(differ)
+    try:
+        drawn = DeviceSynthetic(host, torch.device("cuda", 0))
+        for it in (0, 1):
+            got, want = drawn.local_batch(it, 0, 1), host.local_batch(it, 0, 1)
+            for name, a, b in (("ids", got.sparse.values, want.sparse.values), ("dense", got.dense, want.dense),
+                               ("labels", got.labels, want.labels)):
+                if a.shape != b.shape:
+                    raise ValueError(f"{name}: shape {tuple(a.shape)} against numpy's {tuple(b.shape)}")
+                differ[name] += int((a.cpu() != b).sum())
+                values[name] += b.numel()
+    except Exception as exc:  # reported in the table; the rows that need it are not run
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"error": None, "differ": differ, "values": values}
+
+
+def check_line(check: dict | None) -> str | None:
+    """The table's row for the check, or None where it did not run."""
+    if not check:
+        return None
+    if check.get("error"):
+        return f"failed: {check['error']}"
+    differ, values = check["differ"], check["values"]
+    if not any(differ.values()):
+        return f"numpy's bits: {values['ids']} ids, {values['dense']} dense values, {values['labels']} labels"
+    return "differ from numpy's: " + ", ".join(f"{differ[k]} of {values[k]} {k}" for k in differ)
