@@ -368,8 +368,7 @@ def test_a_failed_device_draw_check_skips_its_rows(tmp_path, monkeypatch):
                                             "skipped": True}
     assert "bf16_pure_all_device_draw" not in outcome.flags
     assert check_line({"error": None, "differ": {"ids": 0, "dense": 0, "labels": 0},
-                       "values": {"ids": 10, "dense": 4, "labels": 2}}) == (
-        "numpy's bits: 10 ids, 4 dense values, 2 labels")
+                       "values": {"ids": 10, "dense": 4, "labels": 2}}) == "numpy's bits: 10 ids, 4 dense, 2 labels"
     assert check_line({"error": None, "differ": {"ids": 1, "dense": 0, "labels": 0},
                        "values": {"ids": 10, "dense": 4, "labels": 2}}) == (
         "differ from numpy's: 1 of 10 ids, 0 of 4 dense, 0 of 2 labels")

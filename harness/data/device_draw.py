@@ -7,9 +7,9 @@ float64 draws), so a 5 ms H100 iteration needs six to eight cores drawing withou
 waited 0.8-1.3 ms an iteration for its batch all the same (docs/gpu-session-3-notes.md).
 
 The same numbers: numpy's Philox4x64-10 (Triton's own `philox_impl`, Random123's rounds and
-constants; numpy increments the counter before each block of four words), the same float64 operations in the same order (compiled without fused
-multiply-adds), ids truncated and clipped as `power_law_ids` does, the label's sums added left to
-right as numpy adds four values. The integer work is exact; the float64 `log1p`, `exp` and `pow`
+constants; numpy increments the counter before each block of four words), then the same float64
+operations in the same order, each its own op (no fused multiply-add), ids truncated and clipped
+as `power_law_ids` does, the label's sums added left to right as numpy adds four values. The integer work is exact; the float64 `log1p`, `exp` and `pow`
 are the device's, within an ulp or two of the host's, so a value can differ where a draw falls
 within an ulp of a rounding or truncation boundary: the battery compares device batches with the
 host stream and counts what differs. Ragged batches (`--ragged-every`) are drawn on the host.

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 
 def draw_check(preset: str, batch: int) -> dict:
-    """{"error": why it could not draw, or None; "differ": ids, dense values and labels that differ
-    from numpy's over the two batches; "values": how many of each were compared}."""
+    """{"error": why it could not draw, or None; "differ": ids, lengths, dense values and labels
+    that differ from numpy's over the two batches; "values": how many of each were compared}. The
+    battery's tests/test_device_draw.py asserts on it too."""
     import torch
 
     from harness.config import DataConfig
@@ -21,13 +22,16 @@ def draw_check(preset: str, batch: int) -> dict:
         return {"error": missing}
     cfg = PRESETS[preset]()
     host = SyntheticCriteo(cfg.model, DataConfig(global_batch_size=batch))
-    differ = {"ids": 0, "dense": 0, "labels": 0}
+    differ = {"ids": 0, "lengths": 0, "dense": 0, "labels": 0}
     values = dict(differ)
     try:
         drawn = DeviceSynthetic(host, torch.device("cuda", 0))
         for it in (0, 1):
             got, want = drawn.local_batch(it, 0, 1), host.local_batch(it, 0, 1)
-            for name, a, b in (("ids", got.sparse.values, want.sparse.values), ("dense", got.dense, want.dense),
+            if got.sparse.feature_values != want.sparse.feature_values:
+                raise ValueError(f"values a feature {got.sparse.feature_values}, numpy's {want.sparse.feature_values}")
+            for name, a, b in (("ids", got.sparse.values, want.sparse.values),
+                               ("lengths", got.sparse.lengths, want.sparse.lengths), ("dense", got.dense, want.dense),
                                ("labels", got.labels, want.labels)):
                 if a.shape != b.shape:
                     raise ValueError(f"{name}: shape {tuple(a.shape)} against numpy's {tuple(b.shape)}")
@@ -46,5 +50,5 @@ def check_line(check: dict | None) -> str | None:
         return f"failed: {check['error']}"
     differ, values = check["differ"], check["values"]
     if not any(differ.values()):
-        return f"numpy's bits: {values['ids']} ids, {values['dense']} dense values, {values['labels']} labels"
+        return f"numpy's bits: " + ", ".join(f"{n} {k}" for k, n in values.items())
     return "differ from numpy's: " + ", ".join(f"{differ[k]} of {values[k]} {k}" for k in differ)
