@@ -329,10 +329,11 @@ def test_a_budget_stops_the_flag_rounds_where_the_steps_after_would_not_fit(tmp_
         return 1, run_id
 
     monkeypatch.setattr(gpu_bench, "run_bench", run_bench)
-    # 5 runs a round (defaults, opts_all, autograd_cross, views_grads, device_draw; pinned_d2h is
-    # CUDA only): 25 s a round; 10 runs' worth after (tiny's compare 8, quarter, profiled), 50 s;
-    # 10 s gone before. Round 2 would end at 10 + 25 + 25 + 50 = 110 s, round 3 at 135 s.
-    for budget, rounds in ((1000.0, 4), (110.0, 2), (90.0, 1)):
+    # 6 runs a round (defaults, opts_all, autograd_cross, views_grads, device_draw,
+    # opts_all_device_draw; pinned_d2h is CUDA only): 30 s a round; 10 runs' worth after (tiny's
+    # compare 8, quarter, profiled), 50 s; 10 s gone before. Round 2 would end at
+    # 10 + 30 + 30 + 50 = 120 s, round 3 at 150 s.
+    for budget, rounds in ((1000.0, 4), (120.0, 2), (90.0, 1)):
         plan = Plan(device="cpu", gpus=1, repeats=4, flags=("pinned_d2h",), precision="fp32", budget_s=budget)
         outcome = Outcome(folder=str(tmp_path), plan={}, seconds={"battery": 10.0})
         gpu_bench.run_flags(outcome, plan)
@@ -340,7 +341,7 @@ def test_a_budget_stops_the_flag_rounds_where_the_steps_after_would_not_fit(tmp_
         assert ran == set(range(rounds)), (budget, outcome.failures)
         assert (outcome.flag_rounds is None) == (rounds == 4)
         if rounds == 2:
-            assert "would end at 135 s, past the 110 s budget" in outcome.flag_rounds["why"]
+            assert "would end at 150 s, past the 120 s budget" in outcome.flag_rounds["why"]
             kept = outcome
     outcome = kept
     assert outcome.flag_rounds["ran"] == 2
@@ -374,3 +375,23 @@ def test_a_failed_device_draw_check_skips_its_rows(tmp_path, monkeypatch):
         "differ from numpy's: 1 of 10 ids, 0 of 4 dense, 0 of 2 labels")
     if not torch.cuda.is_available():  # no GPU here: the check says so instead of raising
         assert draw_check("tiny", 96)["error"]
+
+
+def test_rows_that_add_one_change_are_ratios_over_the_row_they_add_it_to(tmp_path):
+    """graphs_autograd_cross is --no-fused-cross added to +cuda_graphs, the device-draw rows
+    --draw-on device added to their all-flags rows: each AGAINST row's base runs in the same rounds
+    (it is in the configs whenever the row is) with the same options less the change, and the table
+    names the row it is over."""
+    from harness.tools.gpu_bench_plan import AGAINST, flag_configs
+
+    cuda = flag_configs(Plan(device="cuda", gpus=1, precision="bf16"), {}, draw_failed=False)
+    for row, base in AGAINST.items():
+        assert base in cuda and row in cuda
+        assert set(cuda[base]) < set(cuda[row]), (row, base)
+    assert cuda["graphs_autograd_cross"] == ["--cuda-graphs", "--no-fused-cross"]
+    cpu = flag_configs(Plan(device="cpu", gpus=1, precision="fp32", flags=()), {}, draw_failed=True)
+    assert not set(AGAINST) & set(cpu)
+    outcome = Outcome(folder=str(tmp_path), plan={}, flags={"graphs_autograd_cross": {
+        "runs": ["a"], "against": "+cuda_graphs", "ratio": 0.9, "ratio_ci": [0.8, 1.0], "inactive": None}})
+    assert any(line.startswith("graphs_autograd_cross / +cuda_graphs ") and "0.900 (95% CI 0.800-1.000)" in line
+               for line in summary(outcome).splitlines())

@@ -13,8 +13,10 @@ On whatever GPUs the host has (one rank a GPU, one node), in this order:
    buffer (--no-gather-grads), in bf16 autocast casting each weight (--no-bf16-weight-copy), each
    against the defaults, and the dense step all in bf16 (--dense-precision bf16-pure, other
    numbers by design), alone and with --opts all (the fastest configuration; each row's mean
-   period beside its ratio), the batches drawn on the GPU (--draw-on device) alone and in that
-   fastest configuration (each row also gives its GPU idle between iterations); then, where the
+   period beside its ratio), the batches drawn on the GPU (--draw-on device) alone and with each
+   --opts all (each row also gives its GPU idle between iterations), and the autograd cross
+   layers graphed; a row that adds one change to another row is its ratio over that row's runs
+   (gpu_bench_plan.AGAINST); then, where the
    runs were in-process, one run of the defaults spawned against them;
 4. `compare` on `tiny` (the latency-bound regime: launch and input-distribution overheads);
 5. one run of the defaults at a quarter of the batch;
@@ -52,7 +54,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from harness.names import OPTIMIZATION_FLAGS
-from harness.tools.gpu_bench_plan import Outcome, Plan, in_process_choice
+from harness.tools.gpu_bench_plan import AGAINST, Outcome, Plan, flag_configs, in_process_choice
 from harness.tools.gpu_bench_projection import run_cluster_projection, run_projection_check
 from harness.tools.gpu_bench_table import summary
 
@@ -181,31 +183,14 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
     from harness.report.compare import compare_runs
 
     folder = Path(outcome.folder)
-    # Not flags, the harness's own dense kernels taken away (what each buys, >1 expected):
-    # autograd_cross, the fused cross layers; views_grads, the gathered gradients; autocast_casts,
-    # the bf16 weight copy (bf16 only); and bf16_pure, every activation in bf16 (another precision:
-    # its numbers differ by design), alone and with every flag (the fastest the harness has: issue
-    # 45's period target).
     skipped = inactive_here(plan)
     no_draw = (outcome.draw_check or {}).get("error")
     for f, why in skipped.items():
         outcome.flags[f"+{f}"] = {"runs": [], "inactive": why, "skipped": True}
         print(f"  +{f:25s} not run: it cannot take effect here ({why})", flush=True)
-    configs = {"defaults": [], **{f"+{f}": [f"--{f.replace('_', '-')}"] for f in plan.flags if f not in skipped},
-               "opts_all": ["--opts", "all"], "autograd_cross": ["--no-fused-cross"],
-               "views_grads": ["--no-gather-grads"]}
-    # Batches drawn on the GPU (--draw-on device, harness/data/device_draw.py), alone and in the
-    # fastest configuration: what the host's batch threads cost the period.
-    configs["device_draw"] = ["--draw-on", "device"]
     if no_draw:
-        del configs["device_draw"]
         outcome.flags["device_draw"] = {"runs": [], "inactive": f"the draw check failed: {no_draw}", "skipped": True}
-    if plan.precision == "bf16":
-        configs["autocast_casts"] = ["--no-bf16-weight-copy"]
-        configs["bf16_pure"] = ["--dense-precision", "bf16-pure"]
-        configs["bf16_pure_all"] = ["--dense-precision", "bf16-pure", "--opts", "all"]
-        if not no_draw:
-            configs["bf16_pure_all_device_draw"] = [*configs["bf16_pure_all"], "--draw-on", "device"]
+    configs = flag_configs(plan, skipped, bool(no_draw))
     runs: dict[str, list[str]] = {name: [] for name in configs}
     periods: dict[str, list[float]] = {name: [] for name in configs}
     start, before = time.monotonic(), sum(outcome.seconds.values())
@@ -230,12 +215,13 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
             print(f"  {name:26s} r{k}: period {period:.3f} ms", flush=True)
             outcome.save()  # the archive holds each run as it ends: a call cut off mid-step keeps them
     outcome.defaults_runs = runs["defaults"]
-    base = [report.load_run(folder / r) for r in runs["defaults"]]
     for name in list(configs)[1:]:
-        if not runs[name] or not base:
+        against = AGAINST.get(name) if runs.get(AGAINST.get(name)) else "defaults"
+        if not runs[name] or not runs[against]:
             continue
-        cmp = compare_runs({"defaults": base, name: [report.load_run(folder / r) for r in runs[name]]})
-        outcome.flags[name] = {"runs": runs[name], "ratio": cmp.ratio, "ratio_ci": list(cmp.ratio_ci),
+        cmp = compare_runs({against: [report.load_run(folder / r) for r in runs[against]],
+                            name: [report.load_run(folder / r) for r in runs[name]]})
+        outcome.flags[name] = {"runs": runs[name], "against": against, "ratio": cmp.ratio, "ratio_ci": list(cmp.ratio_ci),
                                "period_ms": sum(periods[name]) / len(periods[name]),
                                "share_of_period": _harness_side([folder / r for r in runs[name]])["share_of_period"],
                                "inactive": _inactive(folder / runs[name][0], name.strip("+"))}

@@ -50,6 +50,37 @@ class Plan:
         return out + batch + (["--in-process"] if self.in_process else [])
 
 
+AGAINST = {"graphs_autograd_cross": "+cuda_graphs", "opts_all_device_draw": "opts_all",
+           "bf16_pure_all_device_draw": "bf16_pure_all"}
+"""Flag-round rows whose ratio is over another row's runs of the same rounds, not the defaults':
+what one change buys where the others are already on (the row absent, over the defaults)."""
+
+
+def flag_configs(plan: Plan, skipped: dict[str, str], draw_failed: bool) -> dict[str, list[str]]:
+    """Row name -> the options its runs add, in the order each round runs them ("defaults" first).
+    Besides the flags that can take effect: --opts all; the harness's own dense kernels taken away
+    (autograd_cross, the fused cross layers, eager and graphed; views_grads, the gathered
+    gradients; autocast_casts, the bf16 weight copy, bf16 only); bf16_pure, every activation in
+    bf16 (another precision: its numbers differ by design), alone and with every flag (the fastest
+    the harness has: issue 45's period target); the batches drawn on the GPU (--draw-on device)
+    alone and in both all-flags rows, unless its check against numpy failed."""
+    configs = {"defaults": [], **{f"+{f}": [f"--{f.replace('_', '-')}"] for f in plan.flags if f not in skipped},
+               "opts_all": ["--opts", "all"], "autograd_cross": ["--no-fused-cross"],
+               "views_grads": ["--no-gather-grads"]}
+    if "+cuda_graphs" in configs:
+        configs["graphs_autograd_cross"] = ["--cuda-graphs", "--no-fused-cross"]
+    if not draw_failed:
+        configs["device_draw"] = ["--draw-on", "device"]
+        configs["opts_all_device_draw"] = ["--opts", "all", "--draw-on", "device"]
+    if plan.precision == "bf16":
+        configs["autocast_casts"] = ["--no-bf16-weight-copy"]
+        configs["bf16_pure"] = ["--dense-precision", "bf16-pure"]
+        configs["bf16_pure_all"] = ["--dense-precision", "bf16-pure", "--opts", "all"]
+        if not draw_failed:
+            configs["bf16_pure_all_device_draw"] = [*configs["bf16_pure_all"], "--draw-on", "device"]
+    return configs
+
+
 def in_process_choice(gpus: int, spawn_each_run: bool) -> tuple[bool, str | None]:
     """Plan.in_process and Plan.spawn_why: in-process on one GPU unless asked not to, or unless this
     host cannot give a run its own memory peak (bench --in-process would refuse every run)."""

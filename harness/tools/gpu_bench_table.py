@@ -70,7 +70,7 @@ def summary(outcome) -> str:
         idle = f.get("share_of_period", {}).get("between_iterations")
         note += f", GPU idle between {idle:.1%}" if idle is not None and idle == idle else ""
         note += f"; inactive: {f['inactive']}" if f["inactive"] else ""
-        rows.append((f"{name} / defaults", f"{f['ratio']:.3f} (95% CI {lo:.3f}-{hi:.3f})", note))
+        rows.append((f"{name} / {f.get('against', 'defaults')}", f"{f['ratio']:.3f} (95% CI {lo:.3f}-{hi:.3f})", note))
     for step, c in outcome.compares.items():
         stages = ", ".join(f"{k} {v:.2f}" for k, v in c["stage_ms"].items() if v == v)
         rows.append((f"{step}: stages (ms)", stages, ""))
