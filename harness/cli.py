@@ -159,7 +159,7 @@ def plan_and_flags(cfg: BenchConfig, *, ranks_per_host: int,
     flags = resolve(cfg.optimizations, cuda=cuda, plan_kinds=[tp.kind for tp in plan],
                     precision=cfg.precision, engine=cfg.run.engine, ahead=cfg.data.ahead,
                     local_ranks=cfg.run.gpus_per_node, world_size=cfg.run.world_size,
-                    draw_on=cfg.data.draw_on)
+                    draw_on=cfg.data.draw_asked())
     return plan, estimate, flags
 
 

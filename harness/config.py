@@ -105,14 +105,23 @@ class DataConfig:
     """Batches drawn ahead of the loop on a thread of their own (harness/data/ahead.py), pinned on
     CUDA so their copies to the device are asynchronous; 0: drawn in the loop, between iterations.
     Left out: 2 on CUDA; 0 on CPU ranks, where that thread would take a core from them."""
-    draw_on: str = option("host", choices=DRAW_PLACES)
+    draw_on: str | None = option(None, choices=DRAW_PLACES)
     """Where the synthetic stream's batches are drawn: host (numpy; on CUDA by threads ahead of the
     loop, --ahead) or device (one Triton kernel on the rank's GPU, harness/data/device_draw.py: the
     same numbers up to the GPU's float64 ulps; ragged batches stay on the host). device takes
-    effect on CUDA with Triton installed; elsewhere the manifest says why not."""
+    effect on CUDA with Triton installed; elsewhere the manifest says why not. Left out: device
+    on CUDA unless --ahead or --data is given (the host's threads kept small's H100 period above
+    6 ms; docs/gpu-session-4-notes.md), host elsewhere."""
     path: str | None = option(None, option="data", metavar="DIR")
     """A folder of MLPerf multi-hot Criteo files (harness/data/criteo_files.py; `make dataset` writes
     some) to train on instead of the synthetic stream; the synthetic knobs then do not apply."""
+
+    def draw_asked(self) -> str | None:
+        """draw_on as resolution takes it: host where the batches are read (--data) or asked to be
+        drawn ahead by host threads (--ahead), else as given (None: left out)."""
+        if self.draw_on is None and (self.path is not None or self.ahead is not None):
+            return "host"
+        return self.draw_on
 
     def __post_init__(self) -> None:
         _positive_int("data.global_batch_size", self.global_batch_size)
@@ -121,7 +130,8 @@ class DataConfig:
             _non_negative_int("data.ahead", self.ahead)
         if self.id_exponent < 0:
             raise ValueError(f"data.id_exponent must be >= 0, got {self.id_exponent}")
-        _one_of("data.draw_on", self.draw_on, DRAW_PLACES)
+        if self.draw_on is not None:
+            _one_of("data.draw_on", self.draw_on, DRAW_PLACES)
         if self.path is not None and self.draw_on == "device":
             raise ValueError("data.draw_on device draws the synthetic stream; the files at --data are read on the host")
         if self.path is not None and self.ragged_every:

@@ -73,7 +73,7 @@ def test_batch_threads_leave_each_rank_two_cores():
     assert ahead_workers(2, local_ranks=1, cores=16) == 8  # capped
     assert ahead_workers(2, local_ranks=8, cores=112) == 8 and ahead_workers(2, local_ranks=8, cores=64) == 6
     assert ahead_workers(2, local_ranks=2, cores=2) == 1 and ahead_workers(0, local_ranks=1, cores=16) == 0
-    entry = batches_ahead(None, cuda=True, local_ranks=4, cores=24)
+    entry = batches_ahead(None, cuda=True, local_ranks=4, cores=24, draw_on="host")
     assert (entry.depth, entry.workers) == (2, 4) and "4 thread(s) of 24 cores shared by 4 rank(s)" in entry.reason
     assert batches_ahead(None, cuda=False).depth == 0
 

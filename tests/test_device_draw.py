@@ -74,10 +74,26 @@ def test_draw_on_device_resolves_where_it_can_take_effect():
     on_gpu = batches_ahead(None, cuda=True, cores=16, draw_on="device", triton_missing=lambda: None)
     assert on_gpu.on_device and on_gpu.depth == 0 and "Triton kernel" in on_gpu.reason
     no_triton = batches_ahead(None, cuda=True, cores=16, draw_on="device", triton_missing=lambda: "no module")
-    assert not no_triton.on_device and no_triton.depth == 2 and no_triton.reason.startswith("--draw-on device: no module")
+    assert not no_triton.on_device and no_triton.depth == 2
+    assert no_triton.reason.startswith("--draw-on device, but no module; drawn on the host")
     on_cpu = batches_ahead(None, cuda=False, draw_on="device")
     assert not on_cpu.on_device and on_cpu.reason.startswith("--draw-on device needs a CUDA device")
-    assert not batches_ahead(None, cuda=True, cores=16).on_device
+    # Left out: the GPU on CUDA (where it can: why not, where not), the host on a CPU (nothing said).
+    by_default = batches_ahead(None, cuda=True, cores=16, triton_missing=lambda: None)
+    assert by_default.on_device and by_default.reason.startswith("drawn on the GPU (the default on CUDA: ")
+    fallback = batches_ahead(None, cuda=True, cores=16, triton_missing=lambda: "no module")
+    assert not fallback.on_device and fallback.depth == 2 and fallback.reason.startswith("the default on CUDA, but no module; drawn on the host")
+    assert not batches_ahead(None, cuda=False).on_device and "GPU" not in batches_ahead(None, cuda=False).reason
+    assert not batches_ahead(None, cuda=True, cores=16, draw_on="host", triton_missing=lambda: None).on_device
+
+
+def test_files_or_threads_asked_for_leave_the_batches_on_the_host():
+    """--data (files are read, not drawn) and --ahead (host threads asked for) resolve a left-out
+    draw_on to host; an explicit one stands."""
+    assert DataConfig(global_batch_size=8).draw_asked() is None
+    assert DataConfig(global_batch_size=8, path="/data").draw_asked() == "host"
+    assert DataConfig(global_batch_size=8, ahead=3).draw_asked() == "host"
+    assert DataConfig(global_batch_size=8, ahead=3, draw_on="device").draw_asked() == "device"
 
 
 def test_the_files_cannot_be_drawn_on_the_device():

@@ -329,11 +329,11 @@ def test_a_budget_stops_the_flag_rounds_where_the_steps_after_would_not_fit(tmp_
         return 1, run_id
 
     monkeypatch.setattr(gpu_bench, "run_bench", run_bench)
-    # 6 runs a round (defaults, opts_all, autograd_cross, views_grads, device_draw,
-    # opts_all_device_draw; pinned_d2h is CUDA only): 30 s a round; 10 runs' worth after (tiny's
-    # compare 8, quarter, profiled), 50 s; 10 s gone before. Round 2 would end at
-    # 10 + 30 + 30 + 50 = 120 s, round 3 at 150 s.
-    for budget, rounds in ((1000.0, 4), (120.0, 2), (90.0, 1)):
+    # 4 runs a round (defaults, opts_all, autograd_cross, views_grads; pinned_d2h is CUDA only,
+    # and so are the host_draw rows): 20 s a round; 10 runs' worth after (tiny's compare 8,
+    # quarter, profiled), 50 s; 10 s gone before. Round 2 would end at 10 + 20 + 20 + 50 = 100 s,
+    # round 3 at 120 s.
+    for budget, rounds in ((1000.0, 4), (100.0, 2), (90.0, 1)):
         plan = Plan(device="cpu", gpus=1, repeats=4, flags=("pinned_d2h",), precision="fp32", budget_s=budget)
         outcome = Outcome(folder=str(tmp_path), plan={}, seconds={"battery": 10.0})
         gpu_bench.run_flags(outcome, plan)
@@ -341,7 +341,7 @@ def test_a_budget_stops_the_flag_rounds_where_the_steps_after_would_not_fit(tmp_
         assert ran == set(range(rounds)), (budget, outcome.failures)
         assert (outcome.flag_rounds is None) == (rounds == 4)
         if rounds == 2:
-            assert "would end at 150 s, past the 120 s budget" in outcome.flag_rounds["why"]
+            assert "would end at 120 s, past the 100 s budget" in outcome.flag_rounds["why"]
             kept = outcome
     outcome = kept
     assert outcome.flag_rounds["ran"] == 2
@@ -349,9 +349,10 @@ def test_a_budget_stops_the_flag_rounds_where_the_steps_after_would_not_fit(tmp_
     assert len(row) == 1 and "2 of 4" in row[0]
 
 
-def test_a_failed_device_draw_check_skips_its_rows(tmp_path, monkeypatch):
-    """The check's error keeps the device-draw rows out of the flag rounds, each row saying why; a
-    check that ran says what it compared, or how many values differ."""
+def test_a_failed_device_draw_check_puts_every_run_on_the_host(tmp_path, monkeypatch):
+    """Batches the GPU draws that differ from numpy's (or cannot be drawn) are not the stream: every
+    later run draws on the host, the launch notes say why, and no host_draw row runs (it would be
+    the defaults). A check that ran says what it compared, or how many values differ."""
     from harness.tools import gpu_bench
     from harness.tools.gpu_bench_draw import check_line, draw_check
 
@@ -362,34 +363,37 @@ def test_a_failed_device_draw_check_skips_its_rows(tmp_path, monkeypatch):
         return 1, run_id
 
     monkeypatch.setattr(gpu_bench, "run_bench", run_bench)
-    outcome = Outcome(folder=str(tmp_path), plan={}, draw_check={"error": "TypeError: boom"})
-    gpu_bench.run_flags(outcome, Plan(device="cpu", gpus=1, repeats=1, flags=(), precision="bf16"))
-    assert ran and not any("--draw-on" in argv for argv in ran)
-    assert outcome.flags["device_draw"] == {"runs": [], "inactive": "the draw check failed: TypeError: boom",
-                                            "skipped": True}
-    assert "bf16_pure_all_device_draw" not in outcome.flags
+    failed = {"error": None, "differ": {"ids": 1, "dense": 0, "labels": 0}, "values": {"ids": 10, "dense": 4, "labels": 2}}
+    monkeypatch.setattr(gpu_bench, "in_child", lambda fn, *args: failed)
+    plan = Plan(device="cuda", gpus=1, repeats=1, flags=(), precision="bf16")
+    outcome = Outcome(folder=str(tmp_path), plan=asdict(plan))
+    gpu_bench.run_draw_check(outcome, plan)
+    assert plan.draw_on_host == outcome.plan["draw_on_host"] == (
+        "the device draw's check differ from numpy's: 1 of 10 ids, 0 of 4 dense, 0 of 2 labels")
+    assert any(n.startswith("every run draws its batches on the host") for n in outcome.launch_notes)
+    gpu_bench.run_flags(outcome, plan)
+    assert ran and all(argv[argv.index("--draw-on") + 1] == "host" for argv in ran)
+    assert not any(name.endswith("host_draw") for name in outcome.flags)
     assert check_line({"error": None, "differ": {"ids": 0, "dense": 0, "labels": 0},
                        "values": {"ids": 10, "dense": 4, "labels": 2}}) == "numpy's bits: 10 ids, 4 dense, 2 labels"
-    assert check_line({"error": None, "differ": {"ids": 1, "dense": 0, "labels": 0},
-                       "values": {"ids": 10, "dense": 4, "labels": 2}}) == (
-        "differ from numpy's: 1 of 10 ids, 0 of 4 dense, 0 of 2 labels")
+    assert check_line({"error": "no Triton"}) == "failed: no Triton"
     if not torch.cuda.is_available():  # no GPU here: the check says so instead of raising
         assert draw_check("tiny", 96)["error"]
 
 
 def test_rows_that_add_one_change_are_ratios_over_the_row_they_add_it_to(tmp_path):
-    """graphs_autograd_cross is --no-fused-cross added to +cuda_graphs, the device-draw rows
-    --draw-on device added to their all-flags rows: each AGAINST row's base runs in the same rounds
-    (it is in the configs whenever the row is) with the same options less the change, and the table
-    names the row it is over."""
+    """graphs_autograd_cross is --no-fused-cross added to +cuda_graphs, opts_all_host_draw
+    --draw-on host added to --opts all: each AGAINST row's base runs in the same rounds (it is in
+    the configs whenever the row is) with the same options less the change, and the table names
+    the row it is over."""
     from harness.tools.gpu_bench_plan import AGAINST, flag_configs
 
-    cuda = flag_configs(Plan(device="cuda", gpus=1, precision="bf16"), {}, draw_failed=False)
+    cuda = flag_configs(Plan(device="cuda", gpus=1, precision="bf16"), {})
     for row, base in AGAINST.items():
         assert base in cuda and row in cuda
         assert set(cuda[base]) < set(cuda[row]), (row, base)
     assert cuda["graphs_autograd_cross"] == ["--cuda-graphs", "--no-fused-cross"]
-    cpu = flag_configs(Plan(device="cpu", gpus=1, precision="fp32", flags=()), {}, draw_failed=True)
+    cpu = flag_configs(Plan(device="cpu", gpus=1, precision="fp32", flags=()), {})
     assert not set(AGAINST) & set(cpu)
     outcome = Outcome(folder=str(tmp_path), plan={}, flags={"graphs_autograd_cross": {
         "runs": ["a"], "against": "+cuda_graphs", "ratio": 0.9, "ratio_ci": [0.8, 1.0], "inactive": None}})

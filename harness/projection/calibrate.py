@@ -274,7 +274,7 @@ def host_fixed(runs: list[Measured], p: Profile) -> Calibration:
     """Per stage, the host time the timeline leaves unexplained on the first run (and its pair, for
     the per-sample part), found by iterating the timeline on their own configurations."""
     first, second = runs[0], _pair(runs)
-    cal = Calibration()
+    cal = Calibration(drawn_on_device=_drawn_on_device(first))
     used = [first] + ([second] if second else [])
     names = " and ".join(m.name for m in used)
     b = [m.work.local_batch for m in used]
@@ -322,10 +322,16 @@ def host_fixed(runs: list[Measured], p: Profile) -> Calibration:
     return cal
 
 
+def _drawn_on_device(m: Measured) -> bool:
+    return bool(getattr(m.run.manifest.optimizations.batches_ahead, "on_device", False))
+
+
 def project_run(m: Measured, p: Profile, cal: Calibration):
-    """A measured run's configuration projected as it ran: with the dense kernel choices its
-    manifest recorded (today's code may choose otherwise for the same config)."""
-    return project(m.run.manifest.config, m.work, p, cal, dense=dense_impl(m.run.manifest.optimizations))
+    """A measured run's configuration projected as it ran: with the dense kernel choices and the
+    batches' draw place its manifest recorded (today's code may choose otherwise for the same
+    config)."""
+    return project(m.run.manifest.config, m.work, p, cal, dense=dense_impl(m.run.manifest.optimizations),
+                   on_device=_drawn_on_device(m))
 
 
 def _set_drains(first: Measured, p: Profile, cal: Calibration) -> None:

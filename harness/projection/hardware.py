@@ -72,6 +72,8 @@ def _hopper(name: str, sheet: str) -> Profile:
     p.set("graph_kernel_gap_us", 1.0, "us", "assumption", "device gap between a graph's kernels")
     p.set("sync_us", 15.0, "us", "assumption", "a host sync + pageable D2H copy of a few bytes, besides the wait")
     p.set("thread_handoff_us", 30.0, "us", "assumption", "handing input dist to its thread and back")
+    p.set("draw_op_us", 10.0, "us", "assumption", "host time an op of the batch drawn on the GPU (no autograd); "
+          "used only where the calibration runs drew theirs elsewhere")
     p.set("dense_eff", 0.5, "of peak", "assumption", "dense step at the run's shapes; replaced by calibration")
     p.set("lookup_eff", 0.5, "of HBM", "assumption", "embedding lookup/update bandwidth; replaced by calibration")
     p.set("update_eff", 0.5, "of HBM", "assumption", "dense optimizer step bandwidth; replaced by calibration")

@@ -64,6 +64,12 @@ WEIGHT_COPY_SAVES = 4
 KERNELS_DENSE_FIXED = 10
 PURE_CASTS = 3
 """bf16-pure: the dense and pooled inputs cast to bf16, the pooled gradient back to fp32."""
+DRAW_OPS = 29
+"""A batch drawn on the GPU (harness/data/device_draw.py, the default on CUDA since 2026-11-27):
+its Philox kernel, the ids' power law (6 ops), the dense features' logs (5), the label's sums,
+logit and draw (15), the lengths and the dense cast (2), launched between iterations on the load
+stream; their device time (under 0.1 ms for small's batch) runs beside the compute and is left out."""
+
 BUCKET_BYTES = 4 * 2**20
 KERNELS_A_BUCKET = 2
 

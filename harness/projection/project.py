@@ -28,7 +28,7 @@ import numpy as np
 
 from harness.names import OPTIMIZATION_FLAGS, STAGES
 from harness.projection.hardware import Profile, dense_precision, peak_flops, rank_cores
-from harness.projection.kernels import StageKernels, dense_impl, stage_kernels
+from harness.projection.kernels import DRAW_OPS, StageKernels, dense_impl, stage_kernels
 from harness.projection.timeline import Collective, Host, Launch, Result, Sync, simulate
 from harness.projection.work import Work
 from harness.run.optimizations import resolve
@@ -64,6 +64,10 @@ class Calibration:
     dims as well as with the batch, so a line through two models' runs misses both at small
     batches (tiny's input dist: nothing at 48 samples, 0.24 ms measured; docs/projection.md)."""
 
+    drawn_on_device: bool = False
+    """The calibration runs' batches were drawn on their GPU (manifest batches_ahead.on_device): the
+    time between iterations holds the draw's launches and no wait for host threads (between)."""
+
     batches: tuple[int, ...] = ()
     """The local batches of the two runs that split each figure into a fixed part and a part a
     sample (empty: one run, all fixed). A part a sample below zero (a time that shrinks as the batch
@@ -83,16 +87,28 @@ class Calibration:
         rest = self.host_fixed_s.get(stage, 0.0) + self._per_sample(self.host_per_sample_s.get(stage, 0.0), batch)
         return max(0.0, (rest if self.rest_offsets_launches else max(0.0, rest)) + launches_s)
 
-    def between(self, batch: int, flush_every: int) -> float:
-        return max(0.0, self.between_s + self._per_sample(self.between_per_sample_s, batch)) + self.flush_s / flush_every
+    def between(self, batch: int, flush_every: int, on_device: bool = False, draw_s: float = 0.0) -> float:
+        """The host time between iterations of a run drawing its batches on the device or not (each
+        batch's draw launches `draw_s`). Calibrated the same way: as measured, a fixed part and a
+        part a sample. Calibrated on host-drawn runs, a device draw is their fixed part (the wait
+        for the threads gone) and the launches; calibrated on device-drawn runs, a host-drawn run
+        is their fixed part less the launches: its threads assumed to keep up (no wait)."""
+        flush = self.flush_s / flush_every
+        if on_device == self.drawn_on_device:
+            return max(0.0, self.between_s + self._per_sample(self.between_per_sample_s, batch)) + flush
+        if on_device:
+            return max(0.0, self.between_s) + draw_s + flush
+        return max(0.0, self.between_s - draw_s) + flush
 
 
 def resolved_flags(cfg, profile: Profile, work: Work):
     """The flags that take effect on this device, plan and world size, and why the others do not:
     the harness's own decision (harness/run/optimizations.resolve), so a flag a run would record as
-    inactive is credited nothing."""
+    inactive is credited nothing. The projected GPU host is taken to have Triton (CUDA torch's
+    wheels bring it), whatever this one has."""
     return resolve(cfg.optimizations, cuda=profile.async_device, plan_kinds=work.kinds, precision=cfg.precision,
-                   world_size=work.world_size, local_ranks=work.ranks_per_node)
+                   world_size=work.world_size, local_ranks=work.ranks_per_node, draw_on=cfg.data.draw_asked(),
+                   triton_missing=lambda: None)
 
 
 def effective_flags(cfg, profile: Profile, work: Work) -> dict[str, bool]:
@@ -220,9 +236,10 @@ def _input_dist_ops(work: Work, profile: Profile, k: StageKernels, flags: dict, 
     return ops
 
 
-def iteration_ops(cfg, work: Work, profile: Profile, cal: Calibration, flags: dict,
+def iteration_ops(cfg, work: Work, profile: Profile, cal: Calibration, flags: dict, *, on_device: bool = False,
                   **dense_choices: bool) -> tuple[list, StageKernels]:
     """One iteration's ops on every rank (module docstring for what each flag changes).
+    on_device: the batches drawn on the GPU (resolved as a run would: optimizations.batches_ahead).
     dense_choices: the dense step's kernel choices (kernels.dense_impl)."""
     k = stage_kernels(cfg, groups=work.groups, params=work.params, world_size=work.world_size, flags=flags,
                       **dense_choices)
@@ -263,7 +280,8 @@ def iteration_ops(cfg, work: Work, profile: Profile, cal: Calibration, flags: di
                       waits=("allreduce_early", "allreduce")))
     if cal.between_drains and profile.async_device:
         ops.append(Sync("between_iterations", 0.0, drain=True))
-    ops.append(Host("between_iterations", turns * cal.between(B, cfg.run.flush_every)))
+    draw_s = DRAW_OPS * profile.value("draw_op_us") * 1e-6 if "draw_op_us" in profile.figures else 0.0
+    ops.append(Host("between_iterations", turns * cal.between(B, cfg.run.flush_every, on_device, draw_s)))
     return ops, k
 
 
@@ -291,13 +309,16 @@ class Projection:
 
 
 def project(cfg, work: Work, profile: Profile, cal: Calibration, *, label: str = "",
-            dense: dict[str, bool] | None = None) -> Projection:
-    """dense: the dense step's kernel choices (kernels.dense_impl) a measured run recorded, for
-    the calibration's own runs; left out, those today's code would make for `cfg`."""
+            dense: dict[str, bool] | None = None, on_device: bool | None = None) -> Projection:
+    """dense and on_device: the dense step's kernel choices (kernels.dense_impl) and where the
+    batches were drawn, as a measured run recorded them; left out, what today's code would do for
+    `cfg`."""
     res = resolved_flags(cfg, profile, work)
     flags = dict(res.effective)
     cal = cal.of(cfg.model)
-    ops, k = iteration_ops(cfg, work, profile, cal, flags, **(dense_impl(res) if dense is None else dense))
+    on_device = res.batches_ahead.on_device if on_device is None else on_device
+    ops, k = iteration_ops(cfg, work, profile, cal, flags, on_device=on_device,
+                           **(dense_impl(res) if dense is None else dense))
     result = simulate(ops, ranks=work.world_size, async_device=profile.async_device)
     return Projection(label=label, flags=flags, result=result, kernels=k, world_size=work.world_size,
                       inactive=dict(res.inactive_reasons))

@@ -95,24 +95,25 @@ def ahead_workers(depth: int, *, local_ranks: int, cores: int | None = None) -> 
 
 
 def batches_ahead(requested: int | None, *, cuda: bool, local_ranks: int = 1, cores: int | None = None,
-                  draw_on: str = "host", triton_missing: Callable[[], str | None] | None = None) -> AheadEntry:
+                  draw_on: str | None = None, triton_missing: Callable[[], str | None] | None = None) -> AheadEntry:
     """config data.ahead resolved for the device: as asked, or left out 2 on CUDA and 0 on CPU;
-    with the threads that make them (ahead_workers). draw_on device on CUDA (Triton installed):
-    drawn on the GPU, none ahead; elsewhere the host draws them and the reason says why.
+    with the threads that make them (ahead_workers). draw_on (DataConfig.draw_asked) device, or
+    left out on CUDA: drawn on the GPU with Triton installed, none ahead; elsewhere the host draws
+    them and the reason says why where the GPU was asked for or would have drawn them.
     triton_missing: why Triton cannot be imported, or None (a seam for tests)."""
     not_on_device = None
-    if draw_on == "device":
-        if not cuda:
-            not_on_device = "--draw-on device needs a CUDA device: drawn on the host"
-        else:
-            from harness.data.device_draw import unavailable
+    if draw_on == "device" and not cuda:
+        not_on_device = "--draw-on device needs a CUDA device: drawn on the host"
+    elif cuda and draw_on != "host":
+        from harness.data.device_draw import unavailable
 
-            missing = (triton_missing or unavailable)()
-            if missing is None:
-                return AheadEntry(depth=0, workers=0, on_device=True,
-                                  reason="drawn on the GPU (--draw-on device: a Triton kernel and float64 ops a "
-                                         "batch; ragged batches on the host)")
-            not_on_device = f"--draw-on device: {missing}; drawn on the host"
+        asked = "--draw-on device" if draw_on == "device" else "the default on CUDA"
+        missing = (triton_missing or unavailable)()
+        if missing is None:
+            return AheadEntry(depth=0, workers=0, on_device=True,
+                              reason=f"drawn on the GPU ({asked}: a Triton kernel and float64 ops a batch; "
+                                     "ragged batches on the host)")
+        not_on_device = f"{asked}, but {missing}; drawn on the host"
     entry = _host_ahead(requested, cuda=cuda, local_ranks=local_ranks, cores=cores)
     return dataclasses.replace(entry, reason=f"{not_on_device}; {entry.reason}") if not_on_device else entry
 
@@ -132,9 +133,10 @@ def _host_ahead(requested: int | None, *, cuda: bool, local_ranks: int, cores: i
 def resolve(
     opts: OptimizationsConfig, *, cuda: bool, plan_kinds: Sequence[str], precision: PrecisionConfig = PrecisionConfig(),
     engine: str = "harness", torch_version: str | None = None, ahead: int | None = None, local_ranks: int = 1,
-    world_size: int = 2, draw_on: str = "host",
+    world_size: int = 2, draw_on: str | None = None, triton_missing: Callable[[], str | None] | None = None,
 ) -> ResolvedFlags:
-    """torch_version: the installed torch's when None (a seam for tests)."""
+    """torch_version: the installed torch's when None (a seam for tests); triton_missing: as
+    batches_ahead takes it (the projection of another host's run: lambda: None)."""
     torch_version = torch_version or metadata.version("torch")
     requested = opts.requested()
     reasons: dict[str, str] = {}
@@ -173,7 +175,8 @@ def resolve(
                          precision=_precision_entry(precision, plan_kinds, cuda=cuda),
                          collective_wait=_wait_entry(opts.collective_wait, cuda=cuda, engine=engine),
                          dense_optimizer=dense_adagrad("cuda" if cuda else "cpu", engine=engine),
-                         batches_ahead=batches_ahead(ahead, cuda=cuda, local_ranks=local_ranks, draw_on=draw_on),
+                         batches_ahead=batches_ahead(ahead, cuda=cuda, local_ranks=local_ranks, draw_on=draw_on,
+                                                     triton_missing=triton_missing),
                          cross_net=_cross_entry(opts.fused_cross, engine=engine),
                          dense_weights=_dense_weights_entry(opts.bf16_weight_copy, precision.dense, engine=engine),
                          dense_grads=_dense_grads_entry(opts.gather_grads, effective["cuda_graphs"], engine=engine))

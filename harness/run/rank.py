@@ -144,7 +144,7 @@ def resolved_flags(env: RankEnv) -> ResolvedFlags:
     return resolve(cfg.optimizations, cuda=env.device.type == "cuda", plan_kinds=[tp.kind for tp in env.plan],
                    precision=cfg.precision, engine=cfg.run.engine, ahead=cfg.data.ahead,
                    local_ranks=cfg.run.gpus_per_node, world_size=cfg.run.world_size,
-                   draw_on=cfg.data.draw_on)
+                   draw_on=cfg.data.draw_asked())
 
 
 def build_rank(env: RankEnv, data: BatchSource, flags: ResolvedFlags | None = None) -> RankParts:

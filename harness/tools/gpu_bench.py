@@ -2,22 +2,20 @@
 
 On whatever GPUs the host has (one rank a GPU, one node), in this order:
 1. the battery (`make gpu-check`: every test marked cuda, in a process of its own), a verdict a check;
-2. `compare` on `small` at MLPerf's per-GPU batch (8192 a GPU), defaults, then `--opts all`; then
-   `--draw-on device`'s batches against numpy's, in a process of its own (where it fails, the
-   device-draw rows below are not run; gpu_bench_draw.py);
+2. the batches the GPU draws (harness/data/device_draw.py, the default on CUDA) against numpy's, in
+   a process of its own (gpu_bench_draw.py): where they differ or cannot be drawn, every run below
+   draws on the host (--draw-on host) and the table says why;
+   then `compare` on `small` at MLPerf's per-GPU batch (8192 a GPU), defaults, then `--opts all`;
 3. each optimization flag alone against the defaults, runs interleaved (defaults, +flag, ... each
    round), the period ratio of each flag with a bootstrap 95% CI (a flag that cannot take effect
    on this device and GPU count whatever the plan is not run: its row says why); in the same
    rounds --opts all (so that it and the best flag are ratios over the same defaults runs), the
-   cross layers as autograd's formula (--no-fused-cross), the gradients added into views of the
-   buffer (--no-gather-grads), in bf16 autocast casting each weight (--no-bf16-weight-copy), each
-   against the defaults, and the dense step all in bf16 (--dense-precision bf16-pure, other
-   numbers by design), alone and with --opts all (the fastest configuration; each row's mean
-   period beside its ratio), the batches drawn on the GPU (--draw-on device) alone and with each
-   --opts all (each row also gives its GPU idle between iterations), and the autograd cross
-   layers graphed; a row that adds one change to another row is its ratio over that row's runs
-   (gpu_bench_plan.AGAINST); then, where the
-   runs were in-process, one run of the defaults spawned against them;
+   harness's own dense kernels taken away, the all-bf16 dense step alone and with --opts all (the
+   fastest configuration), and the host's batch threads instead of the GPU's draw (--draw-on
+   host) alone and with --opts all (gpu_bench_plan.flag_configs; each row's mean period and GPU
+   idle between iterations beside its ratio; a row that adds one change to another row is its
+   ratio over that row's runs, gpu_bench_plan.AGAINST); then, where the runs were in-process,
+   one run of the defaults spawned against them;
 4. `compare` on `tiny` (the latency-bound regime: launch and input-distribution overheads);
 5. one run of the defaults at a quarter of the batch;
 6. one run of the defaults with a --profile window in its warm-up: host against device per stage
@@ -184,13 +182,10 @@ def run_flags(outcome: Outcome, plan: Plan) -> None:
 
     folder = Path(outcome.folder)
     skipped = inactive_here(plan)
-    no_draw = (outcome.draw_check or {}).get("error")
     for f, why in skipped.items():
         outcome.flags[f"+{f}"] = {"runs": [], "inactive": why, "skipped": True}
         print(f"  +{f:25s} not run: it cannot take effect here ({why})", flush=True)
-    if no_draw:
-        outcome.flags["device_draw"] = {"runs": [], "inactive": f"the draw check failed: {no_draw}", "skipped": True}
-    configs = flag_configs(plan, skipped, bool(no_draw))
+    configs = flag_configs(plan, skipped)
     runs: dict[str, list[str]] = {name: [] for name in configs}
     periods: dict[str, list[float]] = {name: [] for name in configs}
     start, before = time.monotonic(), sum(outcome.seconds.values())
@@ -234,7 +229,12 @@ def run_draw_check(outcome: Outcome, plan: Plan) -> None:
     if plan.device != "cuda":
         return
     outcome.draw_check = in_child(draw_check, plan.small, plan.batch_per_gpu)
-    print(f"device draw: {check_line(outcome.draw_check)}", flush=True)
+    line = check_line(outcome.draw_check)
+    print(f"device draw: {line}", flush=True)
+    if outcome.draw_check.get("error") or any(outcome.draw_check["differ"].values()):
+        # Not the stream every engine and rank must see: every run draws on the host instead.
+        plan.draw_on_host = outcome.plan["draw_on_host"] = f"the device draw's check {line}"
+        outcome.launch_notes.append(f"every run draws its batches on the host (--draw-on host): {plan.draw_on_host}")
 
 
 def runs_after_flags(plan: Plan) -> int:
@@ -316,12 +316,8 @@ def inactive_here(plan: Plan) -> dict[str, str]:
 
 
 def _inactive(run_dir: Path, flag: str) -> str | None:
-    """Why the flag (or a device_draw row's --draw-on device) did not take effect in that run (its
-    manifest), or None."""
+    """Why the flag did not take effect in that run (its manifest), or None (a row that is no flag)."""
     flags = json.loads((run_dir / "manifest.json").read_text())["optimizations"]
-    if "device_draw" in flag:
-        ahead = flags.get("batches_ahead", {})
-        return None if ahead.get("on_device") else ahead.get("reason", "not drawn on the device")
     return flags["inactive_reasons"].get(flag)
 
 
@@ -387,11 +383,11 @@ def run(plan: Plan, runs_root: Path, *, archive: Path | None = None) -> int:
                       launch_notes=[f"every run spawns a process: {plan.spawn_why}"] if plan.spawn_why else [])
     steps = [("battery", lambda: run_battery(outcome))] if plan.battery and plan.device == "cuda" else []
     steps += [
+        ("device draw check", lambda: run_draw_check(outcome, plan)),
         (f"{plan.small} defaults", lambda: run_compare(outcome, plan, f"{plan.small} defaults", plan.small,
                                                       plan.batch_per_gpu, [])),
         (f"{plan.small} --opts all", lambda: run_compare(outcome, plan, f"{plan.small} --opts all", plan.small,
                                                         plan.batch_per_gpu, ["--opts", "all"])),
-        ("device draw check", lambda: run_draw_check(outcome, plan)),
         ("each flag alone", lambda: run_flags(outcome, plan)),
         ("a spawned run", lambda: run_spawned_check(outcome, plan)),
         ("tiny (latency-bound)", lambda: run_compare(outcome, plan, "tiny", "tiny", None, [])),

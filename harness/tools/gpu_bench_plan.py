@@ -38,6 +38,10 @@ class Plan:
     gpu_name: str | None = None
     """What CUDA calls the device (torch.cuda.get_device_name); None on a CPU rehearsal."""
 
+    draw_on_host: str | None = None
+    """Why every run draws its batches on the host (--draw-on host): the device draw's check against
+    numpy failed (gpu_bench_draw.py); None: each run draws where its defaults say (the GPU on CUDA)."""
+
     budget_s: float | None = None
     """Seconds the whole bench may take (a device lease's): the flag rounds after the first stop
     where another would not leave the steps after them time (gpu_bench.round_over_budget)."""
@@ -47,37 +51,35 @@ class Plan:
         out = ["--preset", preset, "--device", self.device, "--nodes", "1", "--gpus-per-node", str(self.gpus),
                "--iters", str(self.iters), "--warmup", str(self.warmup), "--dense-precision", self.precision]
         batch = ["--global-batch", str(batch_per_gpu * self.gpus)] if batch_per_gpu else []
-        return out + batch + (["--in-process"] if self.in_process else [])
+        host = ["--draw-on", "host"] if self.draw_on_host else []
+        return out + batch + host + (["--in-process"] if self.in_process else [])
 
 
-AGAINST = {"graphs_autograd_cross": "+cuda_graphs", "opts_all_device_draw": "opts_all",
-           "bf16_pure_all_device_draw": "bf16_pure_all"}
+AGAINST = {"graphs_autograd_cross": "+cuda_graphs", "opts_all_host_draw": "opts_all"}
 """Flag-round rows whose ratio is over another row's runs of the same rounds, not the defaults':
 what one change buys where the others are already on (the row absent, over the defaults)."""
 
 
-def flag_configs(plan: Plan, skipped: dict[str, str], draw_failed: bool) -> dict[str, list[str]]:
+def flag_configs(plan: Plan, skipped: dict[str, str]) -> dict[str, list[str]]:
     """Row name -> the options its runs add, in the order each round runs them ("defaults" first).
     Besides the flags that can take effect: --opts all; the harness's own dense kernels taken away
     (autograd_cross, the fused cross layers, eager and graphed; views_grads, the gathered
     gradients; autocast_casts, the bf16 weight copy, bf16 only); bf16_pure, every activation in
     bf16 (another precision: its numbers differ by design), alone and with every flag (the fastest
-    the harness has: issue 45's period target); the batches drawn on the GPU (--draw-on device)
-    alone and in both all-flags rows, unless its check against numpy failed."""
+    the harness has: issue 45's period target); on CUDA, where the batches are drawn on the GPU,
+    the host's batch threads instead (--draw-on host), alone and with --opts all."""
     configs = {"defaults": [], **{f"+{f}": [f"--{f.replace('_', '-')}"] for f in plan.flags if f not in skipped},
                "opts_all": ["--opts", "all"], "autograd_cross": ["--no-fused-cross"],
                "views_grads": ["--no-gather-grads"]}
     if "+cuda_graphs" in configs:
         configs["graphs_autograd_cross"] = ["--cuda-graphs", "--no-fused-cross"]
-    if not draw_failed:
-        configs["device_draw"] = ["--draw-on", "device"]
-        configs["opts_all_device_draw"] = ["--opts", "all", "--draw-on", "device"]
+    if plan.device == "cuda" and not plan.draw_on_host:
+        configs["host_draw"] = ["--draw-on", "host"]
+        configs["opts_all_host_draw"] = ["--opts", "all", "--draw-on", "host"]
     if plan.precision == "bf16":
         configs["autocast_casts"] = ["--no-bf16-weight-copy"]
         configs["bf16_pure"] = ["--dense-precision", "bf16-pure"]
         configs["bf16_pure_all"] = ["--dense-precision", "bf16-pure", "--opts", "all"]
-        if not draw_failed:
-            configs["bf16_pure_all_device_draw"] = [*configs["bf16_pure_all"], "--draw-on", "device"]
     return configs
 
 
