@@ -21,22 +21,26 @@ from harness.presets import small, tiny
 from harness.run.optimizations import batches_ahead
 from tests.test_ahead import same
 
-CASES = [("tiny", 96, 1.05, 0), ("tiny", 96, 0.0, 3), ("tiny", 96, 1.0, 3), ("tiny", 96, 2.0, (1 << 64) + 5),
-         ("small", 256, 1.05, 0)]
-"""(preset, global batch, id exponent, seed): the seeds are the default, another, and one over 2^64,
-whose high word is Philox's second key word."""
+CASES = [("tiny", 96, 1.05, 0, 0), ("tiny", 96, 0.0, 3, 0), ("tiny", 96, 1.0, 3, 0), ("tiny", 96, 2.0, (1 << 64) + 5, 0),
+         ("small", 256, 1.05, 0, 0), ("tiny", 96, 1.05, 0, 3)]
+"""(preset, global batch, id exponent, seed, ragged_every): the seeds are the default, another, and
+one over 2^64, whose high word is Philox's second key word; every third batch ragged (drawn on the
+host) cuts the blocks the device draws short."""
 
 
 def differing(cases) -> dict[str, list]:
     """For each case, the (iteration, rank) whose batch drawn by the kernel on CPU tensors differs
     from numpy's (run under TRITON_INTERPRET=1)."""
     out = {}
-    for preset, batch, exponent, seed in cases:
+    for preset, batch, exponent, seed, ragged in cases:
         cfg = {"tiny": tiny, "small": small}[preset]()
-        host = SyntheticCriteo(cfg.model, DataConfig(global_batch_size=batch, id_exponent=exponent, seed=seed))
+        host = SyntheticCriteo(cfg.model, DataConfig(global_batch_size=batch, id_exponent=exponent, seed=seed,
+                                                     ragged_every=ragged))
         drawn = DeviceSynthetic(host, torch.device("cpu"))
-        out[repr((preset, batch, exponent, seed))] = [
-            [it, rank] for it in (0, 1, 5) for rank in (0, 1)
+        # Iterations 0, 1, 3 and 4 in turn on two ranks: drawn in blocks (DRAW_BLOCK), the later
+        # ones kept from an earlier draw; 9 after a gap, a block of its own.
+        out[repr((preset, batch, exponent, seed, ragged))] = [
+            [it, rank] for it in (0, 1, 3, 4, 9) for rank in (0, 1)
             if not same(drawn.local_batch(it, rank, 2), host.local_batch(it, rank, 2))]
     return out
 
@@ -55,8 +59,8 @@ def interpreted():
 
 @pytest.mark.parametrize("case", CASES)
 def test_the_kernel_draws_the_host_stream(interpreted, case):
-    """Every rank's share of several global batches, drawn by the kernel in Triton's interpreter:
-    the same bits as numpy's stream."""
+    """Every rank's share of several global batches, drawn by the kernel in Triton's interpreter
+    (several batches a launch): the same bits as numpy's stream."""
     assert interpreted[repr(case)] == []
 
 
@@ -141,3 +145,31 @@ def test_both_engines_train_on_batches_drawn_on_the_gpu(tmp_path, engine):
     assert entry["on_device"] is True and entry["depth"] == 0, entry
     its = pd.concat(pd.read_parquet(p) for p in run.glob("rank*/iterations-*.parquet"))
     assert len(its) == 22 and its["loss"].notna().all()
+
+
+def test_a_rank_draws_its_next_batches_at_once_and_keeps_them_until_asked(monkeypatch):
+    """Asked in order, a rank draws DRAW_BLOCK batches a draw (kernel and ops once for them); a
+    ragged batch ends a block; another rank's draws leave this one's kept batches alone."""
+    from harness.data import device_draw
+
+    host = SyntheticCriteo(tiny().model, DataConfig(global_batch_size=96, ragged_every=7))
+    drawn = DeviceSynthetic(host, torch.device("cpu"))
+    blocks = []
+    real = DeviceSynthetic.block
+    monkeypatch.setattr(DeviceSynthetic, "block", lambda self, start, count, n, stride: (
+        blocks.append((start, count, n, stride)) or real(self, start, count, n, stride)))
+    monkeypatch.setattr(device_draw, "_kernel", _no_kernel)
+    for it in range(8):
+        drawn.local_batch(it, 0, 2)
+        if it == 1:
+            drawn.local_batch(it, 1, 2)
+    # Iteration 6 is ragged (every 7th: 6, 13, ...): the block from 4 holds 4 and 5 only.
+    assert blocks == [(0, 48, 4, 96), (96 + 48, 48, 4, 96), (4 * 96, 48, 2, 96), (7 * 96, 48, 4, 96)]
+
+
+def _no_kernel():
+    """The kernel's stand-in: writes nothing (the test counts draws, not numbers)."""
+    class Launch:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+    return Launch()

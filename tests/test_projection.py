@@ -62,7 +62,7 @@ def test_a_flush_is_calibrated_from_the_records_and_projected_at_the_runs_cadenc
     rare = m.run.manifest.config.replace(run=dataclasses.replace(run, flush_every=100))
     every10 = project_run(m, profile, cal).period_ms
     every100 = project(rare, m.work, profile, cal, dense=dense_impl(m.run.manifest.optimizations),
-                       on_device=False).period_ms
+                       drawn=(False, 1)).period_ms
     assert every10 - every100 == pytest.approx(cal.flush_s * 1e3 * (1 / 10 - 1 / 100), rel=1e-6)
 
 

@@ -26,6 +26,11 @@ from model.features import SparseFeatures
 BLOCK = 256
 """Philox counters a Triton program draws (four words each)."""
 
+DRAW_BLOCK = 4
+"""A rank's batches drawn at once (local_batch): a draw's 29 launches are host time between
+iterations, 0.4-1.0 ms a draw in the H100's eager runs (docs/gpu-session-4-notes.md); four at a
+time, a quarter of that an iteration, for four batches' memory (small's: 4 x 28 MB while drawn)."""
+
 _KERNEL = None
 
 
@@ -47,16 +52,20 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def draw(first_ctr, key0, key1, n_ctr, words, heads, n_cols, head_out, col_base, col_stride, u_out,
-             BLOCK: tl.constexpr):
-        # BLOCK consecutive counters of the batch, four words each: each word's uniform, to the
-        # sample's head (dense draws and the label's) or to its id's place in the values.
+    def draw(first_ctr, iter_ctr, key0, key1, per_ctr, n_ctr, words, heads, n_cols, count, per_vals, head_out,
+             col_base, col_stride, u_out, BLOCK: tl.constexpr):
+        # BLOCK consecutive counters of the block's batches (batch b's counters start iter_ctr after
+        # batch b-1's), four words each: each word's uniform, to its sample's head (dense draws and
+        # the label's) or to its id's place in its batch's values.
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         live = i < n_ctr
+        b = i // per_ctr
+        local = i - b * per_ctr
         zero = tl.zeros([BLOCK], dtype=tl.uint64)
         # numpy increments its counter before each block of four words. Scalars are added to
         # tensors, not converted: Triton passes an integer argument equal to 1 as a constant.
-        x0, x1, x2, x3 = tl.philox_impl(zero + first_ctr + 1 + i, zero, zero, zero, zero + key0, zero + key1)
+        ctr = zero + first_ctr + 1 + b.to(tl.int64) * iter_ctr + local
+        x0, x1, x2, x3 = tl.philox_impl(ctr, zero, zero, zero, zero + key0, zero + key1)
         for lane in tl.static_range(4):
             if lane == 0:
                 raw = x0
@@ -67,14 +76,14 @@ def _kernel():
             else:
                 raw = x3
             u = (raw >> 11).to(tl.float64) * 1.1102230246251565e-16  # 2^-53
-            w = 4 * i + lane
+            w = 4 * local + lane
             sample = w // words
             col = w % words
-            tl.store(head_out + sample * heads + col, u, mask=live & (col < heads))
+            tl.store(head_out + (b * count + sample) * heads + col, u, mask=live & (col < heads))
             c = col - heads
             is_id = live & (c >= 0) & (c < n_cols)
             cc = tl.where(is_id, c, 0)
-            at = tl.load(col_base + cc, mask=is_id, other=0) + sample * tl.load(col_stride + cc, mask=is_id, other=0)
+            at = b * per_vals + tl.load(col_base + cc, mask=is_id, other=0) + sample * tl.load(col_stride + cc, mask=is_id, other=0)
             tl.store(u_out + at, u, mask=is_id)
 
     _KERNEL = draw
@@ -102,6 +111,8 @@ class DeviceSynthetic:
         self.col_before = torch.tensor(before, dtype=torch.int64, **put)
         self.col_within = torch.tensor(within, dtype=torch.int64, **put)
         self.col_stride = torch.tensor(stride, dtype=torch.int64, **put)
+        self._drawn: dict[tuple[int, int, int], Batch] = {}
+        """(iteration, rank, world size) -> a batch drawn with an earlier one, not yet asked for."""
         self._per_count: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         """Batch size -> (each id column's first place in the values, each value's table scale and
         largest id): made once, each batch of that size reuses them (fewer launches a batch)."""
@@ -118,22 +129,29 @@ class DeviceSynthetic:
 
     def samples(self, start: int, count: int) -> Batch:
         """Samples start .. start+count-1 of the stream, fixed hotness, on the device."""
+        return self.block(start, count, 1, 0)[0]
+
+    def block(self, start: int, count: int, n: int, stride: int) -> list[Batch]:
+        """n batches of `count` samples, the b-th from sample start + b * stride, fixed hotness, on
+        the device: one kernel and one pass of each float64 op over all of them."""
         host, dev = self.host, self.device
         words = host.words_per_sample
-        n_ctr = count * words // 4
+        per_ctr = count * words // 4
         seed = host.data.seed
-        head = torch.empty((count, self.heads), dtype=torch.float64, device=dev)
-        u = torch.empty(count * sum(self.hot), dtype=torch.float64, device=dev)
+        head = torch.empty((n * count, self.heads), dtype=torch.float64, device=dev)
+        per_vals = count * sum(self.hot)
+        u = torch.empty(n * per_vals, dtype=torch.float64, device=dev)
         if count not in self._per_count:
-            per, n = self.hot_on_device * count, u.numel()
+            per = self.hot_on_device * count
             self._per_count[count] = (self.col_before * count + self.col_within,
-                                      torch.repeat_interleave(self.table_scale, per, output_size=n),
-                                      torch.repeat_interleave(self.table_rows, per, output_size=n) - 1)
+                                      torch.repeat_interleave(self.table_scale, per, output_size=per_vals),
+                                      torch.repeat_interleave(self.table_rows, per, output_size=per_vals) - 1)
         col_base, scale, largest = self._per_count[count]
-        grid = (-(-n_ctr // BLOCK),)
-        _kernel()[grid](start * words // 4, seed & ((1 << 64) - 1), seed >> 64, n_ctr, words, self.heads,
-                        len(self.col_stride), head, col_base, self.col_stride, u, BLOCK=BLOCK)
-        values = self._ids(u, scale, largest)
+        grid = (-(-n * per_ctr // BLOCK),)
+        _kernel()[grid](start * words // 4, stride * words // 4, seed & ((1 << 64) - 1), seed >> 64, per_ctr,
+                        n * per_ctr, words, self.heads, len(self.col_stride), count, per_vals, head, col_base,
+                        self.col_stride, u, BLOCK=BLOCK)
+        values = self._ids(u.view(n, per_vals), scale, largest)
         nd = host.model.num_dense
         d64 = torch.log1p(-torch.log1p(-head[:, :nd]) * 8.0)
         # numpy adds four values left to right; a device reduction may pair them otherwise.
@@ -141,10 +159,12 @@ class DeviceSynthetic:
         b = ((d64[:, 4] + d64[:, 5]) + d64[:, 6]) + d64[:, 7]
         logit = 0.6 * (a - b) - 1.0
         labels = (head[:, nd] < 1.0 / (1.0 + torch.exp(-logit))).to(torch.float32)
-        lengths = self.hot_on_device[:, None].expand(-1, count).contiguous()
-        return Batch(dense=d64.to(torch.float32), labels=labels,
-                     sparse=SparseFeatures(lengths=lengths, values=values,
-                                           feature_values=tuple(h * count for h in self.hot)))
+        lengths = self.hot_on_device[None, :, None].expand(n, -1, count).contiguous()
+        dense = d64.to(torch.float32)
+        at = tuple(h * count for h in self.hot)
+        return [Batch(dense=dense[k * count:(k + 1) * count], labels=labels[k * count:(k + 1) * count],
+                      sparse=SparseFeatures(lengths=lengths[k], values=values[k], feature_values=at))
+                for k in range(n)]
 
     def _ids(self, u: torch.Tensor, scale: torch.Tensor, largest: torch.Tensor) -> torch.Tensor:
         """power_law_ids over the feature-major uniforms: each op as numpy runs it (one rounding
@@ -158,8 +178,20 @@ class DeviceSynthetic:
         return torch.minimum(k.to(torch.int64), largest)
 
     def local_batch(self, iteration: int, rank: int, world_size: int, *, pin: bool = False) -> Batch:
-        """Rank's share of global batch `iteration`, on the device (ragged ones from the host)."""
+        """Rank's share of global batch `iteration`, on the device (ragged ones from the host): drawn
+        with the rank's next DRAW_BLOCK - 1 batches of fixed hotness, kept until asked for."""
         if not self.host.is_regular(iteration):
             return self.host.local_batch(iteration, rank, world_size, pin=pin)
-        local = self.host.data.global_batch_size // world_size
-        return self.samples(iteration * self.host.data.global_batch_size + rank * local, local)
+        kept = self._drawn.pop((iteration, rank, world_size), None)
+        if kept is not None:
+            return kept
+        its = [iteration]
+        while len(its) < DRAW_BLOCK and self.host.is_regular(its[-1] + 1):
+            its.append(its[-1] + 1)
+        g = self.host.data.global_batch_size
+        local = g // world_size
+        drawn = self.block(iteration * g + rank * local, local, len(its), g)
+        # A new block replaces what the rank had left (asked out of order: the loop restarted).
+        self._drawn = {k: v for k, v in self._drawn.items() if k[1:] != (rank, world_size)}
+        self._drawn.update({(it, rank, world_size): b for it, b in zip(its[1:], drawn[1:])})
+        return drawn[0]

@@ -46,7 +46,8 @@ from harness.names import STAGES
 from harness.launch.planning import gpu_profile_name
 from harness.projection.hardware import HARDWARE, Profile, cpu, dense_precision, rank_cores
 from harness.projection.kernels import dense_impl, stage_kernels
-from harness.projection.project import Calibration, cpu_share, dense_roof_s, effective_flags, project
+from harness.projection.project import (Calibration, cpu_share, dense_roof_s, draw_launches_s, effective_flags,
+                                       project)
 from harness.projection.work import Work, work_of
 
 ROOF_SHARE = 0.5
@@ -274,7 +275,8 @@ def host_fixed(runs: list[Measured], p: Profile) -> Calibration:
     """Per stage, the host time the timeline leaves unexplained on the first run (and its pair, for
     the per-sample part), found by iterating the timeline on their own configurations."""
     first, second = runs[0], _pair(runs)
-    cal = Calibration(drawn_on_device=_drawn_on_device(first))
+    on_device, block = _drawn(first)
+    cal = Calibration(drawn_on_device=on_device, draw_s=draw_launches_s(p, on_device, block))
     used = [first] + ([second] if second else [])
     names = " and ".join(m.name for m in used)
     b = [m.work.local_batch for m in used]
@@ -322,8 +324,10 @@ def host_fixed(runs: list[Measured], p: Profile) -> Calibration:
     return cal
 
 
-def _drawn_on_device(m: Measured) -> bool:
-    return bool(getattr(m.run.manifest.optimizations.batches_ahead, "on_device", False))
+def _drawn(m: Measured) -> tuple[bool, int]:
+    """(drawn on the GPU, batches a draw) as the run's manifest recorded them."""
+    ahead = m.run.manifest.optimizations.batches_ahead
+    return bool(ahead.on_device), int(ahead.draw_block)
 
 
 def project_run(m: Measured, p: Profile, cal: Calibration):
@@ -331,7 +335,7 @@ def project_run(m: Measured, p: Profile, cal: Calibration):
     batches' draw place its manifest recorded (today's code may choose otherwise for the same
     config)."""
     return project(m.run.manifest.config, m.work, p, cal, dense=dense_impl(m.run.manifest.optimizations),
-                   on_device=_drawn_on_device(m))
+                   drawn=_drawn(m))
 
 
 def _set_drains(first: Measured, p: Profile, cal: Calibration) -> None:

@@ -67,6 +67,9 @@ class Calibration:
     drawn_on_device: bool = False
     """The calibration runs' batches were drawn on their GPU (manifest batches_ahead.on_device): the
     time between iterations holds the draw's launches and no wait for host threads (between)."""
+    draw_s: float = 0.0
+    """Of between_s, the calibration runs' draw launches an iteration (draw_launches_s), where
+    they drew on the GPU."""
 
     batches: tuple[int, ...] = ()
     """The local batches of the two runs that split each figure into a fixed part and a part a
@@ -88,17 +91,27 @@ class Calibration:
         return max(0.0, (rest if self.rest_offsets_launches else max(0.0, rest)) + launches_s)
 
     def between(self, batch: int, flush_every: int, on_device: bool = False, draw_s: float = 0.0) -> float:
-        """The host time between iterations of a run drawing its batches on the device or not (each
-        batch's draw launches `draw_s`). Calibrated the same way: as measured, a fixed part and a
-        part a sample. Calibrated on host-drawn runs, a device draw is their fixed part (the wait
-        for the threads gone) and the launches; calibrated on device-drawn runs, a host-drawn run
-        is their fixed part less the launches: its threads assumed to keep up (no wait)."""
+        """The host time between iterations of a run drawing its batches on the device or not (its
+        draw launches `draw_s` an iteration). Calibrated the same way: as measured, a fixed part
+        and a part a sample, its draw launches swapped for the run's. Calibrated on host-drawn
+        runs, a device draw is their fixed part (the wait for the threads gone) and the launches;
+        calibrated on device-drawn runs, a host-drawn run is their fixed part less the launches:
+        its threads assumed to keep up (no wait)."""
         flush = self.flush_s / flush_every
         if on_device == self.drawn_on_device:
-            return max(0.0, self.between_s + self._per_sample(self.between_per_sample_s, batch)) + flush
+            measured = self.between_s + self._per_sample(self.between_per_sample_s, batch)
+            return max(0.0, measured + (draw_s - self.draw_s if on_device else 0.0)) + flush
         if on_device:
             return max(0.0, self.between_s) + draw_s + flush
-        return max(0.0, self.between_s - draw_s) + flush
+        return max(0.0, self.between_s - self.draw_s) + flush
+
+
+def draw_launches_s(profile: Profile, on_device: bool, draw_block: int) -> float:
+    """Host time an iteration launching the batch draw on the GPU (kernels.DRAW_OPS a draw of
+    draw_block batches, at the profile's draw_op_us); none drawn on the host."""
+    if not on_device or "draw_op_us" not in profile.figures:
+        return 0.0
+    return DRAW_OPS / max(1, draw_block) * profile.value("draw_op_us") * 1e-6
 
 
 def resolved_flags(cfg, profile: Profile, work: Work):
@@ -237,9 +250,10 @@ def _input_dist_ops(work: Work, profile: Profile, k: StageKernels, flags: dict, 
 
 
 def iteration_ops(cfg, work: Work, profile: Profile, cal: Calibration, flags: dict, *, on_device: bool = False,
-                  **dense_choices: bool) -> tuple[list, StageKernels]:
+                  draw_block: int = 1, **dense_choices: bool) -> tuple[list, StageKernels]:
     """One iteration's ops on every rank (module docstring for what each flag changes).
-    on_device: the batches drawn on the GPU (resolved as a run would: optimizations.batches_ahead).
+    on_device, draw_block: the batches drawn on the GPU, so many a draw (resolved as a run would:
+    optimizations.batches_ahead).
     dense_choices: the dense step's kernel choices (kernels.dense_impl)."""
     k = stage_kernels(cfg, groups=work.groups, params=work.params, world_size=work.world_size, flags=flags,
                       **dense_choices)
@@ -280,7 +294,7 @@ def iteration_ops(cfg, work: Work, profile: Profile, cal: Calibration, flags: di
                       waits=("allreduce_early", "allreduce")))
     if cal.between_drains and profile.async_device:
         ops.append(Sync("between_iterations", 0.0, drain=True))
-    draw_s = DRAW_OPS * profile.value("draw_op_us") * 1e-6 if "draw_op_us" in profile.figures else 0.0
+    draw_s = draw_launches_s(profile, on_device, draw_block)
     ops.append(Host("between_iterations", turns * cal.between(B, cfg.run.flush_every, on_device, draw_s)))
     return ops, k
 
@@ -309,15 +323,15 @@ class Projection:
 
 
 def project(cfg, work: Work, profile: Profile, cal: Calibration, *, label: str = "",
-            dense: dict[str, bool] | None = None, on_device: bool | None = None) -> Projection:
-    """dense and on_device: the dense step's kernel choices (kernels.dense_impl) and where the
-    batches were drawn, as a measured run recorded them; left out, what today's code would do for
-    `cfg`."""
+            dense: dict[str, bool] | None = None, drawn: tuple[bool, int] | None = None) -> Projection:
+    """dense and drawn: the dense step's kernel choices (kernels.dense_impl) and whether the
+    batches were drawn on the GPU and so many a draw, as a measured run recorded them; left out,
+    what today's code would do for `cfg`."""
     res = resolved_flags(cfg, profile, work)
     flags = dict(res.effective)
     cal = cal.of(cfg.model)
-    on_device = res.batches_ahead.on_device if on_device is None else on_device
-    ops, k = iteration_ops(cfg, work, profile, cal, flags, on_device=on_device,
+    on_device, block = (res.batches_ahead.on_device, res.batches_ahead.draw_block) if drawn is None else drawn
+    ops, k = iteration_ops(cfg, work, profile, cal, flags, on_device=on_device, draw_block=block,
                            **(dense_impl(res) if dense is None else dense))
     result = simulate(ops, ranks=work.world_size, async_device=profile.async_device)
     return Projection(label=label, flags=flags, result=result, kernels=k, world_size=work.world_size,

@@ -120,6 +120,9 @@ class AheadEntry:
     on_device: bool = False
     """The synthetic batches drawn on the rank's GPU (config data.draw_on device,
     harness/data/device_draw.py), none by host threads; manifests before it: False."""
+    draw_block: int = 1
+    """Batches drawn on the GPU a draw (device_draw.DRAW_BLOCK), its launches shared by them;
+    manifests before it: 1, what those runs drew."""
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -105,14 +105,14 @@ def batches_ahead(requested: int | None, *, cuda: bool, local_ranks: int = 1, co
     if draw_on == "device" and not cuda:
         not_on_device = "--draw-on device needs a CUDA device: drawn on the host"
     elif cuda and draw_on != "host":
-        from harness.data.device_draw import unavailable
+        from harness.data.device_draw import DRAW_BLOCK, unavailable
 
         asked = "--draw-on device" if draw_on == "device" else "the default on CUDA"
         missing = (triton_missing or unavailable)()
         if missing is None:
-            return AheadEntry(depth=0, workers=0, on_device=True,
-                              reason=f"drawn on the GPU ({asked}: a Triton kernel and float64 ops a batch; "
-                                     "ragged batches on the host)")
+            return AheadEntry(depth=0, workers=0, on_device=True, draw_block=DRAW_BLOCK,
+                              reason=f"drawn on the GPU ({asked}: a Triton kernel and float64 ops for "
+                                     f"{DRAW_BLOCK} batches at a time; ragged batches on the host)")
         not_on_device = f"{asked}, but {missing}; drawn on the host"
     entry = _host_ahead(requested, cuda=cuda, local_ranks=local_ranks, cores=cores)
     return dataclasses.replace(entry, reason=f"{not_on_device}; {entry.reason}") if not_on_device else entry

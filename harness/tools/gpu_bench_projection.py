@@ -17,53 +17,51 @@ def _harness_runs(outcome: Outcome, step: str) -> list[str]:
     return outcome.compares.get(step, {}).get("runs", {}).get("harness", [])
 
 
-def projection_targets(outcome: Outcome) -> dict[str, str]:
-    """label -> run id of the runs the projection check projects: each flag's first run alone, the
-    --opts all and tiny compares' first harness runs, and the second defaults run (the same config)."""
+def projection_targets(outcome: Outcome) -> dict[str, list[str]]:
+    """label -> the run ids (pooled: one configuration's mean) the projection check projects: each
+    flag-round row's first run (the defaults' other than the calibration's), the --opts all
+    compare's first harness run and the tiny compare's harness runs."""
     small = outcome.plan.get("small", "small")
-    out = {name: f["runs"][0] for name, f in outcome.flags.items() if f.get("runs")}
-    for step, label in ((f"{small} --opts all", "--opts all"), ("tiny", "tiny")):
-        if _harness_runs(outcome, step):
-            out[label] = _harness_runs(outcome, step)[0]
-    defaults = _harness_runs(outcome, f"{small} defaults")
-    if len(defaults) > 1:
-        out["defaults (another run)"] = defaults[1]
+    out = {name: f["runs"][:1] for name, f in outcome.flags.items() if f.get("runs")}
+    if _harness_runs(outcome, f"{small} --opts all"):
+        out["--opts all"] = _harness_runs(outcome, f"{small} --opts all")[:1]
+    if _harness_runs(outcome, "tiny"):
+        out["tiny"] = _harness_runs(outcome, "tiny")
     return out
 
 
-def run_projection_check(outcome: Outcome, plan: Plan) -> None:
-    """Calibrated on the first defaults run, the quarter-batch run and the profiled run (its trace:
-    the dense step's device time), each target's period projected against its measured one (issue
-    46: within 25%)."""
-    from harness.projection.calibrate import calibrate, measured, project_run
-
+def calibration_runs(outcome: Outcome) -> list[Path]:
+    """The runs both projection steps calibrate on: the small defaults compare's harness runs (one
+    configuration, pooled: a single eager run's period moved by a fifth on the H100 host), the
+    quarter-batch run (with them, host time a sample), the profiled run (its trace: the eager dense
+    step's device time) and the first --cuda-graphs run (a device-bound dense step)."""
     folder = Path(outcome.folder)
-    defaults = _harness_runs(outcome, f"{plan.small} defaults")
-    if not defaults or not outcome.quarter_run:
-        outcome.failures.append("projection check: needs the defaults compare and the quarter-batch run")
-        return
-    profiled = [p for p in [folder / (outcome.profiled_run or "-")] if (p / "manifest.json").is_file()]
-    profile, cal, runs = calibrate([folder / defaults[0], folder / outcome.quarter_run, *profiled])
-    if not profile.async_device and plan.gpus > 1:  # a CPU rehearsal: this host's gloo and threads
-        from harness.tools.project import probe_host
-        probe_host(profile, measured(folder / defaults[0]).run.manifest.config, runs, print)
-    for label, run_id in projection_targets(outcome).items():
-        m = measured(folder / run_id)
-        got = project_run(m, profile, cal).period_ms
-        want = m.period_s * 1e3
-        outcome.projection[label] = {"run": run_id, "measured_ms": want, "projected_ms": got, "error": got / want - 1}
-        print(f"  projection {label:26s} measured {want:8.3f} ms, projected {got:8.3f} ms ({got / want - 1:+.0%})",
-              flush=True)
-
-
-def cluster_calibration(outcome: Outcome) -> list[Path]:
-    """This bench's runs that calibrate the 16 x 8 projection, as make project's default takes the
-    recorded H100 runs: the first defaults run, the quarter-batch run, the profiled run (its trace:
-    the eager dense step's device time) and the first --cuda-graphs run (the graphed one)."""
-    folder = Path(outcome.folder)
-    ids = [*_harness_runs(outcome, f"{outcome.plan.get('small', 'small')} defaults")[:1], outcome.quarter_run,
+    ids = [*_harness_runs(outcome, f"{outcome.plan.get('small', 'small')} defaults"), outcome.quarter_run,
            outcome.profiled_run, *outcome.flags.get("+cuda_graphs", {}).get("runs", [])[:1]]
     return [folder / i for i in ids if i and (folder / i / "manifest.json").is_file()]
+
+
+def run_projection_check(outcome: Outcome, plan: Plan) -> None:
+    """Calibrated on calibration_runs, each target's period projected against its measured one
+    (issue 46: within 25%)."""
+    from harness.projection.calibrate import calibrate, measured, pooled, project_run
+
+    folder = Path(outcome.folder)
+    if not _harness_runs(outcome, f"{plan.small} defaults") or not outcome.quarter_run:
+        outcome.failures.append("projection check: needs the defaults compare and the quarter-batch run")
+        return
+    runs = calibration_runs(outcome)
+    profile, cal, measured_runs = calibrate(runs)
+    if not profile.async_device and plan.gpus > 1:  # a CPU rehearsal: this host's gloo and threads
+        from harness.tools.project import probe_host
+        probe_host(profile, measured(runs[0]).run.manifest.config, measured_runs, print)
+    for label, run_ids in projection_targets(outcome).items():
+        m = pooled([measured(folder / r) for r in run_ids])
+        got = project_run(m, profile, cal).period_ms
+        want = m.period_s * 1e3
+        outcome.projection[label] = {"runs": run_ids, "measured_ms": want, "projected_ms": got, "error": got / want - 1}
+        print(f"  projection {label:26s} measured {want:8.3f} ms, projected {got:8.3f} ms ({got / want - 1:+.0%})",
+              flush=True)
 
 
 def run_cluster_projection(outcome: Outcome, plan: Plan) -> None:
@@ -77,7 +75,7 @@ def run_cluster_projection(outcome: Outcome, plan: Plan) -> None:
     if plan.device != "cuda":
         print("  16 x 8 projection: not run (CPU runs do not calibrate an H100)", flush=True)
         return
-    runs = cluster_calibration(outcome)
+    runs = calibration_runs(outcome)
     if not runs:
         outcome.failures.append("16 x 8 projection: no defaults run to calibrate on")
         return
