@@ -24,7 +24,7 @@ from harness.launch.launcher import run as launch_run
 from harness.records.manifest import PlanEstimate, ResolvedFlags, RunManifest
 from harness.names import PRESET_NAMES
 from harness.store_url import pass_to_ranks
-from harness.run.optimizations import describe, resolve
+from harness.run.optimizations import describe, draw_asked, resolve
 from harness.launch.options import add_config_options, config_from_args
 from harness.launch.planning import format_dry_run, format_plan, make_plan
 from model.dense import dense_flops_per_sample
@@ -159,7 +159,7 @@ def plan_and_flags(cfg: BenchConfig, *, ranks_per_host: int,
     flags = resolve(cfg.optimizations, cuda=cuda, plan_kinds=[tp.kind for tp in plan],
                     precision=cfg.precision, engine=cfg.run.engine, ahead=cfg.data.ahead,
                     local_ranks=cfg.run.gpus_per_node, world_size=cfg.run.world_size,
-                    draw_on=cfg.data.draw_asked())
+                    draw_on=draw_asked(cfg.data))
     return plan, estimate, flags
 
 

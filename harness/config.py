@@ -116,13 +116,6 @@ class DataConfig:
     """A folder of MLPerf multi-hot Criteo files (harness/data/criteo_files.py; `make dataset` writes
     some) to train on instead of the synthetic stream; the synthetic knobs then do not apply."""
 
-    def draw_asked(self) -> str | None:
-        """draw_on as resolution takes it: host where the batches are read (--data) or asked to be
-        drawn ahead by host threads (--ahead), else as given (None: left out)."""
-        if self.draw_on is None and (self.path is not None or self.ahead is not None):
-            return "host"
-        return self.draw_on
-
     def __post_init__(self) -> None:
         _positive_int("data.global_batch_size", self.global_batch_size)
         _non_negative_int("data.ragged_every", self.ragged_every)

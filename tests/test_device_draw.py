@@ -94,10 +94,12 @@ def test_draw_on_device_resolves_where_it_can_take_effect():
 def test_files_or_threads_asked_for_leave_the_batches_on_the_host():
     """--data (files are read, not drawn) and --ahead (host threads asked for) resolve a left-out
     draw_on to host; an explicit one stands."""
-    assert DataConfig(global_batch_size=8).draw_asked() is None
-    assert DataConfig(global_batch_size=8, path="/data").draw_asked() == "host"
-    assert DataConfig(global_batch_size=8, ahead=3).draw_asked() == "host"
-    assert DataConfig(global_batch_size=8, ahead=3, draw_on="device").draw_asked() == "device"
+    from harness.run.optimizations import draw_asked
+
+    assert draw_asked(DataConfig(global_batch_size=8)) is None
+    assert draw_asked(DataConfig(global_batch_size=8, path="/data")) == "host"
+    assert draw_asked(DataConfig(global_batch_size=8, ahead=3)) == "host"
+    assert draw_asked(DataConfig(global_batch_size=8, ahead=3, draw_on="device")) == "device"
 
 
 def test_the_files_cannot_be_drawn_on_the_device():

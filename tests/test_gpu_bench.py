@@ -319,8 +319,8 @@ def test_a_budget_stops_the_flag_rounds_where_the_steps_after_would_not_fit(tmp_
     assert round_over_budget(budget_s=500, **kw) is None
     assert round_over_budget(budget_s=480, **kw) == ("another round (100 s) and the 9 runs' worth after it (90 s) "
                                                      "would end at 490 s, past the 480 s budget")
-    assert runs_after_flags(Plan(device="cuda", gpus=1, repeats=3, in_process=True)) == 11
-    assert runs_after_flags(Plan(device="cuda", gpus=1, repeats=3)) == 8
+    assert runs_after_flags(Plan(device="cuda", gpus=1, repeats=3, in_process=True)) == 13
+    assert runs_after_flags(Plan(device="cuda", gpus=1, repeats=3)) == 10
 
     now = [0.0]
     monkeypatch.setattr(gpu_bench.time, "monotonic", lambda: now[0])
@@ -331,10 +331,10 @@ def test_a_budget_stops_the_flag_rounds_where_the_steps_after_would_not_fit(tmp_
 
     monkeypatch.setattr(gpu_bench, "run_bench", run_bench)
     # 4 runs a round (defaults, opts_all, autograd_cross, views_grads; pinned_d2h is CUDA only,
-    # and so are the host_draw rows): 20 s a round; 10 runs' worth after (tiny's compare 8,
-    # quarter, profiled), 50 s; 10 s gone before. Round 2 would end at 10 + 20 + 20 + 50 = 100 s,
-    # round 3 at 120 s.
-    for budget, rounds in ((1000.0, 4), (100.0, 2), (90.0, 1)):
+    # and so are the host_draw rows): 20 s a round; 12 runs' worth after (tiny's compare 8,
+    # quarter, the three profiled), 60 s; 10 s gone before. Round 2 would end at
+    # 10 + 20 + 20 + 60 = 110 s, round 3 at 130 s.
+    for budget, rounds in ((1000.0, 4), (110.0, 2), (90.0, 1)):
         plan = Plan(device="cpu", gpus=1, repeats=4, flags=("pinned_d2h",), precision="fp32", budget_s=budget)
         outcome = Outcome(folder=str(tmp_path), plan={}, seconds={"battery": 10.0})
         gpu_bench.run_flags(outcome, plan)
@@ -342,7 +342,7 @@ def test_a_budget_stops_the_flag_rounds_where_the_steps_after_would_not_fit(tmp_
         assert ran == set(range(rounds)), (budget, outcome.failures)
         assert (outcome.flag_rounds is None) == (rounds == 4)
         if rounds == 2:
-            assert "would end at 120 s, past the 100 s budget" in outcome.flag_rounds["why"]
+            assert "would end at 130 s, past the 110 s budget" in outcome.flag_rounds["why"]
             kept = outcome
     outcome = kept
     assert outcome.flag_rounds["ran"] == 2
@@ -397,6 +397,10 @@ def test_rows_that_add_one_change_are_ratios_over_the_row_they_add_it_to(tmp_pat
     cpu = flag_configs(Plan(device="cpu", gpus=1, precision="fp32", flags=()), {})
     assert not set(AGAINST) & set(cpu)
     outcome = Outcome(folder=str(tmp_path), plan={}, flags={"graphs_autograd_cross": {
-        "runs": ["a"], "against": "+cuda_graphs", "ratio": 0.9, "ratio_ci": [0.8, 1.0], "inactive": None}})
+        "runs": ["a"], "against": "+cuda_graphs", "ratio": 0.9, "ratio_ci": [0.8, 1.0], "inactive": None}},
+        profiled_more={"tiny": {"run": "t-prof", "finding": "launch-bound"}})
+    lines = summary(outcome).splitlines()
     assert any(line.startswith("graphs_autograd_cross / +cuda_graphs ") and "0.900 (95% CI 0.800-1.000)" in line
-               for line in summary(outcome).splitlines())
+               for line in lines)
+    assert any(line.startswith("host against device, tiny ") and line.endswith("launch-bound  (t-prof)")
+               for line in lines)

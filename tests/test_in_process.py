@@ -103,3 +103,18 @@ def test_a_host_that_cannot_give_a_run_its_own_peak_refuses_in_process_in_one_li
     assert len(err) == 1 and "--in-process needs a memory peak of the run's own" in err[0], err
     assert ("IsADirectoryError" if broken == "clear_refs" else "has no VmHWM line") in err[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_in_process_run_binds_no_port(tmp_path, monkeypatch):
+    """The launcher's rendezvous port taken before the rank starts (as an H100 gpu-bench's was,
+    EADDRINUSE, between two in-process runs): the one rank's store is in memory, the run trains."""
+    import socket
+
+    from harness.launch import launcher
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setattr(launcher, "free_port", lambda: taken.getsockname()[1])
+        assert main([*TINY, "--in-process", "--runs-root", str(tmp_path), "--run-id", "taken"]) == 0
+    assert len(_losses(tmp_path / "taken")) == 8  # 2 warm-up and 6 timed

@@ -31,7 +31,7 @@ from harness.projection.hardware import Profile, dense_precision, peak_flops, ra
 from harness.projection.kernels import DRAW_OPS, StageKernels, dense_impl, stage_kernels
 from harness.projection.timeline import Collective, Host, Launch, Result, Sync, simulate
 from harness.projection.work import Work
-from harness.run.optimizations import resolve
+from harness.run.optimizations import draw_asked, resolve
 
 FORWARD_SHARE = 1 / 3
 """The dense step's forward: a third of its FLOPs (the backward computes two gradients a GEMM)."""
@@ -120,7 +120,7 @@ def resolved_flags(cfg, profile: Profile, work: Work):
     inactive is credited nothing. The projected GPU host is taken to have Triton (CUDA torch's
     wheels bring it), whatever this one has."""
     return resolve(cfg.optimizations, cuda=profile.async_device, plan_kinds=work.kinds, precision=cfg.precision,
-                   world_size=work.world_size, local_ranks=work.ranks_per_node, draw_on=cfg.data.draw_asked(),
+                   world_size=work.world_size, local_ranks=work.ranks_per_node, draw_on=draw_asked(cfg.data),
                    triton_missing=lambda: None)
 
 

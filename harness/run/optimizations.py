@@ -94,10 +94,18 @@ def ahead_workers(depth: int, *, local_ranks: int, cores: int | None = None) -> 
     return max(1, min(AHEAD_WORKERS_MAX, cores // max(1, local_ranks) - 2))
 
 
+def draw_asked(data) -> str | None:
+    """config data.draw_on as batches_ahead takes it: host where the batches are read (--data) or
+    asked to be drawn ahead by host threads (--ahead), else as given (None: left out)."""
+    if data.draw_on is None and (data.path is not None or data.ahead is not None):
+        return "host"
+    return data.draw_on
+
+
 def batches_ahead(requested: int | None, *, cuda: bool, local_ranks: int = 1, cores: int | None = None,
                   draw_on: str | None = None, triton_missing: Callable[[], str | None] | None = None) -> AheadEntry:
     """config data.ahead resolved for the device: as asked, or left out 2 on CUDA and 0 on CPU;
-    with the threads that make them (ahead_workers). draw_on (DataConfig.draw_asked) device, or
+    with the threads that make them (ahead_workers). draw_on (draw_asked) device, or
     left out on CUDA: drawn on the GPU with Triton installed, none ahead; elsewhere the host draws
     them and the reason says why where the GPU was asked for or would have drawn them.
     triton_missing: why Triton cannot be imported, or None (a seam for tests)."""

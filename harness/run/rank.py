@@ -26,7 +26,7 @@ from harness.run.evaluate import EvalResult, evaluate
 from harness.run.flush import RecordFlusher
 from harness.run.input_pipeline import InputFeeder
 from harness.run.input_streams import InputStreams, input_streams
-from harness.run.optimizations import input_thread_launches, resolve
+from harness.run.optimizations import draw_asked, input_thread_launches, resolve
 from harness.run.pinned_d2h import HostCopies
 from harness.run.step import HarnessStep, Step
 from harness.run.timeline import Timeline
@@ -144,7 +144,7 @@ def resolved_flags(env: RankEnv) -> ResolvedFlags:
     return resolve(cfg.optimizations, cuda=env.device.type == "cuda", plan_kinds=[tp.kind for tp in env.plan],
                    precision=cfg.precision, engine=cfg.run.engine, ahead=cfg.data.ahead,
                    local_ranks=cfg.run.gpus_per_node, world_size=cfg.run.world_size,
-                   draw_on=cfg.data.draw_asked())
+                   draw_on=draw_asked(cfg.data))
 
 
 def build_rank(env: RankEnv, data: BatchSource, flags: ResolvedFlags | None = None) -> RankParts:

@@ -69,8 +69,11 @@ def run_rank(run_dir: str, *, in_process: bool = False) -> dict:
             torch.cuda.reset_peak_memory_stats(device)
         flags = manifest.optimizations
         maybe_avoid_record_streams(flags.effective["avoid_record_streams"])
+        # In-process, the one rank's store is in memory: a port picked by the launcher could be
+        # taken before the rank binds it (EADDRINUSE ended an H100 gpu-bench's in-process runs).
+        store = dict(store=dist.HashStore(), rank=0, world_size=1) if in_process else {}
         dist.init_process_group(backend, timeout=dt.timedelta(seconds=cfg.run.collective_timeout_s),
-                                **process_group_options(device))
+                                **process_group_options(device), **store)
         clock.lap("process_group")
         set_tf32(flags.precision.tf32)
         probe = dense_gemm_probe(cfg.model, cfg.local_batch_size, cfg.precision.dense)

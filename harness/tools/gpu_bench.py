@@ -19,7 +19,8 @@ On whatever GPUs the host has (one rank a GPU, one node), in this order:
 4. `compare` on `tiny` (the latency-bound regime: launch and input-distribution overheads);
 5. one run of the defaults at a quarter of the batch;
 6. one run of the defaults with a --profile window in its warm-up: host against device per stage
-   (the last run: in-process, none after it shares the process with the profiler);
+   (the last runs: in-process, none after them shares the process with the profiler), then the
+   same at a quarter of the batch and on tiny;
 7. the projection check (issue 46): the projection (harness/projection/) calibrated on the
    defaults at both batch sizes (the host time a sample needs two) and the profiled run's trace,
    each other run's period projected against what it measured;
@@ -239,8 +240,9 @@ def run_draw_check(outcome: Outcome, plan: Plan) -> None:
 
 def runs_after_flags(plan: Plan) -> int:
     """Runs of the steps after the flag rounds, in flag-run equivalents: tiny's compare (both
-    engines), the quarter-batch and profiled runs, and the spawned check (start-up and all)."""
-    return 2 * plan.repeats + 2 + (3 if plan.in_process else 0)
+    engines), the quarter-batch run, the three profiled runs, and the spawned check (start-up and
+    all)."""
+    return 2 * plan.repeats + 4 + (3 if plan.in_process else 0)
 
 
 def round_over_budget(*, budget_s: float, elapsed_s: float, round_s: float, runs_a_round: int,
@@ -279,9 +281,8 @@ def run_spawned_check(outcome: Outcome, plan: Plan) -> None:
 
 def run_profiled(outcome: Outcome, plan: Plan) -> None:
     """One run of the defaults with a --profile window in its warm-up: its trace says, per stage,
-    launch-bound, kernel-bound or waiting for the host (measured, not guessed)."""
-    from harness.report.profile_trace import read_run
-
+    launch-bound, kernel-bound or waiting for the host (measured, not guessed); then the same at a
+    quarter of the batch and on tiny."""
     folder = Path(outcome.folder)
     common = plan.common(plan.small, plan.batch_per_gpu)
     common[common.index("--warmup") + 1] = str(max(plan.warmup, 8))
@@ -290,10 +291,30 @@ def run_profiled(outcome: Outcome, plan: Plan) -> None:
     if code != 0:
         outcome.failures.append(f"profiled run exited {code} ({folder / run_id})")
         return
-    profiles = read_run(folder / run_id)
-    found = profiles.findings() or [f"rank {r}: {why}" for r, why in profiles.problems.items()]
-    outcome.profiled = found[0] if found else "no trace was written"
+    outcome.profiled = _finding(folder / run_id)
     print(f"profiled: {outcome.profiled}", flush=True)
+    # The same window at a quarter of the batch and on tiny: where their stages' time goes (device
+    # or host), which the projection cannot tell from small's runs alone (docs/projection.md).
+    quarter = plan.common(plan.small, max(1, plan.batch_per_gpu // 4))
+    quarter[quarter.index("--warmup") + 1] = str(max(plan.warmup, 8))
+    tiny = plan.common("tiny", None)
+    tiny[tiny.index("--warmup") + 1] = str(max(plan.warmup, 8))
+    for label, argv in (("quarter", quarter), ("tiny", tiny)):
+        code, run_id = run_bench(outcome, plan, [*argv, "--profile", "5:7"], f"{folder.name}-profiled-{label}")
+        if code != 0:
+            outcome.failures.append(f"profiled {label} run exited {code} ({folder / run_id})")
+            continue
+        outcome.profiled_more[label] = {"run": run_id, "finding": _finding(folder / run_id)}
+        print(f"profiled {label}: {outcome.profiled_more[label]['finding']}", flush=True)
+
+
+def _finding(run_dir: Path) -> str:
+    """A profiled run's host-against-device finding (harness/report/profile_trace.py)."""
+    from harness.report.profile_trace import read_run
+
+    profiles = read_run(run_dir)
+    found = profiles.findings() or [f"rank {r}: {why}" for r, why in profiles.problems.items()]
+    return found[0] if found else "no trace was written"
 
 
 def run_quarter(outcome: Outcome, plan: Plan) -> None:

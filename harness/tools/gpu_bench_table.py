@@ -91,10 +91,12 @@ def summary(outcome) -> str:
         rows.append(("flag rounds", f"{r['ran']} of {r['asked']}", r["why"]))
     if outcome.profiled:
         rows.append(("host against device", outcome.profiled, ""))
+    for label, more in outcome.profiled_more.items():
+        rows.append((f"host against device, {label}", more["finding"], more["run"]))
     if outcome.projection:
         errs = ", ".join(f"{k} {v['error']:+.0%}" for k, v in outcome.projection.items())
         rows.append(("projected/measured period", errs, "calibrated on the defaults at two batch sizes "
-                     "and the profiled run's trace"))
+                     "(the compare's runs pooled), the profiled run's trace and the first --cuda-graphs run"))
     if outcome.cluster_projection:
         c = outcome.cluster_projection
         rows.append(("16 x 8 H100 mlperf, projected", f"baseline {c['baseline_ms']:.2f} ms, all flags "
