@@ -453,3 +453,25 @@ def test_a_flag_the_harness_would_record_inactive_is_credited_nothing(tmp_path):
     assert "TorchRec baseline 7.6 ms" in (tmp_path / "m" / "projection.md").read_text()
     assert main(["--preset", "tiny", "--hardware", "h100", "--out", str(tmp_path / "t")]) == 0
     assert "7.6 ms" not in (tmp_path / "t" / "projection.md").read_text()
+
+
+def test_the_time_between_iterations_follows_where_the_batches_are_drawn():
+    """Hand values: calibrated on runs that drew one batch a draw on the GPU (29 launches at 10 us,
+    0.29 ms of their 1.0 ms between iterations), a run drawing four a draw keeps the rest and pays
+    a quarter of the launches; a host-drawn run keeps the rest (its threads assumed to keep up);
+    calibrated on host-drawn runs (0.4 ms fixed, 1 us a sample of batch wait), a GPU-drawn run
+    pays its launches instead of the wait."""
+    from harness.projection.hardware import h100
+    from harness.projection.project import Calibration, draw_launches_s
+
+    profile = h100()
+    assert draw_launches_s(profile, True, 1) == pytest.approx(290e-6)
+    assert draw_launches_s(profile, True, 4) == pytest.approx(72.5e-6)
+    assert draw_launches_s(profile, False, 4) == 0.0
+    gpu = Calibration(between_s=1.0e-3, drawn_on_device=True, draw_s=290e-6)
+    assert gpu.between(512, 100, True, 72.5e-6) == pytest.approx(1.0e-3 - 290e-6 + 72.5e-6)
+    assert gpu.between(512, 100, True, 290e-6) == pytest.approx(1.0e-3)
+    assert gpu.between(512, 100, False) == pytest.approx(1.0e-3 - 290e-6)
+    host = Calibration(between_s=0.4e-3, between_per_sample_s=1e-6)
+    assert host.between(512, 100, False) == pytest.approx(0.4e-3 + 512e-6)
+    assert host.between(512, 100, True, 72.5e-6) == pytest.approx(0.4e-3 + 72.5e-6)
