@@ -92,24 +92,18 @@ class Calibration:
 
     def between(self, batch: int, flush_every: int, on_device: bool = False, draw_s: float = 0.0) -> float:
         """The host time between iterations of a run drawing its batches on the device or not (its
-        draw launches `draw_s` an iteration). Calibrated the same way: as measured, a fixed part
-        and a part a sample, its draw launches swapped for the run's. Calibrated on host-drawn
-        runs, a device draw is their fixed part (the wait for the threads gone) and the launches;
-        calibrated on device-drawn runs, a host-drawn run is their fixed part less the launches:
-        its threads assumed to keep up (no wait)."""
-        flush = self.flush_s / flush_every
-        if on_device == self.drawn_on_device:
-            measured = self.between_s + self._per_sample(self.between_per_sample_s, batch)
-            return max(0.0, measured + (draw_s - self.draw_s if on_device else 0.0)) + flush
-        if on_device:
-            return max(0.0, self.between_s) + draw_s + flush
-        return max(0.0, self.between_s - self.draw_s) + flush
-
+        draw launches `draw_s` an iteration, none on the host): the calibration's fixed part less
+        its own draw launches, plus the run's, plus its part a sample where the run draws where
+        the calibration runs did (their wait for host threads, or nothing much on a device);
+        drawn elsewhere, no wait: a device draw waits for no threads, and a host-drawn run
+        calibrated on device-drawn runs has its threads assumed to keep up."""
+        wait = self._per_sample(self.between_per_sample_s, batch) if on_device == self.drawn_on_device else 0.0
+        return max(0.0, self.between_s - self.draw_s + wait + draw_s) + self.flush_s / flush_every
 
 def draw_launches_s(profile: Profile, on_device: bool, draw_block: int) -> float:
     """Host time an iteration launching the batch draw on the GPU (kernels.DRAW_OPS a draw of
     draw_block batches, at the profile's draw_op_us); none drawn on the host."""
-    if not on_device or "draw_op_us" not in profile.figures:
+    if not on_device:
         return 0.0
     return DRAW_OPS / max(1, draw_block) * profile.value("draw_op_us") * 1e-6
 

@@ -22,8 +22,9 @@ On whatever GPUs the host has (one rank a GPU, one node), in this order:
    (the last runs: in-process, none after them shares the process with the profiler), then the
    same at a quarter of the batch and on tiny;
 7. the projection check (issue 46): the projection (harness/projection/) calibrated on the
-   defaults at both batch sizes (the host time a sample needs two) and the profiled run's trace,
-   each other run's period projected against what it measured;
+   defaults at both batch sizes (the host time a sample needs two; the compare's runs pooled), the
+   profiled run's trace and the first --cuda-graphs run, each other configuration's period
+   projected against what it measured;
 8. the 16 x 8 H100 mlperf job projected, calibrated on this bench's runs (make project's default
    calibrated on today's code), beside the published figures (harness/tools/gpu_bench_projection.py).
 On one GPU each run's rank runs in this process (bench --in-process: no interpreter, torch and CUDA

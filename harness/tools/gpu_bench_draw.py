@@ -1,7 +1,8 @@
-"""gpu-bench's check of `--draw-on device` before its flag rounds run it: two batches of the bench's
+"""gpu-bench's check of the GPU draw (the default on CUDA) before any run: two batches of the bench's
 shape drawn on the GPU (harness/data/device_draw.py) against numpy's, in a process of its own (a
-kernel that fails to build or faults leaves gpu-bench's own CUDA state alone). Where it fails, the
-device-draw rows are not run and say why; where values differ, the table says how many."""
+kernel that fails to build or faults leaves gpu-bench's own CUDA state alone). Where it fails or
+values differ, every run of the bench draws on the host (gpu_bench.run_draw_check) and the table
+says why, or how many values differ."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def draw_check(preset: str, batch: int) -> dict:
                     raise ValueError(f"{name}: shape {tuple(a.shape)} against numpy's {tuple(b.shape)}")
                 differ[name] += int((a.cpu() != b).sum())
                 values[name] += b.numel()
-    except Exception as exc:  # reported in the table; the rows that need it are not run
+    except Exception as exc:  # reported in the table; the bench's runs then draw on the host
         return {"error": f"{type(exc).__name__}: {exc}"}
     return {"error": None, "differ": differ, "values": values}
 

@@ -19,8 +19,8 @@ def _harness_runs(outcome: Outcome, step: str) -> list[str]:
 
 def projection_targets(outcome: Outcome) -> dict[str, list[str]]:
     """label -> the run ids (pooled: one configuration's mean) the projection check projects: each
-    flag-round row's first run (the defaults' other than the calibration's), the --opts all
-    compare's first harness run and the tiny compare's harness runs."""
+    flag-round row's first run, the --opts all compare's first harness run and the tiny compare's
+    harness runs."""
     small = outcome.plan.get("small", "small")
     out = {name: f["runs"][:1] for name, f in outcome.flags.items() if f.get("runs")}
     if _harness_runs(outcome, f"{small} --opts all"):
