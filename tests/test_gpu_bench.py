@@ -319,8 +319,8 @@ def test_a_budget_stops_the_flag_rounds_where_the_steps_after_would_not_fit(tmp_
     assert round_over_budget(budget_s=500, **kw) is None
     assert round_over_budget(budget_s=480, **kw) == ("another round (100 s) and the 9 runs' worth after it (90 s) "
                                                      "would end at 490 s, past the 480 s budget")
-    assert runs_after_flags(Plan(device="cuda", gpus=1, repeats=3, in_process=True)) == 13
-    assert runs_after_flags(Plan(device="cuda", gpus=1, repeats=3)) == 10
+    assert runs_after_flags(Plan(device="cuda", gpus=1, repeats=3, in_process=True)) == 14
+    assert runs_after_flags(Plan(device="cuda", gpus=1, repeats=3)) == 11
 
     now = [0.0]
     monkeypatch.setattr(gpu_bench.time, "monotonic", lambda: now[0])
@@ -332,7 +332,7 @@ def test_a_budget_stops_the_flag_rounds_where_the_steps_after_would_not_fit(tmp_
     monkeypatch.setattr(gpu_bench, "run_bench", run_bench)
     # 4 runs a round (defaults, opts_all, autograd_cross, views_grads; pinned_d2h is CUDA only,
     # and so are the host_draw rows): 20 s a round; 12 runs' worth after (tiny's compare 8,
-    # quarter, the three profiled), 60 s; 10 s gone before. Round 2 would end at
+    # quarter, the three profiled at fp32), 60 s; 10 s gone before. Round 2 would end at
     # 10 + 20 + 20 + 60 = 110 s, round 3 at 130 s.
     for budget, rounds in ((1000.0, 4), (110.0, 2), (90.0, 1)):
         plan = Plan(device="cpu", gpus=1, repeats=4, flags=("pinned_d2h",), precision="fp32", budget_s=budget)

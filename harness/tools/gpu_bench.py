@@ -20,7 +20,7 @@ On whatever GPUs the host has (one rank a GPU, one node), in this order:
 5. one run of the defaults at a quarter of the batch;
 6. one run of the defaults with a --profile window in its warm-up: host against device per stage
    (the last runs: in-process, none after them shares the process with the profiler), then the
-   same at a quarter of the batch and on tiny;
+   same at a quarter of the batch, on tiny and with every activation in bf16;
 7. the projection check (issue 46): the projection (harness/projection/) calibrated on the
    defaults at both batch sizes (the host time a sample needs two; the compare's runs pooled), the
    profiled run's trace and the first --cuda-graphs run, each other configuration's period
@@ -241,9 +241,9 @@ def run_draw_check(outcome: Outcome, plan: Plan) -> None:
 
 def runs_after_flags(plan: Plan) -> int:
     """Runs of the steps after the flag rounds, in flag-run equivalents: tiny's compare (both
-    engines), the quarter-batch run, the three profiled runs, and the spawned check (start-up and
-    all)."""
-    return 2 * plan.repeats + 4 + (3 if plan.in_process else 0)
+    engines), the quarter-batch run, the profiled runs (three, four at bf16), and the spawned check
+    (start-up and all)."""
+    return 2 * plan.repeats + 4 + (plan.precision == "bf16") + (3 if plan.in_process else 0)
 
 
 def round_over_budget(*, budget_s: float, elapsed_s: float, round_s: float, runs_a_round: int,
@@ -283,7 +283,7 @@ def run_spawned_check(outcome: Outcome, plan: Plan) -> None:
 def run_profiled(outcome: Outcome, plan: Plan) -> None:
     """One run of the defaults with a --profile window in its warm-up: its trace says, per stage,
     launch-bound, kernel-bound or waiting for the host (measured, not guessed); then the same at a
-    quarter of the batch and on tiny."""
+    quarter of the batch, on tiny, and with every activation in bf16 (bf16-pure)."""
     folder = Path(outcome.folder)
     common = plan.common(plan.small, plan.batch_per_gpu)
     common[common.index("--warmup") + 1] = str(max(plan.warmup, 8))
@@ -295,12 +295,16 @@ def run_profiled(outcome: Outcome, plan: Plan) -> None:
     outcome.profiled = _finding(folder / run_id)
     print(f"profiled: {outcome.profiled}", flush=True)
     # The same window at a quarter of the batch and on tiny: where their stages' time goes (device
-    # or host), which the projection cannot tell from small's runs alone (docs/projection.md).
+    # or host), which the projection cannot tell from small's runs alone (docs/projection.md); and
+    # the all-bf16 dense step's kernels, which no autocast run's efficiency predicts.
     quarter = plan.common(plan.small, max(1, plan.batch_per_gpu // 4))
     quarter[quarter.index("--warmup") + 1] = str(max(plan.warmup, 8))
     tiny = plan.common("tiny", None)
     tiny[tiny.index("--warmup") + 1] = str(max(plan.warmup, 8))
-    for label, argv in (("quarter", quarter), ("tiny", tiny)):
+    pure = [*common, "--dense-precision", "bf16-pure"] if plan.precision == "bf16" else None
+    for label, argv in (("quarter", quarter), ("tiny", tiny), ("bf16_pure", pure)):
+        if argv is None:
+            continue
         code, run_id = run_bench(outcome, plan, [*argv, "--profile", "5:7"], f"{folder.name}-profiled-{label}")
         if code != 0:
             outcome.failures.append(f"profiled {label} run exited {code} ({folder / run_id})")
