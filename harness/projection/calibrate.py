@@ -11,7 +11,9 @@ launches (kernels.py) and the spec-sheet roofline of each stage (project.py). Th
 - dense_eff_<precision>: from the run whose dense step is closest to its roofline, when that step
   is device-bound (graphed, or its launches explain < LAUNCH_SHARE of it on a GPU; on a CPU the
   launches subtracted), or from a GPU run's `--profile` trace (its dense step's GPU busy time,
-  measured even where the stage is launch-bound): roofline / device time;
+  measured even where the stage is launch-bound): roofline / device time; where a trace is given,
+  its GEMM kernels (by name) and the rest apart: dense_mem_eff, the dense step's bytes at HBM
+  speed over the rest's time, and dense_eff_<precision> the GEMMs' FLOPs at peak over theirs;
 - lookup_eff: emb_bwd's lookup bytes (read and write, two thirds of the lookup's) at HBM speed over
   its measured time (a lower bound: its host work counted as device time; on a CPU its launches
   subtracted), from the run where that ratio is highest; emb_fwd's rest is its host time;
@@ -44,12 +46,14 @@ from harness.report.load import Run
 from harness.report.tables import critical_stage_means
 from harness.names import STAGES
 from harness.launch.planning import gpu_profile_name
-from harness.projection.hardware import HARDWARE, Profile, cpu, dense_precision, rank_cores
+from harness.projection.hardware import HARDWARE, Profile, cpu, dense_precision, peak_flops, rank_cores
 from harness.projection.kernels import dense_impl, stage_kernels
 from harness.projection.project import (Calibration, cpu_share, dense_roof_s, draw_launches_s, effective_flags,
                                        project)
 from harness.projection.work import Work, work_of
 
+GEMM_KERNELS = r"gemm|nvjet|cutlass|cublas"
+"""A GEMM kernel's name in an H100 trace (cuBLAS's nvjet and cutlass kernels, its split-K reduce)."""
 ROOF_SHARE = 0.5
 LAUNCH_SHARE = 0.8
 FIXED_PASSES = 6
@@ -75,17 +79,25 @@ class Measured:
     """The dense step's GPU busy time an iteration in the run's `--profile` trace (its lowest
     rank's; harness/report/profile_trace.py): its device time measured, where an eager run's
     stage time is its launches'. None without a trace, or one with no kernels (a CPU run)."""
+    traced_gemm_s: float | None = None
+    """Of traced_dense_s, its GEMM kernels' time (cuBLAS's, by name: GEMM_KERNELS)."""
 
 
-def _traced_dense_s(path: Path) -> float | None:
-    from harness.report.profile_trace import read_run
+def _traced_dense_s(path: Path) -> tuple[float | None, float | None]:
+    """(the dense step's GPU busy time, its GEMM kernels' time) an iteration in the run's trace."""
+    from harness.report.profile_trace import parse, rank_traces, read_events, read_run
 
     profiles = read_run(path).profiles
     if not profiles:
-        return None
+        return None, None
     table = profiles[min(profiles)].stages.set_index("stage")
     busy = float(table["gpu_busy_ms"].get("dense_fwd_bwd", float("nan"))) / 1e3
-    return busy if busy > 0 else None  # NaN or nothing: no kernels traced
+    if not busy > 0:  # NaN or nothing: no kernels traced
+        return None, None
+    k = parse(read_events(rank_traces(path)[min(profiles)])).kernels
+    k = k[k["stage"] == "dense_fwd_bwd"]
+    gemm = k[k["name"].str.contains(GEMM_KERNELS, case=False, regex=True)]
+    return busy, float((gemm["end"] - gemm["start"]).sum()) / k["iteration"].nunique() / 1e3
 
 
 def _profiled_as_warmup(run: Run) -> Run:
@@ -112,7 +124,8 @@ def measured(path: Path | str) -> Measured:
     return Measured(run=run, stage_s=stage_s, between_s=float(summ["between_ms_mean"]) / 1e3,
                     period_s=float(summ["period_ms_mean"]) / 1e3, work=work, name=Path(path).name,
                     drawn_s=_between_part_s(run, "next_batch"), flushed_s=_between_part_s(run, "flush_records"),
-                    flush_every=m.config.run.flush_every, traced_dense_s=_traced_dense_s(Path(path)))
+                    flush_every=m.config.run.flush_every,
+                    **dict(zip(("traced_dense_s", "traced_gemm_s"), _traced_dense_s(Path(path)))))
 
 
 def pooled(runs: list[Measured]) -> Measured:
@@ -123,12 +136,14 @@ def pooled(runs: list[Measured]) -> Measured:
     first, n = runs[0], len(runs)
     drawn, flushed = [m.drawn_s for m in runs], [m.flushed_s for m in runs]
     traced = [m.traced_dense_s for m in runs if m.traced_dense_s is not None]
+    gemm = [m.traced_gemm_s for m in runs if m.traced_gemm_s is not None]
     return Measured(run=first.run, stage_s={s: sum(m.stage_s[s] for m in runs) / n for s in first.stage_s},
                     between_s=sum(m.between_s for m in runs) / n, period_s=sum(m.period_s for m in runs) / n,
                     work=first.work, name=f"{'+'.join(m.name for m in runs)} (pooled)",
                     drawn_s=None if None in drawn else sum(drawn) / n,
                     flushed_s=None if None in flushed else sum(flushed) / n, flush_every=first.flush_every,
-                    traced_dense_s=sum(traced) / len(traced) if traced else None)
+                    traced_dense_s=sum(traced) / len(traced) if traced else None,
+                    traced_gemm_s=sum(gemm) / len(gemm) if gemm else None)
 
 
 def by_config(runs: list[Measured]) -> list[Measured]:
@@ -201,29 +216,50 @@ def _set_launch(runs: list[Measured], p: Profile) -> None:
               f"its time over its {_kernels(best[1], p)[0].dense_fwd_bwd} kernels (spec roofline {best[0]:.0%} of it)")
 
 
+def _set_mem_eff(runs: list[Measured], p: Profile) -> None:
+    """dense_mem_eff from the traced run with the most dense FLOPs: the dense step's bytes at HBM
+    speed over its kernels' time besides the GEMMs' (project.dense_device_s)."""
+    traced = [m for m in runs if m.traced_gemm_s and m.traced_dense_s and m.traced_dense_s > m.traced_gemm_s]
+    if not p.async_device or not traced:
+        return
+    m = max(traced, key=lambda m: m.work.dense_flops)
+    p.set("dense_mem_eff", m.work.dense_bytes / (p.value("hbm_gbps") * 1e9) / (m.traced_dense_s - m.traced_gemm_s),
+          "of HBM", f"calibrated: {m.name} --profile trace: dense_fwd_bwd's kernels besides its GEMMs",
+          "the dense step's bytes at HBM speed over those kernels' time")
+
+
 def _set_dense_eff(runs: list[Measured], p: Profile) -> None:
-    launch = p.value("launch_us") * 1e-6
+    """dense_eff_<precision>: the roofline over the device time (module docstring); where a trace
+    split the dense step's kernels (dense_mem_eff), its GEMMs' part of each: the FLOPs at peak over
+    the trace's GEMM time, or over a device-bound run's time less its bytes at dense_mem_eff."""
+    launch, hbm = p.value("launch_us") * 1e-6, p.value("hbm_gbps") * 1e9
+    split = "dense_mem_eff" in p.figures
     best: dict[str, tuple] = {}
     for m in runs:
         k, flags = _kernels(m, p)
         prec = dense_precision(m.run.manifest.config)
         t = m.stage_s["dense_fwd_bwd"]
-        roof = dense_roof_s(m.work, p, prec)
+        mem = m.work.dense_bytes / (hbm * p.value("dense_mem_eff")) if split else 0.0
+        roof = m.work.dense_flops / peak_flops(p, prec) if split else dense_roof_s(m.work, p, prec)
         launches = k.dense_fwd_bwd * launch
         if p.async_device:
             device_bound = flags["cuda_graphs"] or launches < LAUNCH_SHARE * t
-            dev = t
+            dev = t - mem
         else:
             device_bound, dev = t - launches > 0.2 * t, t - launches
-        candidates = [(roof / dev, m, "dense_fwd_bwd")] if device_bound and dev > 0 else []
+        candidates = [(roof / dev, m, "dense_fwd_bwd" + (" less its bytes at dense_mem_eff" if split else ""))
+                      ] if device_bound and dev > 0 else []
         if p.async_device and m.traced_dense_s:  # measured on the device, whatever bounds the stage
-            candidates.append((roof / m.traced_dense_s, m, "--profile trace: dense_fwd_bwd's GPU busy time"))
+            traced, what = ((m.traced_gemm_s, "GEMM kernels' time") if split and m.traced_gemm_s
+                            else (m.traced_dense_s, "GPU busy time"))
+            candidates.append((roof / traced, m, f"--profile trace: dense_fwd_bwd's {what}"))
         for c in candidates:
             if prec not in best or c[0] > best[prec][0]:
                 best[prec] = c
     for prec, (eff, m, what) in best.items():
         p.set(f"dense_eff_{prec}", eff, "of peak", f"calibrated: {m.name} {what}",
-              f"{prec} roofline over the measured device time" + (" (above 1: the peak under-measured)" if eff > 1 else ""))
+              f"{prec} {'GEMM FLOPs at peak' if split else 'roofline'} over the measured device time"
+              + (" (above 1: the peak under-measured)" if eff > 1 else ""))
 
 
 def _set_bandwidth_effs(runs: list[Measured], p: Profile) -> None:
@@ -366,6 +402,7 @@ def calibrate(paths: list[Path | str]) -> tuple[Profile, Calibration, list[Measu
     runs = by_config(given)
     p = base_profile(runs)
     _set_launch(runs, p)
+    _set_mem_eff(runs, p)
     _set_dense_eff(runs, p)
     _set_bandwidth_effs(runs, p)
     cal = host_fixed(runs, p)

@@ -31,21 +31,21 @@ Counted per layer from what the dense step runs (model/dense.py, harness/run/den
 small in bf16 with autograd's cross layers: 14 Linears x 13 + 3 cross layers x 7 + 10 = 213
 kernels in dense_fwd_bwd; the H100 trace (docs/gpu-session-2-notes.md,
 tests/data/h100-runs-2/s-bf16-prof/rank00000/trace.json.gz, made before the fused layers) counted 217; fused,
-204, and with the bf16 weight copy 14 x 9 + 3 x 4 + 10 = 148 (neither yet traced on a GPU). The embedding stages are counted from the same trace (one sharding
-group, world size 1: emb_fwd 11, emb_bwd 25, dense_update 6) and split into a fixed part and a part
-a sharding group (each group runs its own lookup kernel, exchanges and permutes: GROUP_KERNELS):
-an assumption, stated in the output. A data-parallel group is counted from its code path
-(model/shardings/data_parallel.py) where it launches less: no input dist (it looks up its own ids:
-none of the 7), and in emb_fwd its lookup alone, the trace's offsets scan (2), bounds check and
-forward kernel (4 of 6); its backward, all-reduce and Adagrad count as a group's 12 (what this
-changed in the 16 x 8 projection: docs/projection.md). Since the trace, one sharding holding every table in order
-hands its output to the dense step as it is (model/sharded_embeddings.py): two copies fewer each way, left in these
-counts (2 of 36 kernels at the calibrated launch cost; the calibration's rest absorbs them). Since
-stop 55, on one rank a table-wise sharding moves nothing (model/shardings/table_wise.py,
-model/ids_all_to_all.py): the pooled rows' copy, cat and column gather each way and the ids'
-pack, copy, unpack and permutes are gone too (11 kernels an iteration), also left in these counts:
-the recorded H100 runs, all one GPU, launched them, and a run's manifest does not say which code
-it ran.
+204, and with the bf16 weight copy 14 x 9 + 3 x 4 + 10 = 148; gathered, 123 (the fifth session's trace
+of that step held 129, cuBLAS's memsets among them).
+
+The embedding stages are counted by sharding group from the fifth H100 session's traces of
+today's code on one rank (tests/data/h100-runs-5/, GROUP_KERNELS): a table-wise group (small)
+launches 6 in input_dist, 6 in emb_fwd and 25 in emb_bwd (fbgemm's backward with its Adagrad
+fused); a data-parallel group (tiny) none in input_dist, 4 in emb_fwd (its lookup), and its
+backward runs inside the dense backward (start_backward, from the pooled gradient's hook: fbgemm's
+dense-gradient backward, 22 kernels in dense_fwd_bwd), its Adagrad (torch's foreach, 5) in emb_bwd.
+Beyond one rank an exchanging group moves its ids and rows, which one rank skips
+(model/shardings/table_wise.py): the second session's one-rank trace, made when one rank still
+moved them, counted 3 more in input_dist and 5 more in emb_fwd (EXCHANGING_MOVES); a data-parallel
+group adds its gradient's all-reduce. Several groups: one column copy a group each way (emb_fwd
+and the backward; model/sharded_embeddings.py). No multi-GPU run has been traced: the counts
+beyond one rank are these, stated in the output as an assumption.
 """
 
 from __future__ import annotations
@@ -73,35 +73,49 @@ stream; their device time (under 0.1 ms for small's batch) runs beside the compu
 BUCKET_BYTES = 4 * 2**20
 KERNELS_A_BUCKET = 2
 
-# Fixed parts; a sharding group's are GROUP_KERNELS. With the table-wise group the trace's: emb_fwd
-# 5 + 6 = 11 and emb_bwd 13 + 12 = 25; fixed in input_dist: the batch's ids moved (2).
-EMB_FWD_FIXED = 5
-EMB_BWD_FIXED = 13
 DENSE_UPDATE = 6
-INPUT_DIST_FIXED = 2
 
 
 @dataclass(frozen=True)
 class GroupKernels:
-    """Kernels one sharding group launches on a rank in one iteration, by stage."""
+    """Kernels one sharding group launches on one rank in one iteration, by stage (module docstring)."""
 
     input_dist: int
-    """Its ids' bucketize and permutes (3), the lengths and values all-to-alls (2), and its splits'."""
+    """Its ids' bucketize and permutes, its lengths and values moved, and its splits'."""
     splits: int
-    """Of input_dist: the splits' all-to-all and their copy to the host (skip_splits_a2a removes
+    """Of input_dist: the splits' exchange and their copy to the host (skip_splits_a2a removes
     them from the table-wise group, whose splits are known in advance)."""
     emb_fwd: int
     emb_bwd: int
+    backward: int = 0
+    """Launched inside dense_fwd_bwd, from the pooled gradient's hook (start_backward)."""
 
 
-EXCHANGING_GROUP = GroupKernels(input_dist=7, splits=2, emb_fwd=6, emb_bwd=12)
-GROUP_KERNELS = {"data_parallel": GroupKernels(input_dist=0, splits=0, emb_fwd=4, emb_bwd=12)}
+EXCHANGING_GROUP = GroupKernels(input_dist=6, splits=2, emb_fwd=6, emb_bwd=25)
+EXCHANGING_MOVES = GroupKernels(input_dist=3, splits=0, emb_fwd=5, emb_bwd=0)
+"""What an exchanging group launches more beyond one rank (module docstring)."""
+GROUP_KERNELS = {"data_parallel": GroupKernels(input_dist=0, splits=0, emb_fwd=4, emb_bwd=5, backward=22)}
 """A group by its name (model/planner.py GROUP_OF_KIND): data-parallel tables as the module docstring
 says; every other group EXCHANGING_GROUP."""
+DATA_PARALLEL_MOVES = GroupKernels(input_dist=0, splits=0, emb_fwd=0, emb_bwd=0, backward=1)
+"""Beyond one rank: the tables' gradient all-reduce, launched in the hook."""
 
 
-def group_kernels(group: str) -> GroupKernels:
-    return GROUP_KERNELS.get(group, EXCHANGING_GROUP)
+GROUP_COUNTS = ("input_dist / emb_fwd / emb_bwd on one rank: table-wise 6 / 6 / 25; data-parallel 0 / 4 / 5, "
+                "and 22 in dense_fwd_bwd (its backward)")
+GROUP_COUNTS_BEYOND_ONE = ("beyond one rank (assumption: no multi-GPU trace): an exchanging group 3 more in input_dist "
+                           "and 5 in emb_fwd (an older one-rank trace that still moved them), a data-parallel group "
+                           "its gradient's all-reduce; several groups a column copy each way a group")
+
+
+def group_kernels(group: str, world_size: int = 1) -> GroupKernels:
+    """The group's kernels on a rank of a world of world_size (module docstring)."""
+    k = GROUP_KERNELS.get(group, EXCHANGING_GROUP)
+    if world_size == 1:
+        return k
+    more = DATA_PARALLEL_MOVES if group == "data_parallel" else EXCHANGING_MOVES
+    return GroupKernels(*(getattr(k, f) + getattr(more, f) for f in ("input_dist", "splits", "emb_fwd", "emb_bwd",
+                                                                       "backward")))
 
 
 @dataclass(frozen=True)
@@ -158,13 +172,14 @@ def stage_kernels(cfg, *, groups: Sequence[str], params: int, world_size: int, f
     dense, buckets = dense_kernels(cfg.model, bf16=bf16, params=params, world_size=world_size,
                                    fused_cross=fused_cross, weight_copy=weight_copy, pure=pure, gather=gather)
     copy = (bf16 and weight_copy) or pure
-    per = [group_kernels(g) for g in groups]
+    per = [group_kernels(g, world_size) for g in groups]
     known = sum(k.splits for g, k in zip(groups, per) if g == "pooled") if flags.get("skip_splits_a2a") else 0
+    columns = len(groups) if len(groups) > 1 else 0  # several groups: a column copy each way a group
     return StageKernels(
-        input_dist=INPUT_DIST_FIXED + sum(k.input_dist for k in per) - known,
-        emb_fwd=EMB_FWD_FIXED + sum(k.emb_fwd for k in per),
-        dense_fwd_bwd=dense,
-        emb_bwd=EMB_BWD_FIXED + sum(k.emb_bwd for k in per),
+        input_dist=sum(k.input_dist for k in per) - known,
+        emb_fwd=sum(k.emb_fwd for k in per) + columns,
+        dense_fwd_bwd=dense + sum(k.backward for k in per) + columns,
+        emb_bwd=sum(k.emb_bwd for k in per),
         dense_update=DENSE_UPDATE + copy * (1 + (world_size == 1)) + gather * ((world_size == 1) - 1),
         dense_buckets=buckets,
     )

@@ -127,6 +127,16 @@ def dense_roof_s(work: Work, profile: Profile, precision: str) -> float:
     return work.dense_flops / peak_flops(profile, precision) + work.dense_bytes / (profile.value("hbm_gbps") * 1e9)
 
 
+def dense_device_s(work: Work, profile: Profile, precision: str) -> float:
+    """The dense step's device time: where a trace split its kernels (dense_mem_eff), its FLOPs at
+    the precision's peak times the GEMMs' efficiency plus its bytes at HBM times the other kernels';
+    else the roofline over one efficiency."""
+    if "dense_mem_eff" not in profile.figures:
+        return dense_roof_s(work, profile, precision) / dense_eff(profile, precision)
+    return (work.dense_flops / peak_flops(profile, precision) / dense_eff(profile, precision)
+            + work.dense_bytes / (profile.value("hbm_gbps") * 1e9 * profile.value("dense_mem_eff")))
+
+
 def dense_eff(profile: Profile, precision: str) -> float:
     key = f"dense_eff_{precision}"
     return profile.value(key) if key in profile.figures else profile.value("dense_eff")
@@ -260,7 +270,7 @@ def iteration_ops(cfg, work: Work, profile: Profile, cal: Calibration, flags: di
     ops.append(Launch("emb_fwd", turns * cal.host("emb_fwd", B, k.emb_fwd * launch),
                       work.lookup_fwd / (hbm * profile.value("lookup_eff") * speed), waits=(ids,)))
     ops.append(Collective("forward", "emb_fwd", _exchange(work, profile, "forward")))
-    dense_dev = dense_roof_s(work, profile, prec) / dense_eff(profile, prec) / speed
+    dense_dev = dense_device_s(work, profile, prec) / speed
     if flags["cuda_graphs"]:
         host = profile.value("graph_launch_us") * 1e-6
         dense_dev += k.dense_fwd_bwd * profile.value("graph_kernel_gap_us") * 1e-6

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from harness.names import STAGES
+from harness.projection import kernels
 from harness.projection.hardware import Profile
 from harness.projection.project import Calibration, Projection
 from harness.projection.work import Work
@@ -159,6 +160,9 @@ def _md(df: pd.DataFrame) -> str:
 def assumptions_table(profile: Profile, cal: Calibration) -> pd.DataFrame:
     """Every figure the projection used, with its source: the profile's, then the calibration's."""
     rows = [dict(figure=k, value=v, source=s, note=n) for k, v, s, n in profile.assumptions()]
+    rows.append(dict(figure="embedding kernels a group", value=kernels.GROUP_COUNTS,
+                     source="trace: the fifth H100 session's one-GPU runs (kernels.py)",
+                     note=kernels.GROUP_COUNTS_BEYOND_ONE))
     per = cal.host_per_sample_s
     rows += [dict(figure=f"host_fixed_{s}", value=f"{v * 1e3:.3f} ms + {per.get(s, 0.0) * 1e6:.3f} us a sample",
                   source=cal.sources.get(f"host_fixed_{s}", ""),

@@ -66,7 +66,7 @@ class Trace:
     spans: pd.DataFrame
     """Stage ranges: stage, iteration, start, end (sorted by start)."""
     kernels: pd.DataFrame
-    """Device work: start, end, launch (the launch call's start; NaN when none matched), launch_ms
+    """Device work: start, end, name, launch (the launch call's start; NaN when none matched), launch_ms
     (its duration), stage (OUTSIDE when no range holds the launch), iteration (-1: before the first)."""
     busy: np.ndarray
     """The union of every kernel's interval, as disjoint (start, end) rows: when the GPU ran anything."""
@@ -220,7 +220,7 @@ def parse(events: list[dict]) -> Trace:
     spans = stage_spans(df[df["cat"] == ANNOTATION_CAT])
     launches = df[df["cat"].isin(LAUNCH_CATS) & df["correlation"].notna()].drop_duplicates("correlation")
     launches = launches.set_index("correlation")
-    k = df[df["cat"].isin(KERNEL_CATS)][["start", "end", "correlation"]].reset_index(drop=True)
+    k = df[df["cat"].isin(KERNEL_CATS)][["start", "end", "correlation", "name"]].reset_index(drop=True)
     k["launch"] = k["correlation"].map(launches["start"])
     k["launch_ms"] = k["correlation"].map(launches["dur"] / 1e3).fillna(0.0)
     k["launch_tid"] = k["correlation"].map(launches["tid"])

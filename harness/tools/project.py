@@ -3,10 +3,10 @@
 python -m harness.tools.project [--preset mlperf] [--nodes 16] [--gpus-per-node 8] [--hardware h100]
     [--calibrate run,...] [--plans harness,torchrec] [--opts all | any bench option] [--out reports/projection-...]
 
-Calibrated on the run folders given (default for h100 and h200: the fourth H100 session's gpu-bench
-runs in tests/data/h100-runs-4/, today's code with its batches drawn on the GPU: the bf16 defaults
-at 8192 samples (three runs, pooled) and 2048, and --cuda-graphs, as gpu-bench's own 16 x 8 step
-takes them; for cpu: tiny and small at one rank of a 2-core VM,
+Calibrated on the run folders given (default for h100 and h200: the fifth H100 session's gpu-bench
+runs in tests/data/h100-runs-5/, today's code with its batches drawn on the GPU: the bf16 defaults
+at 8192 samples (three runs, pooled) and 2048, the profiled defaults (their trace) and
+--cuda-graphs, as gpu-bench's own 16 x 8 step takes them; for cpu: tiny and small at one rank of a 2-core VM,
 each at its batch and a quarter of it, in tests/data/cpu-runs-2core/), it projects the configuration, its baseline (no
 flag), each flag alone and all flags (harness/projection/), and writes a report marked projected.
 Runs of one GPU project another (--hardware): its spec figures, their calibrated ones.
@@ -39,9 +39,9 @@ from harness.projection.work import work_of
 from harness.tools.plan_compare import torchrec_plan
 
 ROOT = Path(__file__).resolve().parents[2]
-H100_RUNS = tuple(f"tests/data/h100-runs-4/{run}" for run in (
-    *(f"20261127-173624-compare-small-1x1-a52f-r{k}-harness" for k in range(3)), "gpu-bench-20261127-173609-quarter",
-    "gpu-bench-20261127-173609-cuda_graphs-r0"))
+H100_RUNS = tuple(f"tests/data/h100-runs-5/{run}" for run in (
+    *(f"20261127-191817-compare-small-1x1-d72a-r{k}-harness" for k in range(3)), "gpu-bench-20261127-191643-quarter",
+    "gpu-bench-20261127-191643-profiled", "gpu-bench-20261127-191643-cuda_graphs-r0"))
 DEFAULT_CALIBRATION = {"h100": H100_RUNS, "h200": H100_RUNS,
                        "cpu": tuple(f"tests/data/cpu-runs-2core/{preset}-1{q}-r{k}" for preset in ("tiny", "small")
                                     for q in ("", "-quarter") for k in (0, 1))}
@@ -49,7 +49,7 @@ DEFAULT_CALIBRATION = {"h100": H100_RUNS, "h200": H100_RUNS,
 preset on one rank at its batch and a quarter of it, twice: calibrate on runs of your own host for
 its figures; the report names the runs it used). No H200 has run this harness yet: h200 takes the
 H100 runs' efficiencies and host costs, its own data sheet's peaks and bandwidths (hardware.retarget)."""
-SEARCH = ("runs", "tests/data/h100-runs-4", "tests/data/h100-runs-3", "tests/data/h100-runs-2", "tests/data/h100-runs")
+SEARCH = ("runs", "tests/data/h100-runs-5", "tests/data/h100-runs-4", "tests/data/h100-runs-3", "tests/data/h100-runs-2", "tests/data/h100-runs")
 PLANS = ("harness", "torchrec")
 """--plans: this harness's planner (harness/launch/planning.py), TorchRec's EmbeddingShardingPlanner."""
 
