@@ -175,10 +175,11 @@ def test_dense_kernel_count_matches_the_trace():
 def test_a_data_parallel_group_launches_no_input_dist(tmp_path):
     """A run's own trace (2 CPU ranks, tiny's data-parallel plan): no op under input dist's ranges;
     so the projection counts none for that group, where an exchanging group beyond one rank counts
-    its 9 (6 on one rank and 3 moving its ids; 2 of them its splits', which skip_splits_a2a removes
+    its 9 (8 on one rank and 1 moving its ids; 2 of them its splits', which skip_splits_a2a removes
     from the table-wise group alone), and in emb_fwd its lookup's 4 against an exchanging group's
-    11; several groups a column copy each (kernels.py's docstring: hand counts; the one-rank counts
-    are checked against the H100 traces in tests/test_projection_gpu_bench_runs.py)."""
+    11; several groups each a permute (7) and a column copy (kernels.py's docstring: hand counts;
+    the one-rank counts are checked against the H100 traces in
+    tests/test_projection_gpu_bench_runs.py)."""
     from harness.cli import main
     from harness.presets import tiny
     from harness.projection.kernels import stage_kernels
@@ -202,9 +203,9 @@ def test_a_data_parallel_group_launches_no_input_dist(tmp_path):
         return k.input_dist, k.emb_fwd, k.emb_bwd
 
     assert kernels(("data_parallel",)) == (0, 4, 5)
-    assert kernels(("pooled",)) == (6 + 3, 6 + 5, 25)
-    assert kernels(("pooled", "data_parallel"), skip=True) == (6 + 3 - 2, 6 + 5 + 4 + 2, 25 + 5)
-    assert kernels(("row_wise",), skip=True) == (6 + 3, 6 + 5, 25)
+    assert kernels(("pooled",)) == (8 + 1, 6 + 5, 25)
+    assert kernels(("pooled", "data_parallel"), skip=True) == (8 + 1 - 2 + 2 * 7, 6 + 5 + 4 + 2, 25 + 5)
+    assert kernels(("row_wise",), skip=True) == (8 + 1, 6 + 5, 25)
 
 
 def test_collective_waits_for_the_slowest_rank_and_pipelining_hides_it():

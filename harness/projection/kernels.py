@@ -35,16 +35,19 @@ tests/data/h100-runs-2/s-bf16-prof/rank00000/trace.json.gz, made before the fuse
 of that step held 129, cuBLAS's memsets among them).
 
 The embedding stages are counted by sharding group from the fifth H100 session's traces of
-today's code on one rank (tests/data/h100-runs-5/, GROUP_KERNELS): a table-wise group (small)
-launches 6 in input_dist, 6 in emb_fwd and 25 in emb_bwd (fbgemm's backward with its Adagrad
-fused); a data-parallel group (tiny) none in input_dist, 4 in emb_fwd (its lookup), and its
-backward runs inside the dense backward (start_backward, from the pooled gradient's hook: fbgemm's
-dense-gradient backward, 22 kernels in dense_fwd_bwd), its Adagrad (torch's foreach, 5) in emb_bwd.
+today's code on one rank (tests/data/h100-runs-5/, GROUP_KERNELS; an iteration's, the window's
+last input dist falling outside it): a table-wise group (small) launches 8 in input_dist, 6 in
+emb_fwd and 25 in emb_bwd (fbgemm's backward with its Adagrad fused); a data-parallel group
+(tiny) none in input_dist, 4 in emb_fwd (its lookup), and its backward runs inside the dense
+backward (start_backward, from the pooled gradient's hook: fbgemm's dense-gradient backward, 22
+kernels in dense_fwd_bwd), its Adagrad (torch's foreach, 5) in emb_bwd. Several groups (small
+with mlperf's 12 data-parallel tables, traced in the same session's second call): each group's
+features permuted out of the batch (7 kernels in input_dist: fbgemm's 2-D permutes and their
+offsets) and its columns copied each way (emb_fwd and the backward; model/sharded_embeddings.py).
 Beyond one rank an exchanging group moves its ids and rows, which one rank skips
 (model/shardings/table_wise.py): the second session's one-rank trace, made when one rank still
-moved them, counted 3 more in input_dist and 5 more in emb_fwd (EXCHANGING_MOVES); a data-parallel
-group adds its gradient's all-reduce. Several groups: one column copy a group each way (emb_fwd
-and the backward; model/sharded_embeddings.py). No multi-GPU run has been traced: the counts
+moved them, counted 9 in input_dist and 11 in emb_fwd (EXCHANGING_MOVES: 1 and 5 more); a
+data-parallel group adds its gradient's all-reduce. No multi-GPU run has been traced: the counts
 beyond one rank are these, stated in the output as an assumption.
 """
 
@@ -91,8 +94,8 @@ class GroupKernels:
     """Launched inside dense_fwd_bwd, from the pooled gradient's hook (start_backward)."""
 
 
-EXCHANGING_GROUP = GroupKernels(input_dist=6, splits=2, emb_fwd=6, emb_bwd=25)
-EXCHANGING_MOVES = GroupKernels(input_dist=3, splits=0, emb_fwd=5, emb_bwd=0)
+EXCHANGING_GROUP = GroupKernels(input_dist=8, splits=2, emb_fwd=6, emb_bwd=25)
+EXCHANGING_MOVES = GroupKernels(input_dist=1, splits=0, emb_fwd=5, emb_bwd=0)
 """What an exchanging group launches more beyond one rank (module docstring)."""
 GROUP_KERNELS = {"data_parallel": GroupKernels(input_dist=0, splits=0, emb_fwd=4, emb_bwd=5, backward=22)}
 """A group by its name (model/planner.py GROUP_OF_KIND): data-parallel tables as the module docstring
@@ -101,11 +104,14 @@ DATA_PARALLEL_MOVES = GroupKernels(input_dist=0, splits=0, emb_fwd=0, emb_bwd=0,
 """Beyond one rank: the tables' gradient all-reduce, launched in the hook."""
 
 
-GROUP_COUNTS = ("input_dist / emb_fwd / emb_bwd on one rank: table-wise 6 / 6 / 25; data-parallel 0 / 4 / 5, "
-                "and 22 in dense_fwd_bwd (its backward)")
-GROUP_COUNTS_BEYOND_ONE = ("beyond one rank (assumption: no multi-GPU trace): an exchanging group 3 more in input_dist "
+SEVERAL_GROUPS = GroupKernels(input_dist=7, splits=0, emb_fwd=1, emb_bwd=0, backward=1)
+"""What each group launches more where several share the tables: its features permuted out of the
+batch, its columns copied into the pooled tensor and its gradient's out of it."""
+GROUP_COUNTS = ("input_dist / emb_fwd / emb_bwd on one rank: table-wise 8 / 6 / 25; data-parallel 0 / 4 / 5, "
+                "and 22 in dense_fwd_bwd (its backward); several groups 7 / 1 / 0 and 1 in dense_fwd_bwd each")
+GROUP_COUNTS_BEYOND_ONE = ("beyond one rank (assumption: no multi-GPU trace): an exchanging group 1 more in input_dist "
                            "and 5 in emb_fwd (an older one-rank trace that still moved them), a data-parallel group "
-                           "its gradient's all-reduce; several groups a column copy each way a group")
+                           "its gradient's all-reduce")
 
 
 def group_kernels(group: str, world_size: int = 1) -> GroupKernels:
@@ -174,11 +180,11 @@ def stage_kernels(cfg, *, groups: Sequence[str], params: int, world_size: int, f
     copy = (bf16 and weight_copy) or pure
     per = [group_kernels(g, world_size) for g in groups]
     known = sum(k.splits for g, k in zip(groups, per) if g == "pooled") if flags.get("skip_splits_a2a") else 0
-    columns = len(groups) if len(groups) > 1 else 0  # several groups: a column copy each way a group
+    several = len(groups) if len(groups) > 1 else 0
     return StageKernels(
-        input_dist=sum(k.input_dist for k in per) - known,
-        emb_fwd=sum(k.emb_fwd for k in per) + columns,
-        dense_fwd_bwd=dense + sum(k.backward for k in per) + columns,
+        input_dist=sum(k.input_dist for k in per) - known + several * SEVERAL_GROUPS.input_dist,
+        emb_fwd=sum(k.emb_fwd for k in per) + several * SEVERAL_GROUPS.emb_fwd,
+        dense_fwd_bwd=dense + sum(k.backward for k in per) + several * SEVERAL_GROUPS.backward,
         emb_bwd=sum(k.emb_bwd for k in per),
         dense_update=DENSE_UPDATE + copy * (1 + (world_size == 1)) + gather * ((world_size == 1) - 1),
         dense_buckets=buckets,

@@ -12,7 +12,8 @@ On whatever GPUs the host has (one rank a GPU, one node), in this order:
    rounds --opts all (so that it and the best flag are ratios over the same defaults runs), the
    harness's own dense kernels taken away, the all-bf16 dense step alone and with --opts all (the
    fastest configuration), and the host's batch threads instead of the GPU's draw (--draw-on
-   host) alone and with --opts all (gpu_bench_plan.flag_configs; each row's mean period and GPU
+   host) alone and with --opts all, and small's tables in the mlperf job's two sharding groups
+   (gpu_bench_plan.flag_configs; each row's mean period and GPU
    idle between iterations beside its ratio; a row that adds one change to another row is its
    ratio over that row's runs, gpu_bench_plan.AGAINST); then, where the runs were in-process,
    one run of the defaults spawned against them;

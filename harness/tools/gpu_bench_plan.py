@@ -60,6 +60,20 @@ AGAINST = {"graphs_autograd_cross": "+cuda_graphs", "opts_all_host_draw": "opts_
 what one change buys where the others are already on (the row absent, over the defaults)."""
 
 
+def mlperf_data_parallel_tables() -> list[int]:
+    """The tables this harness's planner makes data-parallel in the 16 x 8 mlperf job (small's 26
+    tables are mlperf's, their rows capped)."""
+    import dataclasses
+
+    from harness.launch.planning import make_plan
+    from harness.presets import mlperf
+
+    cfg = mlperf()
+    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, nodes=16, gpus_per_node=8))
+    plan, _ = make_plan(cfg, ranks_per_host=8)
+    return [t for t, tp in enumerate(plan) if str(tp.kind) == "data_parallel"]
+
+
 def flag_configs(plan: Plan, skipped: dict[str, str]) -> dict[str, list[str]]:
     """Row name -> the options its runs add, in the order each round runs them ("defaults" first).
     Besides the flags that can take effect: --opts all; the harness's own dense kernels taken away
@@ -67,7 +81,10 @@ def flag_configs(plan: Plan, skipped: dict[str, str]) -> dict[str, list[str]]:
     gradients; autocast_casts, the bf16 weight copy, bf16 only); bf16_pure, every activation in
     bf16 (another precision: its numbers differ by design), alone and with every flag (the fastest
     the harness has: issue 45's period target); on CUDA, where the batches are drawn on the GPU,
-    the host's batch threads instead (--draw-on host), alone and with --opts all."""
+    the host's batch threads instead (--draw-on host), alone and with --opts all; on CUDA, small's
+    tables in the two sharding groups the 16 x 8 mlperf plan puts them in (mlperf_groups: its
+    data-parallel tables, the rest table-wise on one GPU), the code path the projection of that
+    job rests on (issue 46)."""
     configs = {"defaults": [], **{f"+{f}": [f"--{f.replace('_', '-')}"] for f in plan.flags if f not in skipped},
                "opts_all": ["--opts", "all"], "autograd_cross": ["--no-fused-cross"],
                "views_grads": ["--no-gather-grads"]}
@@ -76,6 +93,9 @@ def flag_configs(plan: Plan, skipped: dict[str, str]) -> dict[str, list[str]]:
     if plan.device == "cuda" and not plan.draw_on_host:
         configs["host_draw"] = ["--draw-on", "host"]
         configs["opts_all_host_draw"] = ["--opts", "all", "--draw-on", "host"]
+    if plan.device == "cuda" and plan.small == "small":
+        configs["mlperf_groups"] = ["--sharding", "table_wise", "--shard", ",".join(
+            f"{t}=data_parallel" for t in mlperf_data_parallel_tables())]
     if plan.precision == "bf16":
         configs["autocast_casts"] = ["--no-bf16-weight-copy"]
         configs["bf16_pure"] = ["--dense-precision", "bf16-pure"]
