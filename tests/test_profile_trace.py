@@ -156,13 +156,25 @@ def test_input_dist_parts_are_charged_to_input_dist_on_their_own_thread(tmp_path
     stages = profile.stages.set_index("stage")
     assert profile.summary["iterations"] == 2 and profile.summary["period_ms"] == pytest.approx(30.0)
     # iteration 0: prepare [12, 16] (its nested range not again) and the next wait [30, 32]; iteration 1:
-    # prepare [42, 46]
-    assert stages.loc["input_dist", "iterations"] == 2
-    assert stages.loc["input_dist", "host_ms"] == pytest.approx((6.0 + 4.0) / 2)
+    # prepare [42, 46], its next wait past the window's edge: cut (2 parts of 3), left out.
+    assert stages.loc["input_dist", "iterations"] == 1
+    assert stages.loc["input_dist", "host_ms"] == pytest.approx(6.0)
     assert stages.loc["dense_fwd_bwd", "kernels"] == 1
     # Between iterations: dense's last kernel ends at 17.5, iteration 1's emb_fwd kernel starts at
     # 35.5; the wait part's copy [31.5, 32.5] in between is busy: 18 - 1 = 17 ms idle.
     assert profile.summary["between_idle_ms"] == pytest.approx(17.0)
+
+
+def test_an_iteration_the_window_cuts_is_left_out_of_the_stage_table():
+    """The fifth H100 session's profiled small run (tests/data/h100-runs-5/): input dist launches 8
+    kernels an iteration (read from the trace by hand: a cat, the splits' copy to the host, a fill,
+    a shift, a device copy, a sum, an index add and a device copy); the window's last iteration
+    holds 2 of them, its next batch's parts falling past the window's end. The table counts the
+    two whole iterations."""
+    folder = DATA / "h100-runs-5" / "gpu-bench-20261127-191643-profiled" / "rank00000"
+    stages = pt.analyze(folder / "trace.json.gz").stages.set_index("stage")
+    assert stages.loc["input_dist", "iterations"] == 2 and stages.loc["input_dist", "kernels"] == 8
+    assert stages.loc["emb_fwd", "iterations"] == 3 and stages.loc["emb_fwd", "kernels"] == 6
 
 
 def test_h100_trace_is_launch_bound():

@@ -170,29 +170,21 @@ def test_fifth_session_known_misses(cal_5, row, lo, hi):
     assert lo < err < hi, f"{row} off by {err:+.0%}: update docs/projection.md if it moved"
 
 
-def _traced_kernels(folder: Path) -> dict[str, int]:
-    """Kernels a stage launched an iteration in the run's trace: the median over its profiled
-    iterations (the window's last input dist, launched in the iteration after it, falls outside)."""
-    from harness.report.profile_trace import parse, rank_traces, read_events
-
-    k = parse(read_events(rank_traces(folder)[0])).kernels
-    return {stage: int(k[k["stage"] == stage].groupby("iteration").size().median()) if (k["stage"] == stage).any()
-            else 0 for stage in ("input_dist", "emb_fwd", "dense_fwd_bwd", "emb_bwd", "dense_update")}
-
-
 @pytest.mark.parametrize("run", [f"{BENCH_5}-profiled", f"{BENCH_5}-profiled-tiny", f"{BENCH_5}-profiled-quarter",
                                  f"{BENCH_5}-profiled-bf16_pure", "call-2/mixed-profiled",
                                  "call-2/autograd_cross-profiled"])
 def test_kernel_counts_match_the_fifth_sessions_traces(run):
     """The embedding stages' kernels counted from the code path (kernels.py) against what the
-    profiled runs' traces launched an iteration: small's table-wise group, tiny's data-parallel
-    one and the two together (small with mlperf's 12 data-parallel tables), exactly; the dense step
-    within 10% (cuBLAS's memsets are not counted; autograd's cross layers 9 more, as traced)."""
+    profiled runs' traces launched an iteration (profile_trace's stage table): small's table-wise
+    group, tiny's data-parallel one and the two together (small with mlperf's 12 data-parallel
+    tables), exactly; the dense step within 10% (cuBLAS's memsets are not counted; autograd's cross
+    layers 9 more, as traced)."""
     from harness.projection.calibrate import _kernels
     from harness.projection.hardware import HARDWARE
+    from harness.report.profile_trace import read_run
 
     folder = RUNS_5 / run
-    traced = _traced_kernels(folder)
+    traced = read_run(folder).profiles[0].stages.set_index("stage")["kernels"]
     k, _ = _kernels(measured(folder), HARDWARE["h100"]())
     for stage in ("input_dist", "emb_fwd", "emb_bwd", "dense_update"):
         assert k.of(stage) == traced[stage], (run, stage, k.of(stage), traced[stage])

@@ -35,8 +35,8 @@ tests/data/h100-runs-2/s-bf16-prof/rank00000/trace.json.gz, made before the fuse
 of that step held 129, cuBLAS's memsets among them).
 
 The embedding stages are counted by sharding group from the fifth H100 session's traces of
-today's code on one rank (tests/data/h100-runs-5/, GROUP_KERNELS; an iteration's, the window's
-last input dist falling outside it): a table-wise group (small) launches 8 in input_dist, 6 in
+today's code on one rank (tests/data/h100-runs-5/, GROUP_KERNELS; an iteration's, as the
+profile's stage table gives them): a table-wise group (small) launches 8 in input_dist, 6 in
 emb_fwd and 25 in emb_bwd (fbgemm's backward with its Adagrad fused); a data-parallel group
 (tiny) none in input_dist, 4 in emb_fwd (its lookup), and its backward runs inside the dense
 backward (start_backward, from the pooled gradient's hook: fbgemm's dense-gradient backward, 22

@@ -7,10 +7,8 @@ whose host range (an annotation on the loop's thread) holds its launch, on whate
 launch ran (autograd's device thread launches emb_bwd's kernels during dense_fwd_bwd's backward,
 so they are dense_fwd_bwd's here). Per stage this gives the host's time against the kernels' and
 the GPU's idle time inside the stage's window; over the window, how much of the period the GPU
-idles and how much of that lies between iterations, waiting for the host.
-
-Times are ms. Reads JSON only: no torch (docs/layout.md).
-"""
+idles and how much of that lies between iterations, waiting for the host. Times are ms. Reads
+JSON only: no torch (docs/layout.md)."""
 
 from __future__ import annotations
 
@@ -66,8 +64,8 @@ class Trace:
     spans: pd.DataFrame
     """Stage ranges: stage, iteration, start, end (sorted by start)."""
     kernels: pd.DataFrame
-    """Device work: start, end, name, launch (the launch call's start; NaN when none matched), launch_ms
-    (its duration), stage (OUTSIDE when no range holds the launch), iteration (-1: before the first)."""
+    """Device work: start, end, name, launch (its call's start, NaN unmatched), launch_ms (its duration),
+    stage (OUTSIDE when no range holds the launch), iteration (-1: before the first)."""
     busy: np.ndarray
     """The union of every kernel's interval, as disjoint (start, end) rows: when the GPU ran anything."""
 
@@ -255,13 +253,15 @@ def _device_row(trace: Trace, g: pd.DataFrame) -> dict:
 
 def _per_iteration(trace: Trace) -> pd.DataFrame:
     """One row per (stage, iteration) the stage ran or launched in: its host range and device figures."""
+    parts = trace.spans[trace.spans["part"]].groupby(["stage", "iteration"]).size()
+    cut = parts[parts < parts.groupby(level="stage").transform("max")].index  # by the window's edge: left out
     outer = trace.spans[trace.spans["outer"]]
     host = outer.assign(host_ms=outer["end"] - outer["start"]).groupby(["stage", "iteration"])["host_ms"].sum()
     rows = [dict(stage=stage, iteration=it, **_device_row(trace, g))
             for (stage, it), g in trace.kernels[trace.kernels["iteration"] >= 0].groupby(["stage", "iteration"])]
     dev = pd.DataFrame(rows, columns=["stage", "iteration", "kernels", "launch_ms", "kernel_ms", "gpu_busy_ms",
                                       "gpu_window_ms", "gpu_idle_ms", "launch_wait_ms"])
-    both = dev.set_index(["stage", "iteration"]).join(host, how="outer")
+    both = dev.set_index(["stage", "iteration"]).join(host, how="outer").drop(index=cut, errors="ignore")
     counts = ["kernels", "launch_ms", "kernel_ms", "gpu_busy_ms"]
     both[counts] = both[counts].fillna(0.0)  # a stage that ran and launched nothing: zero device work
     # OUTSIDE's kernels are scattered over the iteration: a window from the first to the last is no stage's.
