@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 KERNELS_FP32_LINEAR = 8
 KERNELS_BF16_LINEAR = 13
@@ -93,6 +93,9 @@ class GroupKernels:
     backward: int = 0
     """Launched inside dense_fwd_bwd, from the pooled gradient's hook (start_backward)."""
 
+    def plus(self, more: GroupKernels) -> GroupKernels:
+        return GroupKernels(**{f.name: getattr(self, f.name) + getattr(more, f.name) for f in fields(self)})
+
 
 EXCHANGING_GROUP = GroupKernels(input_dist=8, splits=2, emb_fwd=6, emb_bwd=25)
 EXCHANGING_MOVES = GroupKernels(input_dist=1, splits=0, emb_fwd=5, emb_bwd=0)
@@ -119,9 +122,7 @@ def group_kernels(group: str, world_size: int = 1) -> GroupKernels:
     k = GROUP_KERNELS.get(group, EXCHANGING_GROUP)
     if world_size == 1:
         return k
-    more = DATA_PARALLEL_MOVES if group == "data_parallel" else EXCHANGING_MOVES
-    return GroupKernels(*(getattr(k, f) + getattr(more, f) for f in ("input_dist", "splits", "emb_fwd", "emb_bwd",
-                                                                       "backward")))
+    return k.plus(DATA_PARALLEL_MOVES if group == "data_parallel" else EXCHANGING_MOVES)
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,7 @@ def work_of(cfg, plan, *, world_size: int, ranks_per_node: int) -> Work:
     G = cfg.data.global_batch_size
     B = G // world_size
     P, A, flops_sample = dense_shape(m)
+    act = 2.0 if cfg.precision.dense == "bf16-pure" else 4.0  # bytes an activation element
     opt = cfg.optimizer.embedding_optimizer
     geo = Geometry(world_size=world_size, ranks_per_node=ranks_per_node, global_batch=G,
                    state_per_element=STATE_PER_ELEMENT[opt], state_per_row=STATE_PER_ROW[opt],
@@ -118,7 +119,7 @@ def work_of(cfg, plan, *, world_size: int, ranks_per_node: int) -> Work:
         by_group[g] = _exchanges(plan_footprint([tp for tp, _ in mine], [t for _, t in mine], geo))
     return Work(
         world_size=world_size, ranks_per_node=ranks_per_node, local_batch=B,
-        dense_flops=float(flops_sample) * B, dense_bytes=4.0 * 5 * P + (2.0 if cfg.precision.dense == "bf16-pure" else 4.0) * 3 * B * A,
+        dense_flops=float(flops_sample) * B, dense_bytes=4.0 * 5 * P + act * 3 * B * A,
         update_bytes=4.0 * 6 * P, params=int(P),
         lookup_fwd=fp[LOOKUP] / 3.0, lookup_bwd=fp[LOOKUP] * 2.0 / 3.0,
         exchange=exchange, groups=tuple(by_group), group_exchange=by_group,

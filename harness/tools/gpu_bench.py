@@ -13,10 +13,10 @@ On whatever GPUs the host has (one rank a GPU, one node), in this order:
    harness's own dense kernels taken away, the all-bf16 dense step alone and with --opts all (the
    fastest configuration), and the host's batch threads instead of the GPU's draw (--draw-on
    host) alone and with --opts all, and small's tables in the mlperf job's two sharding groups
-   (gpu_bench_plan.flag_configs; each row's mean period and GPU
-   idle between iterations beside its ratio; a row that adds one change to another row is its
-   ratio over that row's runs, gpu_bench_plan.AGAINST); then, where the runs were in-process,
-   one run of the defaults spawned against them;
+   (gpu_bench_plan.flag_configs; each row's mean period and GPU idle between iterations beside
+   its ratio; a row that adds one change to another row is its ratio over that row's runs,
+   gpu_bench_plan.AGAINST); then, where the runs were in-process, one run of the defaults
+   spawned against them;
 4. `compare` on `tiny` (the latency-bound regime: launch and input-distribution overheads);
 5. one run of the defaults at a quarter of the batch;
 6. one run of the defaults with a --profile window in its warm-up: host against device per stage
@@ -24,8 +24,8 @@ On whatever GPUs the host has (one rank a GPU, one node), in this order:
    same at a quarter of the batch, on tiny and with every activation in bf16;
 7. the projection check (issue 46): the projection (harness/projection/) calibrated on the
    defaults at both batch sizes (the host time a sample needs two; the compare's runs pooled), the
-   profiled run's trace and the first --cuda-graphs run, each other configuration's period
-   projected against what it measured;
+   profiled run's trace and the first --cuda-graphs run, each other configuration's period (its
+   runs pooled) projected against what it measured;
 8. the 16 x 8 H100 mlperf job projected, calibrated on this bench's runs (make project's default
    calibrated on today's code), beside the published figures (harness/tools/gpu_bench_projection.py).
 On one GPU each run's rank runs in this process (bench --in-process: no interpreter, torch and CUDA
