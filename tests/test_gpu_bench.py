@@ -405,6 +405,7 @@ def test_rows_that_add_one_change_are_ratios_over_the_row_they_add_it_to(tmp_pat
     # The 16 x 8 mlperf plan's data-parallel tables (hand-read from its plan: the 12 smallest).
     assert cuda["mlperf_groups"] == ["--sharding", "table_wise", "--shard", ",".join(
         f"{t}=data_parallel" for t in (5, 6, 7, 8, 12, 13, 15, 16, 17, 18, 24, 25))]
+    assert cuda["all_data_parallel"] == ["--sharding", "data_parallel"]
     cpu = flag_configs(Plan(device="cpu", gpus=1, precision="fp32", flags=()), {})
     assert not set(AGAINST) & set(cpu)
     outcome = Outcome(folder=str(tmp_path), plan={}, flags={"graphs_autograd_cross": {

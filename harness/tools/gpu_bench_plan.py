@@ -84,7 +84,8 @@ def flag_configs(plan: Plan, skipped: dict[str, str]) -> dict[str, list[str]]:
     the host's batch threads instead (--draw-on host), alone and with --opts all; on CUDA, small's
     tables in the two sharding groups the 16 x 8 mlperf plan puts them in (mlperf_groups: its
     data-parallel tables, the rest table-wise on one GPU), the code path the projection of that
-    job rests on (issue 46)."""
+    job rests on (issue 46), and every table data-parallel (all_data_parallel: tiny's code path at
+    small's size, what a host cost a code path would be calibrated on; docs/projection.md)."""
     configs = {"defaults": [], **{f"+{f}": [f"--{f.replace('_', '-')}"] for f in plan.flags if f not in skipped},
                "opts_all": ["--opts", "all"], "autograd_cross": ["--no-fused-cross"],
                "views_grads": ["--no-gather-grads"]}
@@ -96,6 +97,7 @@ def flag_configs(plan: Plan, skipped: dict[str, str]) -> dict[str, list[str]]:
     if plan.device == "cuda" and plan.small == "small":
         configs["mlperf_groups"] = ["--sharding", "table_wise", "--shard", ",".join(
             f"{t}=data_parallel" for t in mlperf_data_parallel_tables())]
+        configs["all_data_parallel"] = ["--sharding", "data_parallel"]
     if plan.precision == "bf16":
         configs["autocast_casts"] = ["--no-bf16-weight-copy"]
         configs["bf16_pure"] = ["--dense-precision", "bf16-pure"]
