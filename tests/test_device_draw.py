@@ -22,7 +22,7 @@ from harness.run.optimizations import batches_ahead
 from tests.test_ahead import same
 
 CASES = [("tiny", 96, 1.05, 0, 0), ("tiny", 96, 0.0, 3, 0), ("tiny", 96, 1.0, 3, 0), ("tiny", 96, 2.0, (1 << 64) + 5, 0),
-         ("small", 256, 1.05, 0, 0), ("tiny", 96, 1.05, 0, 3)]
+         ("small", 128, 1.05, 0, 0), ("tiny", 96, 1.05, 0, 3)]
 """(preset, global batch, id exponent, seed, ragged_every): the seeds are the default, another, and
 one over 2^64, whose high word is Philox's second key word; every third batch ragged (drawn on the
 host) cuts the blocks the device draws short."""
@@ -37,10 +37,11 @@ def differing(cases) -> dict[str, list]:
         host = SyntheticCriteo(cfg.model, DataConfig(global_batch_size=batch, id_exponent=exponent, seed=seed,
                                                      ragged_every=ragged))
         drawn = DeviceSynthetic(host, torch.device("cpu"))
-        # Iterations 0, 1, 3 and 4 in turn on two ranks: drawn in blocks (DRAW_BLOCK), the later
-        # ones kept from an earlier draw; 9 after a gap, a block of its own.
+        # Iterations 0, 1 and 3 in turn on two ranks: drawn in one block (DRAW_BLOCK), the later
+        # ones kept from it; 9 after a gap, a block of its own. (Each block drawn costs seconds in
+        # the interpreter: 4, a block after the last kept batch, is 9's case without the gap.)
         out[repr((preset, batch, exponent, seed, ragged))] = [
-            [it, rank] for it in (0, 1, 3, 4, 9) for rank in (0, 1)
+            [it, rank] for it in (0, 1, 3, 9) for rank in (0, 1)
             if not same(drawn.local_batch(it, rank, 2), host.local_batch(it, rank, 2))]
     return out
 
