@@ -84,20 +84,25 @@ class Measured:
 
 
 def _traced_dense_s(path: Path) -> tuple[float | None, float | None]:
-    """(the dense step's GPU busy time, its GEMM kernels' time) an iteration in the run's trace."""
-    from harness.report.profile_trace import parse, rank_traces, read_events, read_run
+    """(the dense step's GPU busy time, its GEMM kernels' time) an iteration in the lowest rank's
+    trace; (None, None) without a readable trace or dense kernels (a CPU run)."""
+    from harness.report.load import ReportError
+    from harness.report.profile_trace import parse, rank_traces, read_events, stage_table
 
-    profiles = read_run(path).profiles
-    if not profiles:
+    traces = rank_traces(path)
+    if not traces:
         return None, None
-    table = profiles[min(profiles)].stages.set_index("stage")
+    try:
+        trace = parse(read_events(traces[min(traces)]))
+    except ReportError:
+        return None, None
+    table = stage_table(trace).set_index("stage")
     busy = float(table["gpu_busy_ms"].get("dense_fwd_bwd", float("nan"))) / 1e3
     if not busy > 0:  # NaN or nothing: no kernels traced
         return None, None
-    k = parse(read_events(rank_traces(path)[min(profiles)])).kernels
-    k = k[k["stage"] == "dense_fwd_bwd"]
+    k = trace.kernels[trace.kernels["stage"] == "dense_fwd_bwd"]
     gemm = k[k["name"].str.contains(GEMM_KERNELS, case=False, regex=True)]
-    return busy, float((gemm["end"] - gemm["start"]).sum()) / k["iteration"].nunique() / 1e3
+    return busy, float((gemm["end"] - gemm["start"]).sum()) / table.loc["dense_fwd_bwd", "iterations"] / 1e3
 
 
 def _profiled_as_warmup(run: Run) -> Run:

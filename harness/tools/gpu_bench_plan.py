@@ -61,16 +61,16 @@ what one change buys where the others are already on (the row absent, over the d
 
 
 def mlperf_data_parallel_tables() -> list[int]:
-    """The tables this harness's planner makes data-parallel in the 16 x 8 mlperf job (small's 26
-    tables are mlperf's, their rows capped)."""
-    import dataclasses
-
+    """The tables this harness's planner makes data-parallel in the 16 x 8 mlperf job gpu-bench
+    projects (gpu_bench_projection.CLUSTER, as make project reads it; small's 26 tables are
+    mlperf's, their rows capped)."""
+    from harness.launch.options import config_from_args
     from harness.launch.planning import make_plan
-    from harness.presets import mlperf
+    from harness.tools.gpu_bench_projection import CLUSTER
+    from harness.tools.project import build_parser
 
-    cfg = mlperf()
-    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, nodes=16, gpus_per_node=8))
-    plan, _ = make_plan(cfg, ranks_per_host=8)
+    cfg = config_from_args(build_parser().parse_args(list(CLUSTER)))
+    plan, _ = make_plan(cfg, ranks_per_host=cfg.run.gpus_per_node)
     return [t for t, tp in enumerate(plan) if str(tp.kind) == "data_parallel"]
 
 
