@@ -260,6 +260,24 @@ def test_the_backward_exchanges_where_the_code_launches_them():
     assert dense[7].host_s == pytest.approx(4 * m.work.params / (p.value("all_reduce_gbps") * 1e9))
 
 
+def test_the_gathered_gradients_cat_is_counted_where_it_runs():
+    """harness/run/dense_gradients.py: one cat a step in finish_gradients (dense_update) on one rank,
+    one a bucket in the backward's hooks (dense_fwd_bwd) beyond; each reads a parameter's fp32
+    gradient and writes the buffer (8 bytes a parameter); the views (a CUDA graph's) cat nothing.
+    tiny's dense parameters by hand: bottom 13x32+32 + 32x16+16, cross 2 x (432x8 + 8x432+432),
+    top 432x32+32 + 32x16+16 + 16+1: 976 + 14688 + 14401 = 30065."""
+    from harness.projection.calibrate import _work
+    from harness.projection.work import gathered
+
+    for run, ws in (("tiny-1-r0", 1), ("tiny-2-r0", 2)):
+        m = measured(CPU_RECORDED / run)
+        assert m.work.world_size == ws and m.work.params == 30065
+        w = _work(m)  # the recorded runs gathered (eager CPU steps)
+        assert (w.update_bytes - m.work.update_bytes, w.dense_bytes - m.work.dense_bytes) == (
+            (8 * 30065, 0) if ws == 1 else (0, 8 * 30065))
+        assert gathered(m.work, False) == m.work
+
+
 def test_tool_writes_a_projected_report(tmp_path):
     from harness.tools.project import main
     assert main(["--preset", "tiny", "--hardware", "h100", "--calibrate", str(CALIBRATION), "--out", str(tmp_path)]) == 0

@@ -50,7 +50,7 @@ from harness.projection.hardware import HARDWARE, Profile, cpu, dense_precision,
 from harness.projection.kernels import dense_impl, stage_kernels
 from harness.projection.project import (Calibration, cpu_share, dense_roof_s, draw_launches_s, effective_flags,
                                        project)
-from harness.projection.work import Work, work_of
+from harness.projection.work import Work, gathered, work_of
 
 GEMM_KERNELS = r"gemm|nvjet|cutlass|cublas"
 """A GEMM kernel's name in an H100 trace (cuBLAS's nvjet and cutlass kernels, its split-K reduce)."""
@@ -206,12 +206,17 @@ def _kernels(m: Measured, profile: Profile):
                          flags=flags, **dense_impl(m.run.manifest.optimizations)), flags
 
 
+def _work(m: Measured) -> Work:
+    """The run's work with its gradients' cat in the stage its recorded path ran it (work.gathered)."""
+    return gathered(m.work, dense_impl(m.run.manifest.optimizations)["gather"])
+
+
 def _set_launch(runs: list[Measured], p: Profile) -> None:
     best = None
     for m in runs:
         k, flags = _kernels(m, p)
         t = m.stage_s["dense_fwd_bwd"]
-        roof = dense_roof_s(m.work, p, dense_precision(m.run.manifest.config))
+        roof = dense_roof_s(_work(m), p, dense_precision(m.run.manifest.config))
         if flags["cuda_graphs"] or t <= 0 or roof / t >= ROOF_SHARE:
             continue
         if best is None or roof / t < best[0]:
@@ -228,7 +233,7 @@ def _set_mem_eff(runs: list[Measured], p: Profile) -> None:
     if not p.async_device or not traced:
         return
     m = max(traced, key=lambda m: m.work.dense_flops)
-    p.set("dense_mem_eff", m.work.dense_bytes / (p.value("hbm_gbps") * 1e9) / (m.traced_dense_s - m.traced_gemm_s),
+    p.set("dense_mem_eff", _work(m).dense_bytes / (p.value("hbm_gbps") * 1e9) / (m.traced_dense_s - m.traced_gemm_s),
           "of HBM", f"calibrated: {m.name} --profile trace: dense_fwd_bwd's kernels besides its GEMMs",
           "the dense step's bytes at HBM speed over those kernels' time")
 
@@ -244,8 +249,9 @@ def _set_dense_eff(runs: list[Measured], p: Profile) -> None:
         k, flags = _kernels(m, p)
         prec = dense_precision(m.run.manifest.config)
         t = m.stage_s["dense_fwd_bwd"]
-        mem = m.work.dense_bytes / (hbm * p.value("dense_mem_eff")) if split else 0.0
-        roof = m.work.dense_flops / peak_flops(p, prec) if split else dense_roof_s(m.work, p, prec)
+        w = _work(m)
+        mem = w.dense_bytes / (hbm * p.value("dense_mem_eff")) if split else 0.0
+        roof = w.dense_flops / peak_flops(p, prec) if split else dense_roof_s(w, p, prec)
         launches = k.dense_fwd_bwd * launch
         if p.async_device:
             device_bound = flags["cuda_graphs"] or launches < LAUNCH_SHARE * t
@@ -276,8 +282,8 @@ def _set_bandwidth_effs(runs: list[Measured], p: Profile) -> None:
             # On a CPU the host runs its ops' launches too: what is left is the memory traffic.
             k = _kernels(m, p)[0]
             t = sum(m.stage_s[s] - (0.0 if p.async_device else k.of(s) * launch) for s in stages)
-            if t > 0 and nbytes(m.work) > 0:
-                eff = nbytes(m.work) / hbm / t
+            if t > 0 and nbytes(_work(m)) > 0:
+                eff = nbytes(_work(m)) / hbm / t
                 if best is None or eff > best[0]:
                     best = (eff, m)
         if best:

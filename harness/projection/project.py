@@ -30,7 +30,7 @@ from harness.names import OPTIMIZATION_FLAGS, STAGES
 from harness.projection.hardware import Profile, dense_precision, peak_flops, rank_cores
 from harness.projection.kernels import DRAW_OPS, StageKernels, dense_impl, stage_kernels
 from harness.projection.timeline import Collective, Host, Launch, Result, Sync, simulate
-from harness.projection.work import Work
+from harness.projection.work import Work, gathered
 from harness.run.optimizations import draw_asked, resolve
 
 FORWARD_SHARE = 1 / 3
@@ -335,8 +335,9 @@ def project(cfg, work: Work, profile: Profile, cal: Calibration, *, label: str =
     flags = dict(res.effective)
     cal = cal.of(cfg.model)
     on_device, block = (res.batches_ahead.on_device, res.batches_ahead.draw_block) if drawn is None else drawn
-    ops, k = iteration_ops(cfg, work, profile, cal, flags, on_device=on_device, draw_block=block,
-                           **(dense_impl(res) if dense is None else dense))
+    choices = dense_impl(res) if dense is None else dense
+    work = gathered(work, choices["gather"])
+    ops, k = iteration_ops(cfg, work, profile, cal, flags, on_device=on_device, draw_block=block, **choices)
     result = simulate(ops, ranks=work.world_size, async_device=profile.async_device)
     return Projection(label=label, flags=flags, result=result, kernels=k, world_size=work.world_size,
                       inactive=dict(res.inactive_reasons))

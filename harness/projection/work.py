@@ -9,6 +9,7 @@ optimizer) and each exchange's bytes sent and received on each link level, both 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +35,7 @@ class Work:
     activations 2 bytes an element in bf16-pure, 4 otherwise: an H100 trace's kernels besides the
     GEMMs took 1.37 ms in bf16-pure against 2.61 under autocast, docs/projection.md)."""
     update_bytes: float
-    """dense_update bytes (Adagrad: 6 x 4 P)."""
+    """dense_update bytes (Adagrad: 6 x 4 P); the gathered gradients' cat where it runs: gathered()."""
     params: int
     lookup_fwd: np.ndarray
     """emb_fwd bytes through memory, per rank."""
@@ -70,6 +71,25 @@ class Work:
         intra = 2 * (L - 1) / L * grad if L > 1 else 0.0
         inter = 2 * (N - 1) / N * grad / L if N > 1 else 0.0
         return intra, inter
+
+
+GATHER_BYTES = 8
+"""Bytes a dense parameter the gathered gradients' cat moves (harness/run/dense_gradients.py: it
+reads each fp32 gradient autograd left and writes the flat buffer)."""
+
+
+def gathered(work: Work, gather: bool) -> Work:
+    """The work with the gathered gradients' cat (gather: the eager step's gradient path,
+    kernels.dense_impl) in the stage that runs it: one cat a bucket in the backward's hooks
+    (dense_fwd_bwd) beyond one rank, one a step in finish_gradients (dense_update) on one rank.
+    A CPU rank moves those bytes on its core: 8 P is a third of the update's 24 P (small-1's
+    dense_update, 16.5 ms, against small-2's 11.4 on a core a rank; docs/projection.md)."""
+    if not gather:
+        return work
+    cat = GATHER_BYTES * work.params
+    if work.world_size == 1:
+        return dataclasses.replace(work, update_bytes=work.update_bytes + cat)
+    return dataclasses.replace(work, dense_bytes=work.dense_bytes + cat)
 
 
 def dense_schedule(m) -> tuple[float, float, float]:
