@@ -327,8 +327,8 @@ def test_a_budget_stops_the_flag_rounds_where_the_steps_after_would_not_fit(tmp_
     assert round_over_budget(budget_s=500, **kw) is None
     assert round_over_budget(budget_s=480, **kw) == ("another round (100 s) and the 9 runs' worth after it (90 s) "
                                                      "would end at 490 s, past the 480 s budget")
-    assert runs_after_flags(Plan(device="cuda", gpus=1, repeats=3, in_process=True)) == 14
-    assert runs_after_flags(Plan(device="cuda", gpus=1, repeats=3)) == 11
+    assert runs_after_flags(Plan(device="cuda", gpus=1, repeats=3, in_process=True)) == 15
+    assert runs_after_flags(Plan(device="cuda", gpus=1, repeats=3)) == 12
 
     now = [0.0]
     monkeypatch.setattr(gpu_bench.time, "monotonic", lambda: now[0])

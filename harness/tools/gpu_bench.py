@@ -242,9 +242,10 @@ def run_draw_check(outcome: Outcome, plan: Plan) -> None:
 
 def runs_after_flags(plan: Plan) -> int:
     """Runs of the steps after the flag rounds, in flag-run equivalents: tiny's compare (both
-    engines), the quarter-batch run, the profiled runs (three, four at bf16), and the spawned check
-    (start-up and all)."""
-    return 2 * plan.repeats + 4 + (plan.precision == "bf16") + (3 if plan.in_process else 0)
+    engines), the quarter-batch run, the profiled runs (three, one more at bf16 and one more of small
+    on CUDA), and the spawned check (start-up and all)."""
+    return (2 * plan.repeats + 4 + (plan.precision == "bf16") + (plan.device == "cuda" and plan.small == "small")
+            + (3 if plan.in_process else 0))
 
 
 def round_over_budget(*, budget_s: float, elapsed_s: float, round_s: float, runs_a_round: int,
@@ -303,7 +304,10 @@ def run_profiled(outcome: Outcome, plan: Plan) -> None:
     tiny = plan.common("tiny", None)
     tiny[tiny.index("--warmup") + 1] = str(max(plan.warmup, 8))
     pure = [*common, "--dense-precision", "bf16-pure"] if plan.precision == "bf16" else None
-    for label, argv in (("quarter", quarter), ("tiny", tiny), ("bf16_pure", pure)):
+    # Every table data-parallel: tiny's code path at small's size, its ops and host time a stage
+    # on the same machine as the table-wise defaults' (a host cost a code path; docs/projection.md).
+    dp = [*common, "--sharding", "data_parallel"] if plan.device == "cuda" and plan.small == "small" else None
+    for label, argv in (("quarter", quarter), ("tiny", tiny), ("bf16_pure", pure), ("all_data_parallel", dp)):
         if argv is None:
             continue
         code, run_id = run_bench(outcome, plan, [*argv, "--profile", "5:7"], f"{folder.name}-profiled-{label}")

@@ -155,7 +155,8 @@ class Outcome:
     cluster_projection: dict | None = None
     """The 16 x 8 H100 mlperf job projected from this bench's runs: baseline, all flags, their ratio."""
     profiled_more: dict[str, dict] = field(default_factory=dict)
-    """"quarter", "tiny" and "bf16_pure" -> their profiled run's id and host-against-device finding."""
+    """"quarter", "tiny", "bf16_pure" and "all_data_parallel" -> their profiled run's id and host-against-device
+    finding."""
     draw_check: dict | None = None
     """--draw-on device against numpy's batches, before the flag rounds (gpu_bench_draw.py)."""
     archive: str | None = None
