@@ -36,6 +36,20 @@ def bench(runs: Path, run_id: str, *args: str, env: dict | None = None) -> subpr
                           env=env)
 
 
+def bench_two(runs: Path, *runs_args: tuple[str, ...]) -> list[subprocess.CompletedProcess]:
+    """Two bench runs (run id, then its arguments) side by side, each in its own process: they are
+    independent (their own run ids, files and store keys), and one after the other they made
+    these tests the slowest of make test."""
+    procs = [subprocess.Popen([sys.executable, "-m", "harness", "bench", "--device", "cpu", "--run-id", run_id,
+                               "--runs-root", str(runs), *args], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for run_id, *args in runs_args]
+    out = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=600)
+        out.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    return out
+
+
 def status(run_dir: Path) -> dict:
     return json.loads((run_dir / "manifest.json").read_text())["status"]
 
@@ -92,9 +106,9 @@ def test_a_password_is_never_written_or_printed(tmp_path):
     runs = tmp_path / "runs"
     with redis_server(tmp_path, "--requirepass", SECRET, "--maxmemory-policy", "noeviction") as port:
         url = f"redis://:{SECRET}@127.0.0.1:{port}/0"
-        ok = bench(runs, "pw", *DYNAMIC, "--iters", "3", "--ps", url)
+        ok, wrong = bench_two(runs, ("pw", *DYNAMIC, "--iters", "3", "--ps", url),
+                              ("wrongpw", *DYNAMIC, "--iters", "2", "--ps", f"redis://:wrongPW9@127.0.0.1:{port}/0"))
         assert ok.returncode == 0, ok.stderr[-2000:]
-        wrong = bench(runs, "wrongpw", *DYNAMIC, "--iters", "2", "--ps", f"redis://:wrongPW9@127.0.0.1:{port}/0")
     assert wrong.returncode == 1
     st = status(runs / "wrongpw")
     assert "authentication failed" in st["error"] and "unreachable" not in st["error"]
@@ -137,9 +151,9 @@ def test_a_store_url_the_ranks_could_not_use_is_refused_before_start(url, messag
 def test_a_completed_run_removes_its_spill_files_a_failed_one_keeps_them_and_clean_runs_removes_them(tmp_path):
     runs = tmp_path / "runs"
     spill = ["--ps-memory-gib", "0"]  # every evicted row goes to the spill file
-    done = bench(runs, "done", *DYNAMIC, "--iters", "4", *spill)
+    done, failed = bench_two(runs, ("done", *DYNAMIC, "--iters", "4", *spill),
+                             ("failed", *DYNAMIC, "--iters", "4", *spill, "--fail-at", "1:3"))
     assert done.returncode == 0 and not list((runs / "done").glob("rank*/ps"))
-    failed = bench(runs, "failed", *DYNAMIC, "--iters", "4", *spill, "--fail-at", "1:3")
     assert failed.returncode == 1
     kept = sorted((runs / "failed").glob("rank*/ps"))
     assert kept and all(any(d.iterdir()) for d in kept)
@@ -155,9 +169,9 @@ def test_a_completed_run_removes_its_redis_keys_a_failed_one_keeps_them_and_clea
     with redis_server(tmp_path, "--requirepass", SECRET, "--maxmemory-policy", "noeviction") as port:
         url = f"redis://:{SECRET}@127.0.0.1:{port}/0"
         client = redis.Redis.from_url(url)
-        assert bench(runs, "done", *DYNAMIC, "--iters", "4", "--ps", url).returncode == 0
-        assert client.keys("dlrm:done:*") == []
-        failed = bench(runs, "failed", *DYNAMIC, "--iters", "4", "--ps", url, "--fail-at", "1:3")
+        done, failed = bench_two(runs, ("done", *DYNAMIC, "--iters", "4", "--ps", url),
+                                 ("failed", *DYNAMIC, "--iters", "4", "--ps", url, "--fail-at", "1:3"))
+        assert done.returncode == 0 and client.keys("dlrm:done:*") == []
         assert failed.returncode == 1 and client.keys("dlrm:failed:*")
         assert f"keys dlrm:failed:rank0:* on redis://:***@127.0.0.1:{port}/0" in failed.stderr
         assert clean_runs(["--runs-root", str(runs)]) == 0  # without the password: kept, and said why
