@@ -199,6 +199,16 @@ class Invocation:
                    plan_detail=args.plan_detail)
 
 
+def checked_for(how: Invocation):
+    """check_config, and the launch `how` asks for (--in-process with several ranks, say): a compare
+    or an ablation refuses those before its first run, not at every run."""
+    def check(cfg: BenchConfig) -> ResolvedFlags:
+        choose_launch(cfg, environ=os.environ, rdzv_endpoint=how.rdzv_endpoint, node_rank=how.node_rank,
+                      in_process=how.in_process)
+        return check_config(cfg)
+    return check
+
+
 def bench(cfg: BenchConfig, how: Invocation) -> int:
     # Everything a user can get wrong is checked here, before a folder is made or a process started.
     try:
@@ -289,7 +299,7 @@ def compare(cfg: BenchConfig, how: Invocation, *, repeats: int, reports_root: Pa
         return _error(ValueError("compare names its runs itself and starts them: drop --run-id / --dry-run"))
     return run_compare(cfg, repeats=repeats, runs_root=how.runs_root, reports_root=reports_root,
                        bench=lambda c, run_id: bench(c, dataclasses.replace(how, run_id=run_id)),
-                       check=check_config, report=report)
+                       check=checked_for(how), report=report)
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -322,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return run_ablation(cfg, repeats=args.repeats, runs_root=how.runs_root,
                                 bench=lambda c, run_id: bench(c, dataclasses.replace(how, run_id=run_id)),
-                                check=check_config)
+                                check=checked_for(how))
         except ValueError as exc:  # a derived config failed its checks; nothing has run yet
             return _error(exc)
     run = args.run if args.run or args.ablation or args.nsys else "latest"

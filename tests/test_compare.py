@@ -33,7 +33,8 @@ def test_runs_interleave_link_and_report(tmp_path, capsys):
     runs, reports = tmp_path / "runs", tmp_path / "reports"
     args = build_parser().parse_args([
         "compare", "--device", "cpu", "--preset", "tiny", "--iters", "2", "--warmup", "1", "--sharding", "table_wise",
-        "--repeats", "2", "--runs-root", str(runs), "--reports-root", str(reports)])
+        "--repeats", "2", "--gpus-per-node", "1", "--runs-root", str(runs), "--reports-root", str(reports),
+        "--in-process"])
     code = harness.cli.compare(config_from_args(args), harness.cli.Invocation.from_args(args),
                                repeats=args.repeats, reports_root=args.reports_root, report=report)
     assert code == 0
@@ -66,15 +67,20 @@ def test_runs_interleave_link_and_report(tmp_path, capsys):
         assert [RunManifest.from_json((d / "manifest.json").read_text()).engine for d in groups[engine]] == [engine] * 2
 
 
-def test_a_config_that_cannot_run_stops_before_any_run(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("command, args, message", [
+    ("compare", ["--global-batch", "97"], "does not divide by the world size"),
+    ("compare", ["--gpus-per-node", "2", "--in-process"], "--in-process runs one rank in this process"),
+    ("ablation", ["--gpus-per-node", "2", "--in-process"], "--in-process runs one rank in this process"),
+])
+def test_a_config_that_cannot_run_stops_before_any_run(tmp_path, monkeypatch, capsys, command, args, message):
     def refuse(*a, **k):
         raise AssertionError("a run was started")
 
     monkeypatch.setattr(harness.cli, "launch_run", refuse)
-    code = main(["compare", "--preset", "tiny", "--global-batch", "97", "--runs-root", str(tmp_path / "runs")])
+    code = main([command, "--preset", "tiny", *args, "--runs-root", str(tmp_path / "runs")])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "does not divide by the world size" in err[0]
+    assert len(err) == 1 and message in err[0]
     assert not (tmp_path / "runs").exists()
 
 
