@@ -55,7 +55,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from harness.names import OPTIMIZATION_FLAGS
-from harness.tools.gpu_bench_plan import AGAINST, Outcome, Plan, flag_configs, in_process_choice
+from harness.tools.gpu_bench_plan import AGAINST, Outcome, Plan, flag_configs, in_process_choice, runs_sharding_layouts
 from harness.tools.gpu_bench_projection import run_cluster_projection, run_projection_check
 from harness.tools.gpu_bench_table import summary
 
@@ -244,7 +244,7 @@ def runs_after_flags(plan: Plan) -> int:
     """Runs of the steps after the flag rounds, in flag-run equivalents: tiny's compare (both
     engines), the quarter-batch run, the profiled runs (three, one more at bf16 and one more of small
     on CUDA), and the spawned check (start-up and all)."""
-    return (2 * plan.repeats + 4 + (plan.precision == "bf16") + (plan.device == "cuda" and plan.small == "small")
+    return (2 * plan.repeats + 4 + (plan.precision == "bf16") + runs_sharding_layouts(plan)
             + (3 if plan.in_process else 0))
 
 
@@ -306,7 +306,7 @@ def run_profiled(outcome: Outcome, plan: Plan) -> None:
     pure = [*common, "--dense-precision", "bf16-pure"] if plan.precision == "bf16" else None
     # Every table data-parallel: tiny's code path at small's size, its ops and host time a stage
     # on the same machine as the table-wise defaults' (a host cost a code path; docs/projection.md).
-    dp = [*common, "--sharding", "data_parallel"] if plan.device == "cuda" and plan.small == "small" else None
+    dp = [*common, "--sharding", "data_parallel"] if runs_sharding_layouts(plan) else None
     for label, argv in (("quarter", quarter), ("tiny", tiny), ("bf16_pure", pure), ("all_data_parallel", dp)):
         if argv is None:
             continue

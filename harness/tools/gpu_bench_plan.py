@@ -77,6 +77,12 @@ def mlperf_data_parallel_tables() -> list[int]:
     return [t for t, tp in enumerate(plan) if str(tp.kind) == "data_parallel"]
 
 
+def runs_sharding_layouts(plan: Plan) -> bool:
+    """Whether the bench runs small's tables in other sharding layouts (mlperf_groups,
+    all_data_parallel; flag_configs): on CUDA, where the projection of the 16 x 8 job rests on them."""
+    return plan.device == "cuda" and plan.small == "small"
+
+
 def flag_configs(plan: Plan, skipped: dict[str, str]) -> dict[str, list[str]]:
     """Row name -> the options its runs add, in the order each round runs them ("defaults" first).
     Besides the flags that can take effect: --opts all; the harness's own dense kernels taken away
@@ -97,7 +103,7 @@ def flag_configs(plan: Plan, skipped: dict[str, str]) -> dict[str, list[str]]:
     if plan.device == "cuda" and not plan.draw_on_host:
         configs["host_draw"] = ["--draw-on", "host"]
         configs["opts_all_host_draw"] = ["--opts", "all", "--draw-on", "host"]
-    if plan.device == "cuda" and plan.small == "small":
+    if runs_sharding_layouts(plan):
         configs["mlperf_groups"] = ["--sharding", "table_wise", "--shard", ",".join(
             f"{t}=data_parallel" for t in mlperf_data_parallel_tables())]
         configs["all_data_parallel"] = ["--sharding", "data_parallel"]
