@@ -64,8 +64,9 @@ def test_a_runs_root_without_room_for_the_reserve_leaves_no_folder(tmp_path, cap
 
 def test_a_compare_report_refused_leaves_no_folder(tmp_path, capsys):
     runs, reports = tmp_path / "runs", tmp_path / "reports"
-    assert main([*TINY[:-4], "--iters", "4", "--warmup", "1", "--run-id", "ok", "--runs-root", str(runs)]) == 0
-    assert main([*TINY, "--fail-at", "0:0", "--run-id", "bad", "--runs-root", str(runs)]) == 1
+    one = ["--gpus-per-node", "1", "--in-process"]  # the report's refusal needs no more ranks
+    assert main([*TINY[:-4], *one, "--iters", "4", "--warmup", "1", "--run-id", "ok", "--runs-root", str(runs)]) == 0
+    assert main([*TINY, *one, "--fail-at", "0:0", "--run-id", "bad", "--runs-root", str(runs)]) == 1
     capsys.readouterr()
     assert main(["report", "--run", "ok,bad", "--runs-root", str(runs), "--reports-root", str(reports)]) == 2
     assert "no run has complete non-warm-up iterations" in one_error_line(capsys)
