@@ -165,20 +165,20 @@ def test_bench_tiny_two_simulated_nodes_end_to_end(tmp_path, capsys):
 def test_plain_loop_keeps_every_stage_inside_its_iteration(tmp_path, capsys):
     runs = tmp_path / "runs"
     assert main(["bench", "--device", "cpu", "--preset", "tiny", "--iters", "3", "--warmup", "1", "--no-pipeline",
-                 "--runs-root", str(runs)]) == 0
+                 "--gpus-per-node", "1", "--in-process", "--runs-root", str(runs)]) == 0
     run = load_run(only_run(runs))
     merged = run.stages.merge(run.iterations[["rank", "iteration", "start_ns", "end_ns"]],
                               on=["rank", "iteration"], suffixes=("", "_it"))
-    assert len(merged) == 2 * 4 * len(STAGES)
+    assert len(merged) == 4 * len(STAGES)
     assert ((merged["start_ns"] >= merged["start_ns_it"]) & (merged["end_ns"] <= merged["end_ns_it"])).all()
 
 
 def test_no_timeline_records_iterations_only(tmp_path, capsys):
     runs = tmp_path / "runs"
     assert main(["bench", "--device", "cpu", "--preset", "tiny", "--iters", "3", "--warmup", "1", "--no-timeline",
-                 "--runs-root", str(runs)]) == 0
+                 "--gpus-per-node", "1", "--in-process", "--runs-root", str(runs)]) == 0
     run = load_run(only_run(runs))
-    assert run.stages.empty and len(run.iterations) == 2 * 4
+    assert run.stages.empty and len(run.iterations) == 4
     assert "stages not timed" in capsys.readouterr().out
 
 
