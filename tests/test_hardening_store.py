@@ -29,10 +29,14 @@ DYNAMIC = ["--preset", "tiny", "--warmup", "0", "--shard", "2=dynamic,6=dynamic"
 SECRET = "s3cretPW"
 
 
+def bench_argv(runs: Path, run_id: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "harness", "bench", "--device", "cpu", "--run-id", run_id, "--runs-root", str(runs),
+            *args]
+
+
 def bench(runs: Path, run_id: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """A bench run in its own process: everything it and its ranks print comes back."""
-    return subprocess.run([sys.executable, "-m", "harness", "bench", "--device", "cpu", "--run-id", run_id,
-                           "--runs-root", str(runs), *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+    return subprocess.run(bench_argv(runs, run_id, *args), cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env=env)
 
 
@@ -40,9 +44,8 @@ def bench_two(runs: Path, *runs_args: tuple[str, ...]) -> list[subprocess.Comple
     """Two bench runs (run id, then its arguments) side by side, each in its own process: they are
     independent (their own run ids, files and store keys), and one after the other they made
     these tests the slowest of make test."""
-    procs = [subprocess.Popen([sys.executable, "-m", "harness", "bench", "--device", "cpu", "--run-id", run_id,
-                               "--runs-root", str(runs), *args], cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for run_id, *args in runs_args]
+    procs = [subprocess.Popen(bench_argv(runs, *run), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for run in runs_args]
     out = []
     for proc in procs:
         stdout, stderr = proc.communicate(timeout=600)

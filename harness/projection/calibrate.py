@@ -282,8 +282,9 @@ def _set_bandwidth_effs(runs: list[Measured], p: Profile) -> None:
             # On a CPU the host runs its ops' launches too: what is left is the memory traffic.
             k = _kernels(m, p)[0]
             t = sum(m.stage_s[s] - (0.0 if p.async_device else k.of(s) * launch) for s in stages)
-            if t > 0 and nbytes(_work(m)) > 0:
-                eff = nbytes(_work(m)) / hbm / t
+            n = nbytes(_work(m))
+            if t > 0 and n > 0:
+                eff = n / hbm / t
                 if best is None or eff > best[0]:
                     best = (eff, m)
         if best:
