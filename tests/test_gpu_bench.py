@@ -233,13 +233,13 @@ def test_the_16x8_job_is_projected_from_the_benchs_own_gpu_runs(tmp_path):
 def test_a_failing_battery_fails_the_bench_and_says_which(tmp_path, monkeypatch):
     """A FAIL in the battery, or a pytest that could not run it, is a FAILED row and exit 1, where
     it used to leave only the verdict line; a READY battery adds nothing."""
-    from harness.tools import gpu_bench
+    from harness.tools.gpu_bench_child import run_battery
     from harness.tools.gpu_check import CheckResult
 
     for results, code, failed in (([CheckResult("a", "passed"), CheckResult("b", "failed", "boom")], 1, True),
                                   ([], 4, True), ([CheckResult("a", "passed")], 0, False)):
         outcome = Outcome(folder=str(tmp_path), plan={})
-        gpu_bench.run_battery(outcome, battery=lambda r=results, c=code: (r, c, "pytest's output"))
+        run_battery(outcome, battery=lambda r=results, c=code: (r, c, "pytest's output"))
         assert bool(outcome.failures) == failed, outcome.failures
         assert not failed or outcome.failures[0].startswith("battery: gpu-check: NOT") and f"exited {code}" in outcome.failures[0]
 
@@ -306,7 +306,7 @@ def test_the_battery_runs_in_a_process_of_its_own_that_may_start_ranks(tmp_path)
     multiprocessing pool's daemon worker is not); what it returns comes back, and a death is named."""
     from harness.cli import main
     from harness.records.writer import read_manifest
-    from harness.tools.gpu_bench import in_child
+    from harness.tools.gpu_bench_child import in_child
 
     argv = ["bench", "--preset", "tiny", "--gpus-per-node", "2", "--iters", "2", "--warmup", "0",
             "--runs-root", str(tmp_path), "--run-id", "two"]
