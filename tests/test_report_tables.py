@@ -5,9 +5,10 @@ import pandas as pd
 import pytest
 
 from harness.report.api import format_summary, load_run
+from harness.report.intervals import covered, union
 from harness.report.load import FLAGS, load_runs, records
 from harness.report.tables import (
-    critical_stage_means, critical_stages, _covered, _union, completeness, input_dist_overlap, input_dist_spans, iteration_table, job_iterations,
+    critical_stage_means, critical_stages, completeness, input_dist_overlap, input_dist_spans, iteration_table, job_iterations,
     stage_pivot, stage_stats, straggler_table,
 )
 from harness.names import STAGES
@@ -170,14 +171,23 @@ def test_covered_matches_brute_force():
     for _ in range(20):
         s = rng.integers(0, 200, 15)
         e = s + rng.integers(1, 30, 15)
-        us, ue = _union(s, e)
-        covered = np.zeros(300, bool)
+        busy = union(s, e)
+        mask = np.zeros(300, bool)
         for a, b in zip(s, e):
-            covered[a:b] = True
+            mask[a:b] = True
         a = rng.integers(0, 250, 10)
         b = a + rng.integers(0, 50, 10)
-        got = _covered(us, ue, b) - _covered(us, ue, a)
-        assert list(got) == [covered[x:y].sum() for x, y in zip(a, b)]
+        assert list(covered(busy, a, b)) == [mask[x:y].sum() for x, y in zip(a, b)]
+        assert list(covered(union(s / 8, e / 8), a / 8, b / 8)) == [mask[x:y].sum() / 8 for x, y in zip(a, b)]
+
+
+def test_covered_keeps_epoch_nanoseconds_exact():
+    """The records' start_ns are epoch ns (about 1.8e18), past float64's exact integers (2^53):
+    1 ns of overlap must stay 1 ns."""
+    t0 = np.int64(1_800_000_000_000_000_001)
+    busy = union(np.array([t0, t0 + 10, t0 + 12]), np.array([t0 + 5, t0 + 11, t0 + 13]))
+    assert busy.dtype == np.int64 and busy.tolist() == [[t0, t0 + 5], [t0 + 10, t0 + 11], [t0 + 12, t0 + 13]]
+    assert covered(busy, np.array([t0 + 4, t0]), np.array([t0 + 12, t0 + 20])).tolist() == [2, 7]
 
 
 def test_completeness_names_missing_ranks_and_stages(tmp_path):

@@ -24,6 +24,7 @@ import pandas as pd
 
 from harness.names import BETWEEN_ITERATIONS, STAGES
 from harness.report.html import Doc
+from harness.report.intervals import covered, union as merged
 from harness.report.load import ReportError
 
 KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -140,38 +141,6 @@ def stage_spans(annotations: pd.DataFrame) -> pd.DataFrame:
                          & (out["start"] <= r.start) & (out["end"] >= r.end)).any()
                     for i, r in zip(out.index, out.itertuples())]
     return out[out["iteration"] >= 0].reset_index(drop=True)
-
-
-def merged(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Disjoint (start, end) rows covering the same time as the given intervals (their union)."""
-    if len(starts) == 0:
-        return np.empty((0, 2))
-    order = np.argsort(starts, kind="stable")
-    s, e = np.asarray(starts, float)[order], np.asarray(ends, float)[order]
-    new = np.ones(len(s), bool)
-    new[1:] = s[1:] > np.maximum.accumulate(e)[:-1]
-    heads = np.flatnonzero(new)
-    return np.column_stack([s[heads], np.maximum.reduceat(e, heads)])
-
-
-def busy_until(union: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """ms of the disjoint intervals `union` before each time in t; vectorised, because a full trace
-    holds 1e5 kernels and each gap asks how much of it other work covered."""
-    t = np.asarray(t, float)
-    if len(union) == 0:
-        return np.zeros_like(t)
-    lengths = union[:, 1] - union[:, 0]
-    before = np.concatenate([[0.0], np.cumsum(lengths)])
-    j = np.searchsorted(union[:, 0], t, side="right")  # intervals starting at or before t
-    k = np.maximum(j - 1, 0)
-    return np.where(j > 0, before[k] + np.clip(t - union[k, 0], 0.0, lengths[k]), 0.0)
-
-
-def covered(union: np.ndarray, lo: np.ndarray | float, hi: np.ndarray | float) -> np.ndarray:
-    """ms of each [lo, hi] that the disjoint intervals `union` cover (0 where hi <= lo)."""
-    lo = np.asarray(lo, float)
-    hi = np.maximum(np.asarray(hi, float), lo)
-    return busy_until(union, hi) - busy_until(union, lo)
 
 
 def launch_waits(k: pd.DataFrame, union: np.ndarray) -> pd.Series:

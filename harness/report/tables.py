@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from harness.report.intervals import covered, union
 from harness.report.iterations import (  # noqa: F401  (re-exported: the iteration tables live there)
     NOT_BROKEN_DOWN, OTHER, Runs, between_parts, group_keys, held_runs, iteration_table, job_iterations, part_label,
     period_iterations, rank_iterations,
@@ -147,25 +148,6 @@ def straggler_table(runs: Runs) -> pd.DataFrame:
     return out.sort_values(["run_id", "_o"]).drop(columns="_o").reset_index(drop=True)
 
 
-def _covered(us: np.ndarray, ue: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Length of the union of disjoint sorted intervals [us, ue) that lies below each x."""
-    cum = np.concatenate([np.zeros(1, dtype=us.dtype), np.cumsum(ue - us)])
-    k = np.searchsorted(us, x, side="right")  # intervals starting at or before x
-    prev = np.maximum(k - 1, 0)
-    inside = np.clip(x - us[prev], 0, ue[prev] - us[prev]) if len(us) else np.zeros_like(x)
-    return np.where(k > 0, cum[prev] + inside, 0)
-
-
-def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    if not len(s):
-        return s, e
-    prev_max = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(e)[:-1]])
-    first = np.flatnonzero(s > prev_max)
-    return s[first], np.maximum.reduceat(e, first)
-
-
 def _input_dist_ns(df: pd.DataFrame) -> pd.DataFrame:
     """For each non-warm-up input_dist row of the flat frame `df` (same index): hidden_ns, the part
     that ran while the same rank ran another stage (any iteration's, from start_ns/end_ns), and
@@ -182,7 +164,7 @@ def _input_dist_ns(df: pd.DataFrame) -> pd.DataFrame:
         # Warm-up spans of other stages count: the first timed input_dist may hide under the
         # last warm-up iteration's compute.
         other = g[g["stage"] != "input_dist"]
-        us, ue = _union(other["start_ns"].to_numpy("int64"), other["end_ns"].to_numpy("int64"))
+        busy = union(other["start_ns"].to_numpy("int64"), other["end_ns"].to_numpy("int64"))
         a, b = idist["start_ns"].to_numpy("int64"), idist["end_ns"].to_numpy("int64")
         # Each span's own part: from where the spans before it (by start, warm-up ones too) have ended.
         ends = every["end_ns"].to_numpy("int64")
@@ -193,10 +175,9 @@ def _input_dist_ns(df: pd.DataFrame) -> pd.DataFrame:
         if its.empty:  # no iteration records bound the span (an nsys trace without them): all of it counts
             in_iter = b - oa
         else:
-            vs, ve = _union(its["iter_start_ns"].to_numpy("int64"), its["iter_end_ns"].to_numpy("int64"))
-            in_iter = _covered(vs, ve, b) - _covered(vs, ve, oa)
-        own_hidden = _covered(us, ue, b) - _covered(us, ue, oa)
-        out.append(pd.DataFrame({"hidden_ns": _covered(us, ue, b) - _covered(us, ue, a),
+            in_iter = covered(union(its["iter_start_ns"].to_numpy("int64"), its["iter_end_ns"].to_numpy("int64")), oa, b)
+        own_hidden = covered(busy, oa, b)
+        out.append(pd.DataFrame({"hidden_ns": covered(busy, a, b),
                                  "critical_ns": np.clip(in_iter - own_hidden, 0, None)},
                                 index=idist.index, dtype="int64"))
     return pd.concat(out) if out else pd.DataFrame({"hidden_ns": [], "critical_ns": []}, dtype="int64")
