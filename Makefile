@@ -25,6 +25,9 @@ SEED          ?=
 DATA          ?=
 TARGET_AUC    ?=
 HARDWARE      ?=
+# make test's pytest workers (pytest-xdist; 0: one process). Two fit the 2-core CI machine: most
+# tests wait on rank processes they start, so two workers keep both cores busy; more crowd them.
+TEST_WORKERS  ?= 2
 
 PYTHON        ?= $(shell command -v python3.11 || command -v python3)
 # Valid names come from harness/names.py, which imports neither torch nor anything else outside
@@ -73,6 +76,8 @@ REFUSAL       := $(or \
     $(call CHECK_NATURAL,WARMUP), $(call CHECK_NATURAL,SEED), \
     $(call CHECK_NAME,SHARDING,$(VALID_SHARDING)), $(call CHECK_NAME,ENGINE,$(VALID_ENGINES)), \
     $(call CHECK_NAME,HARDWARE,$(VALID_HARDWARE)), $(call CHECK_NAME,DRY_RUN,0 1))), \
+  $(if $(call GOALS_OF,test),$(if $(TEST_WORKERS),$(call CHECK_NATURAL,TEST_WORKERS),make: TEST_WORKERS= is not \
+    valid; valid values: an integer >= 0)), \
   $(if $(call GOALS_OF,dataset check-dataset-out),$(if $(OUT),,make dataset: give OUT=<folder to write>)), \
   $(if $(call GOALS_OF,mlperf check-mlperf-data),$(if $(DATA),,make mlperf: give DATA=<folder of MLPerf-layout \
     files> (make dataset writes some))), \
@@ -102,7 +107,7 @@ help:
 	@echo "make compare [PRESET=tiny] [REPEATS=3] [OPTS=\"...\"]  (torchrec vs harness, interleaved)"
 	@echo "make ablation [PRESET=...] [NODES=...] [GPUS_PER_NODE=...] [SHARDING=...] [REPEATS=n (3)]"
 	@echo "make report [RUN=latest|<id>|<base_id>,<id>] | [ABLATION=latest|<id>] | [NSYS=<file.sqlite>]"
-	@echo "make test   (the whole suite, about 9 minutes on 2 cores)"
+	@echo "make test [TEST_WORKERS=2]  (the whole suite on pytest workers, about 8 minutes on 2 cores)"
 	@echo "make test-cluster  (root: real test hosts as network namespaces and a real Slurm; else one line)"
 	@echo "make test-slow  (tests too slow for make test: the projection on live CPU runs, small on 8 ranks)"
 	@echo "make perf   [PRESET=tiny|small (tiny)]  (timeline on vs off: the instrumentation's cost)"
@@ -193,7 +198,7 @@ redis-server:
 	else echo "make: no redis-server and no apt-get: the Redis parameter-store tests will be skipped" >&2; fi
 
 test: $(DEPS) $(EXT) browser redis-server
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 # Tests too slow for make test (pytest -m slow): the projection's CPU calibration on runs made now
 # (make test reads a recorded set), small's planned layout on 8 ranks against the reference.

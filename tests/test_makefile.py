@@ -40,6 +40,15 @@ def test_valid_knobs_pass():
     assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.parametrize("workers", ["two", "-1", ""])
+def test_make_test_refuses_a_worker_count_that_is_not_one(workers):
+    """Refused in one line before the suite (or any install) starts: make answers at once."""
+    out = subprocess.run(["make", "-s", "--no-print-directory", "test", f"TEST_WORKERS={workers}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and out.stdout == ""
+    assert out.stderr.splitlines() == [f"make: TEST_WORKERS={workers} is not valid; valid values: an integer >= 0"]
+
+
 def test_dataset_needs_an_out_folder():
     out = subprocess.run(["make", "-s", "--no-print-directory", "dataset"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode != 0 and "make dataset: give OUT=<folder to write>" in out.stderr
