@@ -387,12 +387,12 @@ def test_cpu_calibration_on_one_rank_projects_two_and_four_recorded():
     calibrated on tiny and small at one rank (each at its batch and a quarter of it: the host time
     a sample, per model), with the gloo probe for the exchanges, the cores each rank gets (4 ranks
     on 2 cores take turns) and the one-thread probe, each layout's period is projected within
-    CPU_BOUND and its dense step within CPU_TARGET. This set: periods tiny -22% and +4% on 2 and 4
-    ranks, small -6% and -12%; dense_fwd_bwd +4%, +10%, -5%, -5%. The one big stage beyond 25%:
-    tiny-2's emb_bwd, -50%: its wait for the tables' all-reduce, 0.5 ms in a tenth of the
-    iterations and 3.4-3.9 ms in another tenth, as the other rank's dense step jitters (its
-    standard deviation 0.7 ms on 2 ranks, 0.1-0.4 at one), which the model has not
-    (docs/projection.md)."""
+    CPU_BOUND and its dense step within CPU_TARGET. This set (2026-11-28): periods tiny -23% and
+    -14% on 2 and 4 ranks, small -4% and -6%; dense_fwd_bwd -3%, +7%, -4%, -3%. The big stages
+    beyond 25%: emb_bwd, -48% on tiny-2 and -29% on tiny-4: its wait for the slowest rank's
+    backward, as the ranks' dense steps spread and jitter on shared cores (this set's tiny-2 ranks:
+    means 2.2-3.2 ms, standard deviations 0.3-1.6 ms, against 0.12-0.14 at one rank), which the
+    model has not (docs/projection.md)."""
     _check_cpu(_cpu_errors(CPU_RECORDED, _recorded_gloo()))
 
 
