@@ -109,7 +109,7 @@ help:
 	@echo "make report [RUN=latest|<id>|<base_id>,<id>] | [ABLATION=latest|<id>] | [NSYS=<file.sqlite>]"
 	@echo "make test [TEST_WORKERS=2]  (the whole suite on pytest workers, about 7 minutes on 2 cores)"
 	@echo "make test-cluster  (root: real test hosts as network namespaces and a real Slurm; else one line)"
-	@echo "make test-slow  (tests too slow for make test: the projection on live CPU runs, small on 8 ranks)"
+	@echo "make test-slow  (tests too slow for make test: the projection on live CPU runs)"
 	@echo "make perf   [PRESET=tiny|small (tiny)]  (timeline on vs off: the instrumentation's cost)"
 	@echo "make precision-perf [PRESET=small] [REPEATS=2]  (fp16 tables, fp16/bf16 on the wire vs fp32)"
 	@echo "make plan-compare [LAYOUTS=1x8,2x8,16x8]  (mlperf tables: this planner vs TorchRec's)"
@@ -201,7 +201,7 @@ test: $(DEPS) $(EXT) browser redis-server
 	$(PY) -m pytest -n $(TEST_WORKERS)
 
 # Tests too slow for make test (pytest -m slow): the projection's CPU calibration on runs made now
-# (make test reads a recorded set), small's planned layout on 8 ranks against the reference.
+# (make test reads a recorded set).
 test-slow: $(DEPS) $(EXT)
 	$(PY) -m pytest -m slow
 

@@ -157,8 +157,7 @@ def test_planned_tiny_layouts_match_unsharded_reference(nodes, tmp_path):
     check_against_reference(2, ShardingConfig(kind="auto", per_table=forced), tmp_path, nodes=nodes)
 
 
-# 4 nodes (8 ranks on this 2-core machine) takes 20 s: make test-slow runs it; make test keeps 1 and 2.
-@pytest.mark.parametrize("nodes", [1, 2, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("nodes", [1, 2, 4])
 def test_planned_small_layouts_match_unsharded_reference(nodes, tmp_path):
     """small's tables (100k rows, dim 128) and dense model, in the plans the planner makes for
     small's own batch on 1, 2 and 4 nodes of 2 ranks (table-row-wise tables forced in across
