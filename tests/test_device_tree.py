@@ -60,3 +60,16 @@ def test_a_carry_too_big_even_slim_is_refused_and_nothing_changes(tmp_path, caps
     assert len(err) == 1 and "would still travel without the recorded sets" in err[0]
     assert _git(root, "status", "--porcelain", "--untracked-files=all") == ""
     assert (root / ".git/info/exclude").read_text() == "# git's own\n/.gpu/\n"
+
+
+def test_every_recorded_set_but_the_default_calibrations_leaves_for_a_call():
+    """RECORDED is every run set under tests/data except those `make project`'s default GPU
+    calibration reads (the one set a device command may read): a new set must be named there, or
+    the next device call's tree grows by its size."""
+    from harness.tools.project import DEFAULT_CALIBRATION
+
+    data = Path(__file__).parent / "data"
+    sets = {f"tests/data/{p.name}" for p in data.iterdir() if p.is_dir()}
+    read = {"/".join(Path(run).parts[:3]) for hw in ("h100", "h200") for run in DEFAULT_CALIBRATION[hw]}
+    assert read and read <= sets
+    assert set(RECORDED) == sets - read, "name the new run set in harness/tools/device_tree.py RECORDED"
