@@ -1,7 +1,6 @@
 """Per-stage tables, iteration tables, stragglers, input_dist overlap and completeness on hand-built runs."""
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from harness.report.api import format_summary, load_run

@@ -35,11 +35,8 @@ def _git(root: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout
 
 
-def _files_bytes(root: Path, names: list[str]) -> int:
-    return sum((root / n).stat().st_size for n in names if (root / n).is_file())
-
-
 def _path_bytes(path: Path) -> int:
+    """A file's size, or a folder's files' (links as the device tool sends them: not followed)."""
     if path.is_file():
         return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
@@ -50,7 +47,7 @@ def travelling_bytes(root: Path, carry: list[str], leaving: tuple[str, ...] = ()
     `leaving`; a carried path's counted once) and the carried paths."""
     names = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
     kept = [n for n in names if n and not _under(n, leaving) and not _under(n, carry)]
-    return _files_bytes(root, kept) + sum(_path_bytes(root / c) for c in carry)
+    return sum(_path_bytes(root / n) for n in [*kept, *carry])
 
 
 def _under(name: str, paths) -> bool:
