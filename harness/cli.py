@@ -199,12 +199,24 @@ class Invocation:
                    plan_detail=args.plan_detail)
 
 
+def checked_launch(cfg: BenchConfig, how: Invocation):
+    """The launch `how` asks for and the ranks it starts on this host, refused in one line where it
+    cannot start here (--in-process with several ranks; more CUDA ranks than this host's GPUs, except
+    in a dry run, which may plan a cluster from a smaller host)."""
+    launch = choose_launch(cfg, environ=os.environ, rdzv_endpoint=how.rdzv_endpoint, node_rank=how.node_rank,
+                           in_process=how.in_process)
+    on_this_host = launch.mode in ("local-simulation", "in-process")
+    ranks_per_host = cfg.run.world_size if on_this_host else cfg.run.gpus_per_node
+    if uses_cuda(cfg.run.device) and not how.dry_run:
+        check_gpus_per_host(ranks_per_host=ranks_per_host, device_count=cuda_device_count())
+    return launch, ranks_per_host
+
+
 def checked_for(how: Invocation):
-    """check_config, and the launch `how` asks for (--in-process with several ranks, say): a compare
-    or an ablation refuses those before its first run, not at every run."""
+    """check_config, and the launch `how` asks for (checked_launch): a compare or an ablation refuses
+    those before its first run, not at every run."""
     def check(cfg: BenchConfig) -> ResolvedFlags:
-        choose_launch(cfg, environ=os.environ, rdzv_endpoint=how.rdzv_endpoint, node_rank=how.node_rank,
-                      in_process=how.in_process)
+        checked_launch(cfg, how)
         return check_config(cfg)
     return check
 
@@ -214,15 +226,10 @@ def bench(cfg: BenchConfig, how: Invocation) -> int:
     try:
         if how.run_id is not None:
             records.check_run_id(how.run_id)
-        launch = choose_launch(cfg, environ=os.environ, rdzv_endpoint=how.rdzv_endpoint, node_rank=how.node_rank,
-                               in_process=how.in_process)
+        launch, ranks_per_host = checked_launch(cfg, how)
         if launch.mode == "torchrun" and not how.run_id:
             raise ValueError("a multi-host launch needs the same --run-id (make: RUN_ID=...) on every host")
-        on_this_host = launch.mode in ("local-simulation", "in-process")
-        ranks_per_host = cfg.run.world_size if on_this_host else cfg.run.gpus_per_node
         plan, estimate, flags = plan_and_flags(cfg, ranks_per_host=ranks_per_host, dry_run=how.dry_run)
-        if uses_cuda(cfg.run.device) and not how.dry_run:  # a dry run may plan a cluster from a smaller host
-            check_gpus_per_host(ranks_per_host=ranks_per_host, device_count=cuda_device_count())
         device = describe_device(cfg.run.device)
     except ValueError as exc:
         return _error(exc)

@@ -225,3 +225,9 @@ def test_more_ranks_than_gpus_is_refused_by_the_cli(tmp_path, monkeypatch, capsy
     assert not runs.exists()
     # A dry run may plan a bigger job than this host could run: it is not refused.
     assert main(["bench", "--preset", "tiny", "--nodes", "2", "--dry-run", "--runs-root", str(runs)]) == 0
+    # A compare or an ablation refuses it before its first run, in one line.
+    for command in ("compare", "ablation"):
+        assert main([command, "--preset", "tiny", "--iters", "1", "--repeats", "1", "--runs-root", str(runs)]) == 2
+        err = capsys.readouterr().err
+        assert "2 ranks on this host need a GPU each and it has 1" in err and len(err.strip().splitlines()) == 1
+        assert not runs.exists()
