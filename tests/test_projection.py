@@ -17,7 +17,7 @@ import pytest
 from harness.projection.calibrate import calibrate, measured, project_run
 from harness.projection.kernels import dense_impl, dense_kernels
 from harness.projection.project import project
-from harness.projection.timeline import Collective, Host, Launch, simulate
+from harness.projection.timeline import Collective, Host, Launch, Sync, simulate
 from harness.report.api import load_run
 from harness.report.roofline import dense_shape
 
@@ -258,6 +258,49 @@ def test_the_backward_exchanges_where_the_code_launches_them():
     assert dense[1].host_s == 0.0 and dense[2].seconds == 0.0  # no early bucket
     assert dense[3].dev_s / dense[6].dev_s == pytest.approx((1 - flops) / flops)
     assert dense[7].host_s == pytest.approx(4 * m.work.params / (p.value("all_reduce_gbps") * 1e9))
+
+
+def test_the_splits_are_read_after_the_forward_where_the_pipelined_loop_reads_them():
+    """harness/run/input_pipeline.py, pipelined on the main thread: the next batch's splits exchange
+    is launched at the iteration's start and read after the embedding forward, where its ids
+    exchange is launched; not pipelined, both at the start, the splits waited there. So a rank
+    that starts its iteration 3 ms before another (its emb_bwd 1 ms, the other's 4) waits in
+    emb_fwd's exchange, the first it blocks in (hand-worked: 1 ms of lookup, 1 ms of work, 3 ms
+    waiting, 1 ms of exchange), not in input_dist (1 ms, its launches)."""
+    from dataclasses import replace
+
+    from harness.names import OPTIMIZATION_FLAGS
+    from harness.projection.hardware import cpu
+    from harness.projection.project import Calibration, iteration_ops
+
+    m = measured(CPU_RECORDED / "small-2-r0")
+    cfg, flags = m.run.manifest.config, {f: False for f in OPTIMIZATION_FLAGS}
+    assert cfg.optimizations.pipeline and "pooled" in m.work.groups  # a group that exchanges its splits
+
+    def order(cfg, flags):
+        ops, _ = iteration_ops(cfg, m.work, cpu(cores=2, rank_cores=1), Calibration(), flags)
+        head = ops[:[getattr(op, "name", "") for op in ops].index("forward") + 3]
+        return [(type(op).__name__, op.stage, getattr(op, "name", getattr(op, "on", ""))) for op in head], head
+
+    piped, ops = order(cfg, flags)
+    assert piped == [("Launch", "input_dist", ""), ("Collective", "input_dist", "splits"),
+                     ("Launch", "emb_fwd", ""), ("Collective", "emb_fwd", "forward"),
+                     ("Sync", "input_dist", "splits"), ("Collective", "input_dist", "ids")]
+    assert not ops[1].blocks_host and not ops[5].blocks_host
+    plain, ops = order(replace(cfg, optimizations=replace(cfg.optimizations, pipeline=False)), flags)
+    assert plain[:4] == [("Launch", "input_dist", ""), ("Collective", "input_dist", "splits"),
+                         ("Sync", "input_dist", "splits"), ("Collective", "input_dist", "ids")]
+    assert ops[1].blocks_host and ops[3].blocks_host
+    threaded, _ = order(cfg, {**flags, "threaded_input_dist": True})
+    assert [k for k, _, _ in threaded[:4]] == ["Launch", "Collective", "Host", "Collective"]
+
+    hand = [Launch("input_dist", 0.001, 0.0), Collective("splits", "input_dist", 0.0005, blocks_host=False),
+            Launch("emb_fwd", 0.001, 0.001, waits=("ids@prev",)), Collective("forward", "emb_fwd", 0.001),
+            Sync("input_dist", 0.0, drain=False, on="splits"), Collective("ids", "input_dist", 0.001, blocks_host=False),
+            Launch("emb_bwd", np.array([0.001, 0.004]), 0.0), Host("between_iterations", 0.001)]
+    res = simulate(hand, ranks=2, async_device=False)
+    assert res.stage_s["emb_fwd"] == pytest.approx([0.006, 0.003])
+    assert res.stage_s["input_dist"] == pytest.approx([0.001, 0.001])
 
 
 def test_the_gathered_gradients_cat_is_counted_where_it_runs():

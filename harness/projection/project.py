@@ -3,8 +3,9 @@ code path the flags select, simulated on every rank (timeline.py).
 
 What each flag is credited with (the mechanism, nothing else):
 
-- pipeline (default on): batch i+1's ids all-to-all is launched in iteration i and waited in
-  iteration i+1's emb_fwd, so it overlaps the compute between;
+- pipeline (default on): batch i+1's splits all-to-all is launched at iteration i's start and read
+  after its embedding forward, where batch i+1's ids all-to-all is launched, waited in iteration
+  i+1's emb_fwd, so both overlap the compute between;
 - skip_splits_a2a: no splits all-to-all, no D2H of the splits and no host sync in input_dist;
 - pinned_d2h: the splits' copy is waited by its event: the host waits for the splits exchange
   only, not for the compute stream to drain (a pageable copy's sync);
@@ -234,23 +235,34 @@ def _launch_async(ops: list, name: str, moving, latency, own_core: bool) -> None
 
 
 def _input_dist_ops(work: Work, profile: Profile, k: StageKernels, flags: dict, cal: Calibration, turns: float,
-                    pipelined: bool) -> list:
+                    pipelined: bool) -> tuple[list, list]:
+    """input_dist's ops at the iteration's start and after the embedding forward. As
+    harness/run/input_pipeline.py runs them: pipelined on the main thread, the next batch's splits
+    exchange is launched at the start and read after the forward (a sync), where the next batch's
+    ids exchange is launched, so the iteration's first blocking collective is the forward's, and a
+    rank waits for a slower one there; not pipelined, all at the start; threaded, the wait is the
+    input thread's (a hand-off on the main thread)."""
     launch = profile.value("launch_us") * 1e-6
-    ops = [Launch("input_dist", turns * cal.host("input_dist", work.local_batch, k.input_dist * launch), 0.0)]
+    start = [Launch("input_dist", turns * cal.host("input_dist", work.local_batch, k.input_dist * launch), 0.0)]
     # Table/column-wise splits are known with skip_splits_a2a; the other shardings' depend on the
     # ids; data-parallel tables exchange none (run/optimizations.resolve says the same).
     exchanging = [g for g in work.groups if g != "data_parallel" and not (g == "pooled" and flags["skip_splits_a2a"])]
+    threaded = flags["threaded_input_dist"]
+    after = pipelined and not threaded
+    splits, read = [], []
     if exchanging:
-        ops.append(Collective("splits", "input_dist", len(exchanging) * _latency(work, profile, "all_to_all")))
-        if flags["threaded_input_dist"]:
-            ops.append(Host("input_dist", profile.value("thread_handoff_us") * 1e-6))
-        elif flags["pinned_d2h"]:
-            ops.append(Sync("input_dist", profile.value("sync_us") * 1e-6, drain=False, on="splits"))
-        else:
-            ops.append(Sync("input_dist", profile.value("sync_us") * 1e-6, drain=True))
+        splits.append(Collective("splits", "input_dist", len(exchanging) * _latency(work, profile, "all_to_all"),
+                                 blocks_host=not after))
+        if threaded:
+            read.append(Host("input_dist", profile.value("thread_handoff_us") * 1e-6))
+        else:  # the splits' read: a pinned copy waited by its event, or a pageable copy's drain
+            read.append(Sync("input_dist", profile.value("sync_us") * 1e-6, drain=not flags["pinned_d2h"],
+                             on="splits"))
     # Pipelined, the ids exchange is async (gloo's thread on a CPU): emb_fwd of the next iteration waits.
-    ops.append(Collective("ids", "input_dist", _exchange(work, profile, "ids"), blocks_host=not pipelined))
-    return ops
+    ids = [Collective("ids", "input_dist", _exchange(work, profile, "ids"), blocks_host=not pipelined)]
+    if after:
+        return start + splits, read + ids
+    return start + splits + read + ids, []
 
 
 def iteration_ops(cfg, work: Work, profile: Profile, cal: Calibration, flags: dict, *, on_device: bool = False,
@@ -265,11 +277,12 @@ def iteration_ops(cfg, work: Work, profile: Profile, cal: Calibration, flags: di
     speed, turns = cpu_share(profile, work)
     B = work.local_batch
     prec = dense_precision(cfg)
-    ops = _input_dist_ops(work, profile, k, flags, cal, turns, cfg.optimizations.pipeline)
+    ops, after_forward = _input_dist_ops(work, profile, k, flags, cal, turns, cfg.optimizations.pipeline)
     ids = "ids@prev" if cfg.optimizations.pipeline else "ids"
     ops.append(Launch("emb_fwd", turns * cal.host("emb_fwd", B, k.emb_fwd * launch),
                       work.lookup_fwd / (hbm * profile.value("lookup_eff") * speed), waits=(ids,)))
     ops.append(Collective("forward", "emb_fwd", _exchange(work, profile, "forward")))
+    ops.extend(after_forward)
     dense_dev = dense_device_s(work, profile, prec) / speed
     if flags["cuda_graphs"]:
         host = profile.value("graph_launch_us") * 1e-6

@@ -12,8 +12,9 @@ iteration is a list of ops, the same list on every rank, with per-rank durations
   it (the latest rank's ready time: its compute stream's work so far, or its host when the data
   is on the host) and lasts the busiest rank's transfer plus the latency. On a CPU the host waits
   for it unless it was launched async (`blocks_host=False`).
-- `Sync`: the host blocks until the compute stream drains (`drain=True`: a pageable D2H copy's
-  sync) or until the named collective ends (a pinned copy waited by its event), plus `host_s`.
+- `Sync`: the host blocks until the named collective ends (`on`: a copy of its result waited for)
+  and, with `drain=True`, until the compute stream drains (a pageable D2H copy's sync), plus
+  `host_s`.
 - `Host`: host-only time (between iterations, a thread hand-off).
 
 Collective names may end in "@prev": the collective of that name in the previous iteration (the
@@ -111,7 +112,9 @@ def _step(lanes: Lanes, op, it: int) -> None:
             lanes.dev = lanes.host.copy()
     elif isinstance(op, Sync):
         start = lanes.host.copy()
-        until = lanes.dev if op.drain else _ended(lanes, op.on, it)
+        until = lanes.dev if op.drain else lanes.host
+        if op.on:
+            until = np.maximum(until, _ended(lanes, op.on, it))
         lanes.host = np.maximum(lanes.host, until) + op.host_s
         lanes.spans.append((it, op.stage, "host", start, lanes.host.copy()))
     elif isinstance(op, Host):
