@@ -249,15 +249,16 @@ gpu-bench: $(DEPS) $(EXT)
 
 # A projection (harness/projection/, docs/projection.md): the config on hardware it has not run on,
 # calibrated on run folders (CALIBRATE=run,...; by default the recorded ones of tests/data/), marked
-# projected.
+# projected. PYTHONHASHSEED=0: TorchRec's planner breaks ties by set order, so its plan (beside this
+# planner's) would otherwise change from one process to the next.
 project: check-bench-knobs $(DEPS)
-	$(PY) -m harness.tools.project --preset $(or $(PRESET),mlperf) --nodes $(or $(NODES),16) \
+	PYTHONHASHSEED=0 $(PY) -m harness.tools.project --preset $(or $(PRESET),mlperf) --nodes $(or $(NODES),16) \
 	  --gpus-per-node $(or $(GPUS_PER_NODE),8) --hardware $(or $(HARDWARE),h100) \
 	  $(if $(CALIBRATE),--calibrate $(CALIBRATE)) $(OPTS)
 
 # Planning only: the harness's sharding plan of the mlperf tables against TorchRec's planner.
 plan-compare: $(DEPS)
-	$(PY) -m harness.tools.plan_compare $(if $(LAYOUTS),--layouts $(LAYOUTS))
+	PYTHONHASHSEED=0 $(PY) -m harness.tools.plan_compare $(if $(LAYOUTS),--layouts $(LAYOUTS))
 
 # OUT is checked before anything is installed.
 dataset: check-bench-knobs check-dataset-out $(DEPS)

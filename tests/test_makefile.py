@@ -96,6 +96,16 @@ def test_only_the_knobs_set_are_passed():
         assert unset not in line  # left to the preset, not repeated in the Makefile
 
 
+def test_the_targets_that_plan_with_torchrec_fix_the_hash_seed():
+    """TorchRec's planner breaks ties by set order: make project and make plan-compare run with
+    PYTHONHASHSEED=0, so TorchRec's plan beside this planner's is the same from one run to the next
+    (on mlperf at 16 x 8 it was grid_shard or table_row_wise by the process)."""
+    for target, runs in (("project", "-m harness.tools.project"), ("plan-compare", "-m harness.tools.plan_compare")):
+        out = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=ROOT, capture_output=True, text=True)
+        (line,) = [x for x in out.stdout.splitlines() if runs in x]
+        assert line.startswith("PYTHONHASHSEED=0 "), line
+
+
 def test_a_venv_of_the_other_variant_is_refused_before_any_install(tmp_path):
     """pip would keep a CUDA venv's torch under the CPU pair (and the other way round): make says so
     in one line instead of installing over it. Here (no driver) the machine wants the CPU pair."""

@@ -326,7 +326,8 @@ def plans_section(plans: Sequence[PlanProjection], profile: Profile) -> list[str
     text += [f"- mechanism: {plan_mechanism(plans[0], pp, profile)}" for pp in plans[1:]]
     if any(pp.name == "torchrec" for pp in plans):
         text.append("- TorchRec's plan can differ from one process to the next unless PYTHONHASHSEED is fixed "
-                    "(seen on tiny at 2 x 2: column_wise or table_wise, grid_shard or table_row_wise)")
+                    "(make project and make plan-compare fix it at 0; seen on tiny at 2 x 2: column_wise or "
+                    "table_wise; on mlperf at 16 x 8: grid_shard or table_row_wise, at the same projected periods)")
     text += ["", "Period and the stages that differ between plans (busiest rank, ms):", "",
              _md(plans_stage_table(plans)), "",
              "Exchange bytes on the busiest rank (busier direction, MB) by link level:", "",
