@@ -303,6 +303,39 @@ def test_the_splits_are_read_after_the_forward_where_the_pipelined_loop_reads_th
     assert res.stage_s["input_dist"] == pytest.approx([0.001, 0.001])
 
 
+def test_two_gloo_collectives_in_flight_share_the_host():
+    """gloo runs a process group's collectives on two worker threads, so two in flight run at once,
+    each at 1/r of its speed alone (r = 2 on ranks that fill the cores). Hand-worked at r = 1.5: c1 (4 ms) at 0, c2 (4 ms) at 1 ms; from 1 ms
+    both run at 1/1.5 of their speed, so c1's last 3 ms take 4.5 (it ends at 5.5 ms) and c2 then has
+    1 ms left (6.5 ms). One after the other (no ratio, a GPU's stream order): 4 and 8 ms. A third
+    (1 ms) launched while two are in flight waits for the first of them to end."""
+    from dataclasses import replace
+
+    from harness.projection.project import pair_ratio
+
+    ops = [Collective("c1", "s1", 0.004, blocks_host=False), Host("s1", 0.001),
+           Collective("c2", "s1", 0.004, blocks_host=False), Launch("s2", 0.0, 0.0, waits=("c1",)),
+           Launch("s3", 0.0, 0.0, waits=("c2",)), Host("between_iterations", 0.01)]
+    shared = simulate(ops, ranks=2, async_device=False, pair_ratio=1.5)
+    assert [shared.stage_s[s][0] for s in ("s1", "s2", "s3")] == pytest.approx([0.001, 0.0045, 0.001])
+    serial = simulate(ops, ranks=2, async_device=False)
+    assert [serial.stage_s[s][0] for s in ("s1", "s2", "s3")] == pytest.approx([0.001, 0.003, 0.004])
+    three = [Collective("c1", "s1", 0.004, blocks_host=False), Collective("c2", "s1", 0.004, blocks_host=False),
+             Collective("c3", "s1", 0.001, blocks_host=False), Launch("s2", 0.0, 0.0, waits=("c3",)),
+             Host("between_iterations", 0.01)]
+    # c1 and c2 together from 0: both end at 1.5 x 4 = 6 ms; c3 starts then and ends at 7.
+    assert simulate(three, ranks=1, async_device=False, pair_ratio=1.5).stage_s["s2"][0] == pytest.approx(0.007)
+
+    # Where: CPU ranks that fill the host's cores (2 and 4 ranks on 2 cores), not a GPU's, not one
+    # rank (no collective), not ranks with a core to spare (unmeasured: one after the other).
+    from harness.projection.hardware import HARDWARE, cpu
+    for ranks, cores, used in ((2, 2, 2.0), (4, 2, 2.0), (1, 2, None), (2, 4, None)):
+        m = measured(CPU_RECORDED / f"tiny-{min(ranks, 4)}-r0")
+        work = replace(m.work, world_size=ranks, ranks_per_node=ranks)
+        assert pair_ratio(cpu(cores=cores, rank_cores=2), work) == used, (ranks, cores)
+    assert pair_ratio(HARDWARE["h100"](), replace(m.work, world_size=2, ranks_per_node=2)) is None
+
+
 def test_the_gathered_gradients_cat_is_counted_where_it_runs():
     """harness/run/dense_gradients.py: one cat a step in finish_gradients (dense_update) on one rank,
     one a bucket in the backward's hooks (dense_fwd_bwd) beyond; each reads a parameter's fp32

@@ -111,6 +111,8 @@ def cpu(gemm_gflops: float = 50.0, copy_gbps: float = 10.0, source: str = "assum
     p.set("one_thread_gain", 1.0, "x", "assumption", "a one-thread rank's compute rate over a core's share of "
           "the probed rank's: compute in proportion to the cores; make project probes it (probe.dense_threads)")
     p.set("launch_us", 20.0, "us", "assumption", "host time an op; replaced by calibration")
+    p.set("gloo_pair_ratio", 2.0, "x", "assumption", "two gloo collectives in flight on ranks that fill the cores: "
+          "at once (gloo's two worker threads), each at half speed while they overlap (project.pair_ratio)")
     p.set("graph_launch_us", 0.0, "us", "spec", "no CUDA graphs on CPU (flag inactive)")
     p.set("graph_kernel_gap_us", 0.0, "us", "spec", "no CUDA graphs on CPU (flag inactive)")
     p.set("sync_us", 0.0, "us", "spec", "nothing to synchronize on CPU")

@@ -155,6 +155,19 @@ def cpu_share(profile: Profile, work: Work) -> tuple[float, float]:
     return speed, max(1.0, work.ranks_per_node / profile.value("cores"))
 
 
+def pair_ratio(profile: Profile, work: Work) -> float | None:
+    """Two collectives at once (timeline.Lanes.pair_ratio) on CPU ranks without a spare core (the
+    ranks fill the host's cores; every layout beyond one rank on this project's 2-core VM): gloo's
+    two worker threads run them at once (not one after the other) on cores the ranks already fill,
+    so together no faster than one after the other (the profile's gloo_pair_ratio, 2). None, one
+    after the other, on a GPU (NCCL runs a group's collectives in stream order) and on CPU ranks
+    with cores to spare, where gloo's threads may run them faster together: unmeasured, so left as
+    before (docs/projection.md, 2026-11-28)."""
+    if profile.async_device or work.world_size == 1 or cpu_rank_cores(profile, work) >= 2:
+        return None
+    return profile.value("gloo_pair_ratio")
+
+
 def cpu_rank_cores(profile: Profile, work: Work) -> float:
     """The cores a CPU rank of this layout computes on (hardware.rank_cores)."""
     return rank_cores(profile.value("cores"), work.ranks_per_node)
@@ -351,6 +364,6 @@ def project(cfg, work: Work, profile: Profile, cal: Calibration, *, label: str =
     choices = dense_impl(res) if dense is None else dense
     work = gathered(work, choices["gather"])
     ops, k = iteration_ops(cfg, work, profile, cal, flags, on_device=on_device, draw_block=block, **choices)
-    result = simulate(ops, ranks=work.world_size, async_device=profile.async_device)
+    result = simulate(ops, ranks=work.world_size, async_device=profile.async_device, pair_ratio=pair_ratio(profile, work))
     return Projection(label=label, flags=flags, result=result, kernels=k, world_size=work.world_size,
                       inactive=dict(res.inactive_reasons))

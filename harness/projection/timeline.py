@@ -10,8 +10,11 @@ iteration is a list of ops, the same list on every rank, with per-rank durations
   collectives end (it blocks in their wait): host_s + dev_s.
 - `Collective`: a collective on the communication stream. It starts when every rank has reached
   it (the latest rank's ready time: its compute stream's work so far, or its host when the data
-  is on the host) and lasts the busiest rank's transfer plus the latency. On a CPU the host waits
-  for it unless it was launched async (`blocks_host=False`).
+  is on the host) and lasts the busiest rank's transfer plus the latency, after the collectives
+  before it (one stream: NCCL's order). With a `pair_ratio` (a CPU: gloo runs a process group's
+  collectives on two worker threads) two run at once, each at 1 / pair_ratio of its speed alone
+  while they overlap (2: they share a core fairly, project.pair_ratio), and a third waits for one
+  of them. On a CPU the host waits for it unless it was launched async (`blocks_host=False`).
 - `Sync`: the host blocks until the named collective ends (`on`: a copy of its result waited for)
   and, with `drain=True`, until the compute stream drains (a pageable D2H copy's sync), plus
   `host_s`.
@@ -69,8 +72,15 @@ class Lanes:
     host: np.ndarray = field(init=False)
     dev: np.ndarray = field(init=False)
     comm: np.ndarray = field(init=False)
+    pair_ratio: float | None = None
+    """Two collectives at once, each at 1 / pair_ratio of its speed alone (module docstring); None:
+    one after the other."""
     done: dict[str, np.ndarray] = field(default_factory=dict)
     """(name@iteration) -> when that collective ended, per rank."""
+    flight: list[tuple[str, float]] = field(default_factory=list)
+    """(name@iteration, end) of the collectives in flight, at most two (pair_ratio only)."""
+    comm_spans: dict[str, int] = field(default_factory=dict)
+    """(name@iteration) -> its span's index in `spans`, so a collective slowed later ends there too."""
     spans: list[tuple[int, str, str, np.ndarray, np.ndarray]] = field(default_factory=list)
     """(iteration, stage, lane, start, end) of every op, per rank: the Gantt."""
 
@@ -84,6 +94,35 @@ def _ended(lanes: Lanes, name: str, it: int) -> np.ndarray:
     base, _, rel = name.partition("@")
     key = f"{base}@{it - 1 if rel == 'prev' else it}"
     return lanes.done.get(key, np.zeros(lanes.ranks))
+
+
+def _shared(lanes: Lanes, key: str, ready: float, seconds: float) -> tuple[float, float]:
+    """(start, end) of a collective on two lanes that share the host (Lanes.pair_ratio): with one
+    in flight both run at 1 / pair_ratio of their speed until the shorter ends, which moves the
+    other's end; with two, it waits for the first to end. A collective of no seconds (none
+    launched) takes no lane."""
+    if seconds <= 0:
+        return ready, ready
+    flight = sorted((f for f in lanes.flight if f[1] > ready), key=lambda f: f[1])
+    start = ready
+    if len(flight) == 2:
+        start, flight = flight[0][1], flight[1:]
+    end = start + seconds
+    if flight:
+        other, other_end = flight[0]
+        left, r = other_end - start, lanes.pair_ratio
+        if left <= seconds:  # the other ends first, then this one runs alone
+            other_end = start + r * left
+            end = other_end + seconds - left
+        else:
+            end = start + r * seconds
+            other_end = end + left - seconds
+        lanes.done[other] = np.full(lanes.ranks, other_end)
+        i = lanes.comm_spans[other]
+        lanes.spans[i] = (*lanes.spans[i][:4], np.full(lanes.ranks, other_end))
+        flight = [(other, other_end)]
+    lanes.flight = [*flight, (key, end)]
+    return start, end
 
 
 def _step(lanes: Lanes, op, it: int) -> None:
@@ -102,13 +141,18 @@ def _step(lanes: Lanes, op, it: int) -> None:
         lanes.spans.append((it, op.stage, "compute", ready, lanes.dev.copy()))
     elif isinstance(op, Collective):
         ready = lanes.host if op.from_host else np.maximum(lanes.dev, lanes.host if not lanes.async_device else lanes.dev)
-        start = float(np.max(np.maximum(ready, lanes.comm)))
-        end = start + np.max(op.seconds)
-        lanes.comm = np.full(lanes.ranks, end)
-        lanes.done[f"{op.name}@{it}"] = lanes.comm.copy()
-        lanes.spans.append((it, op.stage, "comm", np.full(lanes.ranks, start), lanes.comm.copy()))
+        key = f"{op.name}@{it}"
+        if lanes.pair_ratio is None:
+            start = float(np.max(np.maximum(ready, lanes.comm)))
+            end = start + float(np.max(op.seconds))
+            lanes.comm = np.full(lanes.ranks, end)
+        else:
+            start, end = _shared(lanes, key, float(np.max(ready)), float(np.max(op.seconds)))
+        lanes.done[key] = np.full(lanes.ranks, end)
+        lanes.comm_spans[key] = len(lanes.spans)
+        lanes.spans.append((it, op.stage, "comm", np.full(lanes.ranks, start), np.full(lanes.ranks, end)))
         if not lanes.async_device and op.blocks_host:  # gloo: the host thread waits for the collective
-            lanes.host = np.maximum(lanes.host, lanes.comm)
+            lanes.host = np.maximum(lanes.host, end)
             lanes.dev = lanes.host.copy()
     elif isinstance(op, Sync):
         start = lanes.host.copy()
@@ -139,9 +183,11 @@ class Result:
     iteration: int
 
 
-def simulate(ops: list, *, ranks: int, async_device: bool, iterations: int = 4) -> Result:
-    """Run `iterations` iterations; report the one before last (steady state, a next start known)."""
-    lanes = Lanes(ranks, async_device)
+def simulate(ops: list, *, ranks: int, async_device: bool, iterations: int = 4,
+             pair_ratio: float | None = None) -> Result:
+    """Run `iterations` iterations; report the one before last (steady state, a next start known).
+    pair_ratio: two collectives at once (Lanes.pair_ratio)."""
+    lanes = Lanes(ranks, async_device, pair_ratio=pair_ratio)
     starts, stage_s, window = [], {}, None
     measured = iterations - 2
     for it in range(iterations):
