@@ -333,7 +333,7 @@ def test_two_gloo_collectives_in_flight_share_the_host():
         m = measured(CPU_RECORDED / f"tiny-{min(ranks, 4)}-r0")
         work = replace(m.work, world_size=ranks, ranks_per_node=ranks)
         assert pair_ratio(cpu(cores=cores, rank_cores=2), work) == used, (ranks, cores)
-    assert pair_ratio(HARDWARE["h100"](), replace(m.work, world_size=2, ranks_per_node=2)) is None
+    assert pair_ratio(HARDWARE["h100"](), measured(CPU_RECORDED / "tiny-2-r0").work) is None
 
 
 def test_the_gathered_gradients_cat_is_counted_where_it_runs():

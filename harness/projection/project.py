@@ -163,9 +163,13 @@ def pair_ratio(profile: Profile, work: Work) -> float | None:
     after the other, on a GPU (NCCL runs a group's collectives in stream order) and on CPU ranks
     with cores to spare, where gloo's threads may run them faster together: unmeasured, so left as
     before (docs/projection.md, 2026-11-28)."""
-    if profile.async_device or work.world_size == 1 or cpu_rank_cores(profile, work) >= 2:
-        return None
-    return profile.value("gloo_pair_ratio")
+    return None if spare_core(profile, work) else profile.value("gloo_pair_ratio")
+
+
+def spare_core(profile: Profile, work: Work) -> bool:
+    """Whether gloo's threads have a core the rank's host work does not fill: a GPU's ranks (NCCL
+    on the device), one rank (no collective), or CPU ranks of two cores or more."""
+    return profile.async_device or work.world_size == 1 or cpu_rank_cores(profile, work) >= 2
 
 
 def cpu_rank_cores(profile: Profile, work: Work) -> float:
@@ -310,7 +314,7 @@ def iteration_ops(cfg, work: Work, profile: Profile, cal: Calibration, flags: di
     # one after the other.
     ops.append(Launch("dense_fwd_bwd", host * FORWARD_SHARE, dense_dev * FORWARD_SHARE, waits=("forward",)))
     bwd_host, bwd_dev = host * (1 - FORWARD_SHARE), dense_dev * (1 - FORWARD_SHARE)
-    own_core = profile.async_device or work.world_size == 1 or cpu_rank_cores(profile, work) >= 2
+    own_core = spare_core(profile, work)
     early, late = _allreduce_split(work, profile, k.dense_buckets)
     _launch_async(ops, "allreduce_early", *early, own_core)
     ops.append(Launch("dense_fwd_bwd", bwd_host * (1 - work.bottom_layers), bwd_dev * (1 - work.bottom_flops)))
