@@ -336,6 +336,56 @@ def test_two_gloo_collectives_in_flight_share_the_host():
     assert pair_ratio(HARDWARE["h100"](), measured(CPU_RECORDED / "tiny-2-r0").work) is None
 
 
+def test_each_lane_s_work_is_counted_without_its_waits():
+    """Hand-worked, a GPU rank: the host launches a (1 ms, 0.5 ms of kernels), the exchange (3 ms)
+    follows a's kernels, b's launch (0.2 ms) waits for it and its kernels take 2 ms, a sync drains
+    the stream and costs 0.1 ms besides: a's kernels end with its launches (1 ms), c at 4, b's
+    kernels at 6, the next iteration starts at 6.1. The host works 1.3 ms of it (the sync's wait,
+    4.8 ms, is no work), the device 2.5, the comm lane 3."""
+    ops = [Launch("a", 0.001, 0.0005), Collective("c", "a", 0.003), Launch("b", 0.0002, 0.002, waits=("c",)),
+           Sync("b", 0.0001), Host("between_iterations", 0.0)]
+    res = simulate(ops, ranks=2, async_device=True)
+    assert res.period_s == pytest.approx(0.0061)
+    want = {("a", "host"): 0.001, ("a", "device"): 0.0005, ("a", "comm"): 0.003, ("b", "host"): 0.0003,
+            ("b", "device"): 0.002, ("between_iterations", "host"): 0.0}
+    assert {k: pytest.approx([v, v]) for k, v in want.items()} == res.work_s
+
+
+def _projected(ops: list, flags: dict | None = None) -> "Projection":
+    from harness.projection.kernels import StageKernels
+    from harness.projection.project import Projection
+    return Projection(label="hand", flags=flags or {}, result=simulate(ops, ranks=2, async_device=True),
+                      kernels=StageKernels(input_dist=10, emb_fwd=4, dense_fwd_bwd=100, emb_bwd=5, dense_update=3,
+                                           dense_buckets=1), world_size=2)
+
+
+def test_a_miss_names_the_lane_that_bounds_the_period_and_its_largest_stage():
+    """render.bound, hand-worked on GPU ranks (launch_us 40 us): host-bound when the host's work
+    fills the period (input_dist 2 ms and the dense step 1 ms on the host, its 0.5 ms of kernels
+    hidden under the launches): input_dist, 10 launches (0.40 ms) and 1.60 ms beyond them;
+    device-bound when the kernels do (the dense step's 6 ms); neither when the period is a wait
+    for an exchange (8 ms), which names the stage exchanging."""
+    from harness.projection.hardware import h100
+    from harness.projection.render import bound
+
+    profile = h100()
+    profile.set("launch_us", 40.0, "us", "hand")
+    host = _projected([Launch("input_dist", 0.002, 0.0), Launch("dense_fwd_bwd", 0.001, 0.0005),
+                       Host("between_iterations", 0.0)])
+    text = bound(host, profile)
+    assert text.startswith("host-bound: the host busy 3.00 of 3.00 ms an iteration, the device 0.50")
+    assert "explain: input_dist, 2.00 ms on the host (10 launches at 40.0 us, hand: 0.40 ms; 1.60 ms its host" in text
+    dev = _projected([Launch("input_dist", 0.001, 0.0), Launch("dense_fwd_bwd", 0.001, 0.006),
+                      Host("between_iterations", 0.0)])
+    # the host launches the next iteration under the kernels: the period is theirs
+    assert bound(dev, profile) == ("device-bound: the device busy 6.00 of 6.00 ms an iteration, the host 2.00; "
+                                   "the stage it cannot explain: dense_fwd_bwd, 6.00 ms on the device")
+    wait = _projected([Launch("emb_fwd", 0.001, 0.0), Collective("forward", "emb_fwd", 0.008),
+                       Launch("dense_fwd_bwd", 0.001, 0.001, waits=("forward",)), Host("between_iterations", 0.0)])
+    assert bound(wait, profile) == ("neither lane busy half the period (host 2.00 ms, device 1.00): waits for the "
+                                    "exchanges and the other ranks; the most exchanged in emb_fwd (8.00 ms)")
+
+
 def test_the_gathered_gradients_cat_is_counted_where_it_runs():
     """harness/run/dense_gradients.py: one cat a step in finish_gradients (dense_update) on one rank,
     one a bucket in the backward's hooks (dense_fwd_bwd) beyond; each reads a parameter's fp32

@@ -83,6 +83,15 @@ class Lanes:
     """(name@iteration) -> its span's index in `spans`, so a collective slowed later ends there too."""
     spans: list[tuple[int, str, str, np.ndarray, np.ndarray]] = field(default_factory=list)
     """(iteration, stage, lane, start, end) of every op, per rank: the Gantt."""
+    work: dict[tuple[int, str, str], np.ndarray] = field(default_factory=dict)
+    """(iteration, stage, lane) -> the work its ops put on that lane, per rank, waits left out: the
+    host's launches and host time, the device's kernels (on a CPU the host runs them), the
+    collectives' transfer and latency. What bounds a period (render.bound) where spans, waits and
+    all, cannot tell."""
+
+    def add(self, it: int, stage: str, lane: str, seconds) -> None:
+        key = (it, stage, lane)
+        self.work[key] = self.work.get(key, np.zeros(self.ranks)) + seconds
 
     def __post_init__(self) -> None:
         self.host = np.zeros(self.ranks)
@@ -139,6 +148,8 @@ def _step(lanes: Lanes, op, it: int) -> None:
             lanes.dev = lanes.host.copy()
         lanes.spans.append((it, op.stage, "host", start_host, lanes.host.copy()))
         lanes.spans.append((it, op.stage, "compute", ready, lanes.dev.copy()))
+        lanes.add(it, op.stage, "host", op.host_s)
+        lanes.add(it, op.stage, "device", op.dev_s)
     elif isinstance(op, Collective):
         ready = lanes.host if op.from_host else np.maximum(lanes.dev, lanes.host if not lanes.async_device else lanes.dev)
         key = f"{op.name}@{it}"
@@ -151,6 +162,7 @@ def _step(lanes: Lanes, op, it: int) -> None:
         lanes.done[key] = np.full(lanes.ranks, end)
         lanes.comm_spans[key] = len(lanes.spans)
         lanes.spans.append((it, op.stage, "comm", np.full(lanes.ranks, start), np.full(lanes.ranks, end)))
+        lanes.add(it, op.stage, "comm", op.seconds)
         if not lanes.async_device and op.blocks_host:  # gloo: the host thread waits for the collective
             lanes.host = np.maximum(lanes.host, end)
             lanes.dev = lanes.host.copy()
@@ -161,12 +173,14 @@ def _step(lanes: Lanes, op, it: int) -> None:
             until = np.maximum(until, _ended(lanes, op.on, it))
         lanes.host = np.maximum(lanes.host, until) + op.host_s
         lanes.spans.append((it, op.stage, "host", start, lanes.host.copy()))
+        lanes.add(it, op.stage, "host", op.host_s)
     elif isinstance(op, Host):
         start = lanes.host.copy()
         lanes.host = lanes.host + op.host_s
         if not lanes.async_device:
             lanes.dev = np.maximum(lanes.dev, lanes.host)
         lanes.spans.append((it, op.stage, "host", start, lanes.host.copy()))
+        lanes.add(it, op.stage, "host", op.host_s)
     else:
         raise TypeError(f"unknown op {op!r}")
 
@@ -181,6 +195,9 @@ class Result:
     """The timed window per rank (the five stages)."""
     spans: list
     iteration: int
+    work_s: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
+    """(stage, lane) -> the measured iteration's work on that lane per rank, waits left out
+    (Lanes.work; lanes host, device, comm)."""
 
 
 def simulate(ops: list, *, ranks: int, async_device: bool, iterations: int = 4,
@@ -209,4 +226,6 @@ def simulate(ops: list, *, ranks: int, async_device: bool, iterations: int = 4,
             stage_s[current] = stage_s.get(current, 0) + (end - mark)
     period = float(np.max(starts[measured + 1] - starts[measured]))
     window = sum(v for k, v in stage_s.items() if k != "between_iterations")
-    return Result(stage_s=stage_s, period_s=period, window_s=window, spans=lanes.spans, iteration=measured)
+    work = {(st, lane): v for (it, st, lane), v in lanes.work.items() if it == measured}
+    return Result(stage_s=stage_s, period_s=period, window_s=window, spans=lanes.spans, iteration=measured,
+                  work_s=work)

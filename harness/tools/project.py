@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     res = run_projection(cfg, calibration, out, plans=plans or default_plans(cfg.run.world_size),
                          log=lambda line: print(line, flush=True), calibrated_as=calibrated_as)
     base, every, projected = res["base"], res["every"], res["plans"]
-    published = render.against_published(base, every) if compares_to_published(cfg, res["profile"]) else []
+    published = render.against_published(base, every, res["profile"]) if compares_to_published(cfg, res["profile"]) else []
     for line in render.findings(base, every) + published + res["extra"]:
         print(line)
     for pp in projected:
