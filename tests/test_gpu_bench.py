@@ -194,9 +194,22 @@ def test_the_projection_check_projects_each_run_from_the_defaults_at_two_batches
         gaps_ms = sum(gaps) / len(gaps)
         assert abs(p["measured_ms"] / gaps_ms - 1) < 0.1 and abs(p["error"]) < 0.5, (label, p, gaps_ms)
         assert p["projected_ms"] == pytest.approx(p["measured_ms"] * (1 + p["error"]))
+        # Each stage's measured mean against the records' own: emb_fwd's durations over the ranks'
+        # timed iterations (the period's iterations: all but the last), the runs' mean.
+        fwd = []
+        for run in p["runs"]:
+            st = load_run(tmp_path / run).stages
+            st = st[~st["warmup"] & (st["stage"] == "emb_fwd")]
+            fwd.append(st[st["iteration"] < st["iteration"].max()]["duration_ms"].mean())
+        assert p["stages"]["emb_fwd"]["measured_ms"] == pytest.approx(sum(fwd) / len(fwd), rel=0.1)
+        for e in p["stages"].values():
+            assert e["projected_ms"] == pytest.approx(e["measured_ms"] * (1 + e["error"]))
+    outcome.projection["tiny"]["stages"]["emb_bwd"]["error"] = -0.37  # as tiny-2's recorded set misses it
     found = Outcome(folder=str(tmp_path), plan={}, projection=outcome.projection)
     row = [line for line in summary(found).splitlines() if line.startswith("projected/measured period")]
     assert len(row) == 1 and "tiny " in row[0] and "calibrated on the defaults at two batch sizes" in row[0]
+    row = [line for line in summary(found).splitlines() if line.startswith("projected/measured stages beyond 25%")]
+    assert len(row) == 1 and "tiny: " in row[0] and "emb_bwd -37% (" in row[0]
 
 
 def test_the_16x8_job_is_projected_from_the_benchs_own_gpu_runs(tmp_path):

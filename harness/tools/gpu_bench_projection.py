@@ -54,11 +54,32 @@ def run_projection_check(outcome: Outcome, plan: Plan) -> None:
         probe_host(profile, measured(runs[0]).run.manifest.config, measured_runs, print)
     for label, run_ids in projection_targets(outcome).items():
         m = pooled([measured(folder / r) for r in run_ids])
-        got = project_run(m, profile, cal).period_ms
-        want = m.period_s * 1e3
-        outcome.projection[label] = {"runs": run_ids, "measured_ms": want, "projected_ms": got, "error": got / want - 1}
-        print(f"  projection {label:26s} measured {want:8.3f} ms, projected {got:8.3f} ms ({got / want - 1:+.0%})",
-              flush=True)
+        proj = project_run(m, profile, cal)
+        got, want = proj.period_ms, m.period_s * 1e3
+        stages = stage_errors(m, proj)
+        outcome.projection[label] = {"runs": run_ids, "measured_ms": want, "projected_ms": got, "error": got / want - 1,
+                                     "stages": stages}
+        print(f"  projection {label:26s} measured {want:8.3f} ms, projected {got:8.3f} ms ({got / want - 1:+.0%}); "
+              f"stages beyond {STAGE_TARGET:.0%}: {missed_stages(stages) or 'none'}", flush=True)
+
+
+STAGE_TARGET = 0.25
+"""Issue 46's bound on a projected stage (and period) against the measured one."""
+
+
+def stage_errors(m, proj) -> dict[str, dict]:
+    """Stage -> its measured and projected mean over ranks (ms), the error and its share of the
+    measured period, for the stages the run timed."""
+    got = proj.stage_ms("mean")
+    period = m.period_s * 1e3
+    return {s: {"measured_ms": v * 1e3, "projected_ms": got[s], "error": got[s] / (v * 1e3) - 1,
+                "share": v * 1e3 / period} for s, v in m.stage_s.items() if v > 0}
+
+
+def missed_stages(stages: dict[str, dict]) -> str:
+    """The stages beyond STAGE_TARGET, each with its error and share of the period."""
+    return ", ".join(f"{s} {e['error']:+.0%} ({e['share']:.1%} of the period)" for s, e in stages.items()
+                     if abs(e["error"]) >= STAGE_TARGET)
 
 
 def run_cluster_projection(outcome: Outcome, plan: Plan) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from harness.report.startup import startup_line
 from harness.tools.gpu_bench_draw import check_line
 from harness.tools.gpu_bench_plan import device_line
+from harness.tools.gpu_bench_projection import STAGE_TARGET, missed_stages
 
 
 def target_rows(outcome) -> list[tuple[str, str, str]]:
@@ -97,6 +98,10 @@ def summary(outcome) -> str:
         errs = ", ".join(f"{k} {v['error']:+.0%}" for k, v in outcome.projection.items())
         rows.append(("projected/measured period", errs, "calibrated on the defaults at two batch sizes "
                      "(the compare's runs pooled), the profiled run's trace and the first --cuda-graphs run"))
+        missed = "; ".join(f"{k}: {missed_stages(v['stages'])}" for k, v in outcome.projection.items()
+                           if missed_stages(v.get("stages", {})))
+        rows.append((f"projected/measured stages beyond {STAGE_TARGET:.0%}", missed or "none",
+                     "each stage's mean over ranks; share: of the measured period"))
     if outcome.cluster_projection:
         c = outcome.cluster_projection
         rows.append(("16 x 8 H100 mlperf, projected", f"baseline {c['baseline_ms']:.2f} ms, all flags "
