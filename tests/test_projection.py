@@ -351,39 +351,42 @@ def test_each_lane_s_work_is_counted_without_its_waits():
     assert {k: pytest.approx([v, v]) for k, v in want.items()} == res.work_s
 
 
-def _projected(ops: list, flags: dict | None = None) -> "Projection":
+def _projected(ops: list, flags: dict | None = None, async_device: bool = True) -> "Projection":
     from harness.projection.kernels import StageKernels
     from harness.projection.project import Projection
-    return Projection(label="hand", flags=flags or {}, result=simulate(ops, ranks=2, async_device=True),
+    return Projection(label="hand", flags=flags or {}, result=simulate(ops, ranks=2, async_device=async_device),
                       kernels=StageKernels(input_dist=10, emb_fwd=4, dense_fwd_bwd=100, emb_bwd=5, dense_update=3,
                                            dense_buckets=1), world_size=2)
 
 
-def test_a_miss_names_the_lane_that_bounds_the_period_and_its_largest_stage():
-    """render.bound, hand-worked on GPU ranks (launch_us 40 us): host-bound when the host's work
-    fills the period (input_dist 2 ms and the dense step 1 ms on the host, its 0.5 ms of kernels
-    hidden under the launches): input_dist, 10 launches (0.40 ms) and 1.60 ms beyond them;
-    device-bound when the kernels do (the dense step's 6 ms); neither when the period is a wait
-    for an exchange (8 ms), which names the stage exchanging."""
-    from harness.projection.hardware import h100
+def test_what_bounds_a_period_and_the_stage_carrying_it():
+    """render.bound, hand-worked on GPU ranks (launch_us 40 us): bound by the host when its work
+    fills the period (input_dist 2 ms and the dense step 1 ms, the step's 0.5 ms of kernels
+    hidden under the launches): input_dist, 10 launches (0.40 ms) and 1.60 ms beyond them; by the
+    device when the kernels fill it (the dense step's 6 ms; the host launches the next iteration
+    under them); by neither when the period is a wait for an exchange (8 ms): no stage, the stage
+    exchanging named. On a CPU the host runs both lanes' work: its ops and its compute."""
+    from harness.projection.hardware import cpu, h100
     from harness.projection.render import bound
 
     profile = h100()
     profile.set("launch_us", 40.0, "us", "hand")
     host = _projected([Launch("input_dist", 0.002, 0.0), Launch("dense_fwd_bwd", 0.001, 0.0005),
                        Host("between_iterations", 0.0)])
-    text = bound(host, profile)
-    assert text.startswith("host-bound: the host busy 3.00 of 3.00 ms an iteration, the device 0.50")
-    assert "explain: input_dist, 2.00 ms on the host (10 launches at 40.0 us, hand: 0.40 ms; 1.60 ms its host" in text
+    assert bound(host, profile) == (
+        "bound by the host: host 3.00 of 3.00 ms an iteration, device 0.50; most in input_dist 2.00, dense_fwd_bwd 1.00",
+        "input_dist, 2.00 ms on the host (10 launches at 40.0 us, hand: 0.40 ms; 1.60 ms its host time beyond them)")
     dev = _projected([Launch("input_dist", 0.001, 0.0), Launch("dense_fwd_bwd", 0.001, 0.006),
                       Host("between_iterations", 0.0)])
-    # the host launches the next iteration under the kernels: the period is theirs
-    assert bound(dev, profile) == ("device-bound: the device busy 6.00 of 6.00 ms an iteration, the host 2.00; "
-                                   "the stage it cannot explain: dense_fwd_bwd, 6.00 ms on the device")
+    assert bound(dev, profile) == ("bound by the device: device 6.00 of 6.00 ms an iteration, host 2.00; most in "
+                                   "dense_fwd_bwd 6.00", "dense_fwd_bwd, 6.00 ms on the device")
     wait = _projected([Launch("emb_fwd", 0.001, 0.0), Collective("forward", "emb_fwd", 0.008),
                        Launch("dense_fwd_bwd", 0.001, 0.001, waits=("forward",)), Host("between_iterations", 0.0)])
     assert bound(wait, profile) == ("neither lane busy half the period (host 2.00 ms, device 1.00): waits for the "
-                                    "exchanges and the other ranks; the most exchanged in emb_fwd (8.00 ms)")
+                                    "exchanges and the other ranks, the most exchanged in emb_fwd (8.00 ms)", None)
+    on_cpu = _projected([Launch("dense_fwd_bwd", 0.001, 0.003), Host("between_iterations", 0.0)], async_device=False)
+    assert bound(on_cpu, cpu())[0] == ("bound by the compute: compute 3.00 of 4.00 ms an iteration, host ops 1.00; "
+                                       "most in dense_fwd_bwd 3.00")
 
 
 def test_the_gathered_gradients_cat_is_counted_where_it_runs():

@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                          log=lambda line: print(line, flush=True), calibrated_as=calibrated_as)
     base, every, projected = res["base"], res["every"], res["plans"]
     published = render.against_published(base, every, res["profile"]) if compares_to_published(cfg, res["profile"]) else []
-    for line in render.findings(base, every) + published + res["extra"]:
+    for line in render.findings(base, every, res["profile"]) + published + res["extra"]:
         print(line)
     for pp in projected:
         print(render.plan_line(pp))
