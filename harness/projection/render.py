@@ -390,7 +390,8 @@ def write(out: Path, *, title: str, base: Projection, alone: dict, every: Projec
     plot_waterfall(waterfall_contrib(base, alone), base.period_ms, every.period_ms, out / "waterfall.png",
                    title="PROJECTED ablation waterfall: baseline period to all flags (ms; green: faster)")
     text = [f"# {title} (PROJECTED, not measured)", "", "## Findings (projected)", ""]
-    text += [f"- {x}" for x in findings(base, every, profile) + (against_published(base, every, profile) if published else []) + extra]
+    lines = findings(base, every, profile) + (against_published(base, every, profile) if published else []) + extra
+    text += [f"- {x}" for x in lines]
     text += ["", f"## Stage table (projected: {main.label})", "", _md(stage_table(main)), "",
              "## Timeline (projected)", "", f"![projected timeline, {main.label}](timeline.png)", "",
              "```", gantt(main), "```", "",

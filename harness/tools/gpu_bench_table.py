@@ -98,8 +98,8 @@ def summary(outcome) -> str:
         errs = ", ".join(f"{k} {v['error']:+.0%}" for k, v in outcome.projection.items())
         rows.append(("projected/measured period", errs, "calibrated on the defaults at two batch sizes "
                      "(the compare's runs pooled), the profiled run's trace and the first --cuda-graphs run"))
-        missed = "; ".join(f"{k}: {missed_stages(v['stages'])}" for k, v in outcome.projection.items()
-                           if missed_stages(v.get("stages", {})))
+        missed = "; ".join(f"{k}: {m}" for k, v in outcome.projection.items()
+                           if (m := missed_stages(v.get("stages", {}))))
         rows.append((f"projected/measured stages beyond {STAGE_TARGET:.0%}", missed or "none",
                      "each stage's mean over ranks; share: of the measured period"))
     if outcome.cluster_projection:

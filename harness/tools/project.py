@@ -250,13 +250,14 @@ def main(argv: list[str] | None = None) -> int:
     res = run_projection(cfg, calibration, out, plans=plans or default_plans(cfg.run.world_size),
                          log=lambda line: print(line, flush=True), calibrated_as=calibrated_as)
     base, every, projected = res["base"], res["every"], res["plans"]
-    published = render.against_published(base, every, res["profile"]) if compares_to_published(cfg, res["profile"]) else []
-    for line in render.findings(base, every, res["profile"]) + published + res["extra"]:
+    profile = res["profile"]
+    published = render.against_published(base, every, profile) if compares_to_published(cfg, profile) else []
+    for line in render.findings(base, every, profile) + published + res["extra"]:
         print(line)
     for pp in projected:
         print(render.plan_line(pp))
     for pp in projected[1:]:
-        print(render.plan_mechanism(projected[0], pp, res["profile"]))
+        print(render.plan_mechanism(projected[0], pp, profile))
     print(f"report: {res['path']}")
     return 0
 
