@@ -202,8 +202,6 @@ def test_the_projection_check_projects_each_run_from_the_defaults_at_two_batches
             st = st[~st["warmup"] & (st["stage"] == "emb_fwd")]
             fwd.append(st[st["iteration"] < st["iteration"].max()]["duration_ms"].mean())
         assert p["stages"]["emb_fwd"]["measured_ms"] == pytest.approx(sum(fwd) / len(fwd), rel=0.1)
-        for e in p["stages"].values():
-            assert e["projected_ms"] == pytest.approx(e["measured_ms"] * (1 + e["error"]))
     outcome.projection["tiny"]["stages"]["emb_bwd"]["error"] = -0.37  # as tiny-2's recorded set misses it
     found = Outcome(folder=str(tmp_path), plan={}, projection=outcome.projection)
     row = [line for line in summary(found).splitlines() if line.startswith("projected/measured period")]

@@ -365,7 +365,8 @@ def test_what_bounds_a_period_and_the_stage_carrying_it():
     hidden under the launches): input_dist, 10 launches (0.40 ms) and 1.60 ms beyond them; by the
     device when the kernels fill it (the dense step's 6 ms; the host launches the next iteration
     under them); by neither when the period is a wait for an exchange (8 ms): no stage, the stage
-    exchanging named. On a CPU the host runs both lanes' work: its ops and its compute."""
+    exchanging named; a graphed dense step's host time is no launches. On a CPU the host runs both
+    lanes' work: its ops and its compute."""
     from harness.projection.hardware import cpu, h100
     from harness.projection.render import bound
 
@@ -384,6 +385,10 @@ def test_what_bounds_a_period_and_the_stage_carrying_it():
                        Launch("dense_fwd_bwd", 0.001, 0.001, waits=("forward",)), Host("between_iterations", 0.0)])
     assert bound(wait, profile) == ("neither lane busy half the period (host 2.00 ms, device 1.00): waits for the "
                                     "exchanges and the other ranks, the most exchanged in emb_fwd (8.00 ms)", None)
+    # graphed, the dense step's host work is one replay: no launches to price
+    graphed = _projected([Launch("input_dist", 0.001, 0.0), Launch("dense_fwd_bwd", 0.002, 0.0005),
+                          Host("between_iterations", 0.0)], flags={"cuda_graphs": True})
+    assert bound(graphed, profile)[1] == "dense_fwd_bwd, 2.00 ms on the host"
     on_cpu = _projected([Launch("dense_fwd_bwd", 0.001, 0.003), Host("between_iterations", 0.0)], async_device=False)
     assert bound(on_cpu, cpu())[0] == ("bound by the compute: compute 3.00 of 4.00 ms an iteration, host ops 1.00; "
                                        "most in dense_fwd_bwd 3.00")
