@@ -46,22 +46,23 @@ def differing(cases) -> dict[str, list]:
     return out
 
 
+INTERPRETED_BLOCK = 2048
+"""The kernel's program size in Triton's interpreter: its cost is a program's ops, each a Python
+dispatch whatever the block (256 counters took 88 s of make test; 2048 take 12). tiny's blocks
+still span six programs, the last one partial, so program boundaries and the mask are crossed."""
+
+
 @pytest.fixture(scope="module")
 def interpreted():
-    """differing(CASES) in processes of their own with TRITON_INTERPRET=1: Triton reads it when its
+    """differing(CASES) in a process of its own with TRITON_INTERPRET=1: Triton reads it when its
     language module is first imported, which another test of the session or a library may have
-    done already. Two processes, half the cases each, side by side: the interpreter is one thread's
-    Python, and one process took 22-25 s of make test."""
-    procs = [subprocess.Popen([sys.executable, "-c", "import json; from tests.test_device_draw import differing, "
-                               f"CASES; print(json.dumps(differing(CASES[{half}::2])))"],
-                              env={**os.environ, "TRITON_INTERPRET": "1"}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
-             for half in (0, 1)]
-    out = {}
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=600)
-        assert proc.returncode == 0, stderr[-3000:]
-        out.update(json.loads(stdout.strip().splitlines()[-1]))
+    done already."""
+    code = ("import json; from harness.data import device_draw; from tests.test_device_draw import differing, "
+            f"CASES; device_draw.BLOCK = {INTERPRETED_BLOCK}; print(json.dumps(differing(CASES)))")
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"},
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(out) == {repr(c) for c in CASES}
     return out
 
