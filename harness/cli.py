@@ -1,34 +1,18 @@
-"""`python -m harness bench|report ...`: argument parsing and the two commands' flow."""
+"""`python -m harness bench|report ...`: argument parsing, then the command. Only the parser is
+imported here: --help and a refused option answer in a tenth of a second, not after torch's
+seconds of imports; the commands' modules (harness/launch/bench.py, the report) load once the
+line is parsed."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import difflib
-import os
 import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from harness.run import engine_torchrec
-
-from harness.records import writer as records
-
-from harness.report import api as report
-from harness.data.source import open_batches
-from harness.config import BenchConfig
-from harness.run.device import check_gpus_per_host, check_shard_dims, cuda_device_count, describe_device, uses_cuda
-from harness.launch.launcher import LaunchFailed, choose_launch, node_commands
-from harness.launch.launcher import run as launch_run
-from harness.records.manifest import PlanEstimate, ResolvedFlags, RunManifest
+from harness.launch.options import add_config_options, config_from_args, refuse
 from harness.names import PRESET_NAMES
-from harness.store_url import pass_to_ranks
-from harness.run.optimizations import describe, draw_asked, resolve
-from harness.launch.options import add_config_options, config_from_args
-from harness.launch.planning import format_dry_run, format_plan, make_plan
-from model.dense import dense_flops_per_sample
-from model.sharding import TablePlan
 
 
 WIDTH = 100
@@ -144,171 +128,6 @@ def add_bench_arguments(bench: argparse.ArgumentParser, preset: str = "small") -
     add_config_options(bench, preset=preset)
 
 
-def plan_and_flags(cfg: BenchConfig, *, ranks_per_host: int,
-                   dry_run: bool = False) -> tuple[tuple[TablePlan, ...], PlanEstimate, ResolvedFlags]:
-    """The sharding plan, its estimate and the resolved optimization flags (raises ValueError).
-    A CPU run that will start is planned within this host's RAM; a dry run plans the profile's."""
-    cuda = uses_cuda(cfg.run.device)
-    plan, estimate = make_plan(cfg, ranks_per_host=ranks_per_host, on_this_host=not cuda and not dry_run)
-    if cfg.data.path is not None and not dry_run:  # a dry run may plan on a host without the data
-        open_batches(cfg)
-    if cfg.run.engine == "torchrec":
-        engine_torchrec.check_config(cfg, [tp.kind for tp in plan])
-    if cuda:
-        check_shard_dims(plan)
-    flags = resolve(cfg.optimizations, cuda=cuda, plan_kinds=[tp.kind for tp in plan],
-                    precision=cfg.precision, engine=cfg.run.engine, ahead=cfg.data.ahead,
-                    local_ranks=cfg.run.gpus_per_node, world_size=cfg.run.world_size,
-                    draw_on=draw_asked(cfg.data))
-    return plan, estimate, flags
-
-
-def check_config(cfg: BenchConfig) -> ResolvedFlags:
-    """Effective flags of a config, checked without running (raises ValueError)."""
-    return plan_and_flags(cfg, ranks_per_host=cfg.run.world_size)[2]
-
-
-def _error(exc: Exception) -> int:
-    sys.stderr.write(f"harness bench: error: {exc}\n")
-    return 2
-
-
-@dataclass(kw_only=True, frozen=True)
-class Invocation:
-    """The parts of a bench command line that are not config: where the run goes and how it is launched."""
-
-    runs_root: Path
-    """Folder the run folder is made in."""
-    run_id: str | None
-    """The run's name; None: a new sortable id."""
-    dry_run: bool
-    """Print each node's command, the flags and the plan; start nothing."""
-    rdzv_endpoint: str | None
-    """HOST:PORT of a multi-host rendezvous; None: MASTER_ADDR:MASTER_PORT when set."""
-    node_rank: int | None
-    """This host's node in a multi-host launch; None: NODE_RANK."""
-    in_process: bool = False
-    """--in-process: the one rank runs in this process (harness/launch/launcher.py)."""
-    plan_detail: str | None = None
-    """--plan-detail: '-' prints the dry run's per-rank table, a path writes it there; None: neither."""
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "Invocation":
-        return cls(runs_root=args.runs_root, run_id=args.run_id, dry_run=args.dry_run,
-                   rdzv_endpoint=args.rdzv_endpoint, node_rank=args.node_rank, in_process=args.in_process,
-                   plan_detail=args.plan_detail)
-
-
-def checked_launch(cfg: BenchConfig, how: Invocation):
-    """The launch `how` asks for and the ranks it starts on this host, refused in one line where it
-    cannot start here (--in-process with several ranks; more CUDA ranks than this host's GPUs, except
-    in a dry run, which may plan a cluster from a smaller host)."""
-    launch = choose_launch(cfg, environ=os.environ, rdzv_endpoint=how.rdzv_endpoint, node_rank=how.node_rank,
-                           in_process=how.in_process)
-    on_this_host = launch.mode in ("local-simulation", "in-process")
-    ranks_per_host = cfg.run.world_size if on_this_host else cfg.run.gpus_per_node
-    if uses_cuda(cfg.run.device) and not how.dry_run:
-        check_gpus_per_host(ranks_per_host=ranks_per_host, device_count=cuda_device_count())
-    return launch, ranks_per_host
-
-
-def checked_for(how: Invocation):
-    """check_config, and the launch `how` asks for (checked_launch): a compare or an ablation refuses
-    those before its first run, not at every run."""
-    def check(cfg: BenchConfig) -> ResolvedFlags:
-        checked_launch(cfg, how)
-        return check_config(cfg)
-    return check
-
-
-def bench(cfg: BenchConfig, how: Invocation) -> int:
-    # Everything a user can get wrong is checked here, before a folder is made or a process started.
-    try:
-        if how.run_id is not None:
-            records.check_run_id(how.run_id)
-        launch, ranks_per_host = checked_launch(cfg, how)
-        if launch.mode == "torchrun" and not how.run_id:
-            raise ValueError("a multi-host launch needs the same --run-id (make: RUN_ID=...) on every host")
-        plan, estimate, flags = plan_and_flags(cfg, ranks_per_host=ranks_per_host, dry_run=how.dry_run)
-        device = describe_device(cfg.run.device)
-    except ValueError as exc:
-        return _error(exc)
-    run_id = how.run_id or records.new_run_id(cfg.run.preset, cfg.run.nodes, cfg.run.gpus_per_node)
-    run_dir = how.runs_root / run_id
-    commands = tuple(node_commands(launch, run_dir, run_id))
-    if how.dry_run:
-        print(f"dry run, preset {cfg.run.preset}: {cfg.run.nodes} node(s) x {cfg.run.gpus_per_node} rank(s), "
-              f"global batch {cfg.data.global_batch_size}; nothing started, no folder made")
-        try:
-            print(format_dry_run(launch, describe(flags), plan, estimate, plan_detail=how.plan_detail,
-                                 run_dir=str(how.runs_root / (how.run_id or "RUN_ID"))))
-        except OSError as exc:  # --plan-detail FILE could not be written
-            return _error(ValueError(f"--plan-detail {how.plan_detail}: {exc.strerror or exc}"))
-        return 0
-    if run_dir.exists() and not (launch.mode == "torchrun" and launch.node_rank):
-        return _error(ValueError(f"run folder {run_dir} exists; run ids are never reused"))
-
-    leader = launch.mode != "torchrun" or launch.node_rank == 0
-    if leader:
-        try:
-            records.create_run(how.runs_root, RunManifest(
-                run_id=run_id, config=cfg, launcher=launch.mode, node_commands=commands, device=device,
-                optimizations=flags, plan=plan, plan_estimate=estimate,
-                dense_flops_per_sample=dense_flops_per_sample(**cfg.model.dense_arch_kwargs()),
-                **records.launcher_facts(),
-            ))
-        except FileExistsError:  # made between the check above and here: another run with this id
-            return _error(ValueError(f"run folder {run_dir} was just made by another run with the same id; "
-                                     "run ids are never reused"))
-        except OSError as exc:
-            return _error(ValueError(f"cannot make the run folder {run_dir}: {exc.strerror or exc}"))
-    elif not records.wait_for_manifest(run_dir, timeout_s=120):
-        return _error(ValueError(f"{run_dir}/manifest.json did not appear in 120 s: node 0 writes it, so runs/ "
-                                 "must be on a filesystem every node shares"))
-    print(f"run {run_id}: {cfg.run.preset}, {cfg.run.nodes} node(s) x {cfg.run.gpus_per_node} rank(s) "
-          f"({launch.mode}), global batch {cfg.data.global_batch_size}, "
-          f"{cfg.run.warmup_iters}+{cfg.run.iters} iterations -> {run_dir}", flush=True)
-    print(describe(flags))
-    print(format_plan(plan, estimate, detail=cfg.run.world_size <= 8), flush=True)
-    error = None
-    pass_to_ranks(cfg.dynamic.ps)  # the store's password reaches the ranks by environment, never the run folder
-    try:
-        launch_run(launch, run_dir, run_id=run_id)
-    except LaunchFailed as exc:
-        error = str(exc)
-    except KeyboardInterrupt:
-        error = "interrupted (KeyboardInterrupt) before all ranks finished"
-    except Exception as exc:  # the launcher itself broke: still close the run as failed
-        error = f"launcher: {type(exc).__name__}: {exc}"
-    if error and records.disk_full(run_dir):
-        error += "; the run folder's disk is full (No space left on device)"
-    if not leader:
-        return 1 if error else 0
-    try:
-        records.finish_run(run_dir, error=error)
-    except OSError as exc:  # a full disk can refuse even the manifest's few KB
-        sys.stderr.write(f"harness bench: run {run_id} {'failed: ' + error if error else 'finished'}; its manifest "
-                         f"could not be closed ({exc.strerror or exc}), so it still says running\n")
-        return 1
-    if error:
-        sys.stderr.write(f"harness bench: run {run_id} failed: {error}\n"
-                         f"harness bench: records written before the failure are kept in {run_dir}\n")
-        return 1
-    print(report.format_summary(report.load_run(run_dir)))
-    return 0
-
-
-def compare(cfg: BenchConfig, how: Invocation, *, repeats: int, reports_root: Path, report=None) -> int:
-    """Both engines interleaved (harness/launch/compare.py); `report`: the comparison report step (tests inject one)."""
-    from harness.launch.compare import run_compare
-
-    if how.run_id or how.dry_run:
-        return _error(ValueError("compare names its runs itself and starts them: drop --run-id / --dry-run"))
-    return run_compare(cfg, repeats=repeats, runs_root=how.runs_root, reports_root=reports_root,
-                       bench=lambda c, run_id: bench(c, dataclasses.replace(how, run_id=run_id)),
-                       check=checked_for(how), report=report)
-
-
 def worker(args: argparse.Namespace) -> int:
     """One rank under torchrun (multi-node launches); the local simulation calls run_rank directly."""
     from harness.run.worker import run_rank
@@ -328,19 +147,16 @@ def main(argv: list[str] | None = None) -> int:
             if args.command != "bench" and args.repeats < 1:
                 raise ValueError(f"--repeats must be a positive integer, got {args.repeats}")
         except ValueError as exc:
-            return _error(exc)
-        how = Invocation.from_args(args)
-        if args.command == "bench":
-            return bench(cfg, how)
-        if args.command == "compare":
-            return compare(cfg, how, repeats=args.repeats, reports_root=args.reports_root)
-        from harness.launch.ablation import run_ablation
+            return refuse(exc)
+        from harness.launch import bench as commands
 
-        try:
-            return run_ablation(cfg, repeats=args.repeats, runs_root=how.runs_root,
-                                bench=lambda c, run_id: bench(c, dataclasses.replace(how, run_id=run_id)),
-                                check=checked_for(how))
-        except ValueError as exc:  # a derived config failed its checks; nothing has run yet
-            return _error(exc)
+        how = commands.Invocation.from_args(args)
+        if args.command == "bench":
+            return commands.bench(cfg, how)
+        if args.command == "compare":
+            return commands.compare(cfg, how, repeats=args.repeats, reports_root=args.reports_root)
+        return commands.ablation(cfg, how, repeats=args.repeats)
+    from harness.report import api as report
+
     run = args.run if args.run or args.ablation or args.nsys else "latest"
     return report.report_main(run, args.runs_root, args.reports_root, ablation=args.ablation, nsys=args.nsys)

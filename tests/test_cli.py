@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-import harness.cli
+import harness.launch.bench
 from harness.cli import main
 from harness.report.api import load_run
 from harness.records.manifest import RunManifest, RunStatus
@@ -21,7 +21,7 @@ def no_launch(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a process was launched for bad input")
 
-    monkeypatch.setattr(harness.cli, "launch_run", refuse)
+    monkeypatch.setattr(harness.launch.bench, "launch_run", refuse)
 
 
 BAD_BENCH = {
@@ -84,6 +84,22 @@ def test_bad_bench_input_is_one_line_and_leaves_nothing(case, tmp_path, capsys, 
     assert not (tmp_path / "runs").exists()
 
 
+def test_help_and_a_refused_line_load_neither_torch_nor_pandas():
+    """--help, an unknown option and a config value refused answer before torch's, fbgemm's and
+    pandas' seconds of imports (harness/cli.py imports the parser alone): a fresh interpreter,
+    asked what it loaded."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom harness.cli import main\n"
+            "for argv in (['--help'], ['bench', '--itres', '3'], ['bench', '--preset', 'tiny', '--nodes', '0']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print([m for m in ('torch', 'fbgemm_gpu', 'pandas', 'numpy') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "run.nodes must be a positive integer" in out.stderr and "nearest: --iters" in out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_report_of_unknown_run_lists_existing(tmp_path, capsys):
     runs = tmp_path / "runs"
     (runs / "20260101-000000-tiny-1x2-aaaa").mkdir(parents=True)
@@ -117,7 +133,11 @@ def test_bench_tiny_two_simulated_nodes_end_to_end(tmp_path, capsys):
     assert manifest.status == RunStatus(state="completed", error=None) and manifest.end_time
     assert manifest.world_size == 2 and manifest.nodes == 2
     assert manifest.config.data.global_batch_size == 96
-    assert manifest.versions.torch and manifest.versions.fbgemm_gpu and manifest.versions.python
+    import fbgemm_gpu
+    import torch
+
+    assert manifest.versions.torch == torch.__version__ and manifest.versions.python
+    assert manifest.versions.fbgemm_gpu == fbgemm_gpu.__version__  # read from its metadata by the launcher
     assert manifest.git.commit and manifest.hosts
     assert [r.rank for r in manifest.ranks] == [0, 1] and all(r.peak_rss_gib > 0 for r in manifest.ranks)
     assert len(manifest.plan) == 26 and manifest.optimizations.pipeline
@@ -215,10 +235,8 @@ def test_cuda_layout_refused_before_launch():
 
 
 def test_more_ranks_than_gpus_is_refused_by_the_cli(tmp_path, monkeypatch, capsys):
-    import harness.cli
-
-    monkeypatch.setattr(harness.cli, "uses_cuda", lambda requested: True)  # a 1-GPU host, seen from a CPU one
-    monkeypatch.setattr(harness.cli, "cuda_device_count", lambda: 1)
+    monkeypatch.setattr(harness.launch.bench, "uses_cuda", lambda requested: True)  # a 1-GPU host, seen from a CPU one
+    monkeypatch.setattr(harness.launch.bench, "cuda_device_count", lambda: 1)
     runs = tmp_path / "runs"
     assert main(["bench", "--preset", "tiny", "--iters", "1", "--runs-root", str(runs)]) == 2
     assert "2 ranks on this host need a GPU each and it has 1" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torchrec")
 
-import harness.cli  # noqa: E402
+import harness.launch.bench  # noqa: E402
 from harness.cli import build_parser, main  # noqa: E402
 from harness.records.manifest import RunManifest  # noqa: E402
 from harness.launch.options import config_from_args  # noqa: E402
@@ -35,7 +35,7 @@ def test_runs_interleave_link_and_report(tmp_path, capsys):
         "compare", "--device", "cpu", "--preset", "tiny", "--iters", "2", "--warmup", "1", "--sharding", "table_wise",
         "--repeats", "2", "--gpus-per-node", "1", "--runs-root", str(runs), "--reports-root", str(reports),
         "--in-process"])
-    code = harness.cli.compare(config_from_args(args), harness.cli.Invocation.from_args(args),
+    code = harness.launch.bench.compare(config_from_args(args), harness.launch.bench.Invocation.from_args(args),
                                repeats=args.repeats, reports_root=args.reports_root, report=report)
     assert code == 0
     out = capsys.readouterr().out.strip().splitlines()
@@ -76,7 +76,7 @@ def test_a_config_that_cannot_run_stops_before_any_run(tmp_path, monkeypatch, ca
     def refuse(*a, **k):
         raise AssertionError("a run was started")
 
-    monkeypatch.setattr(harness.cli, "launch_run", refuse)
+    monkeypatch.setattr(harness.launch.bench, "launch_run", refuse)
     code = main([command, "--preset", "tiny", *args, "--runs-root", str(tmp_path / "runs")])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from harness.cli import build_parser, main, plan_and_flags
+from harness.cli import build_parser, main
+from harness.launch.bench import plan_and_flags
 from harness.launch.options import config_from_args
 from harness.config import BenchConfig, PrecisionConfig
 from harness.records.typed_json import dumps, loads

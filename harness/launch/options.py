@@ -15,6 +15,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import sys
 import typing
 from collections.abc import Iterator
 from typing import Any
@@ -205,6 +206,12 @@ def add_config_options(parser: argparse.ArgumentParser, *, root: type = BenchCon
 
 ALTERNATIVES = (("dynamic", ("slots", "memory_gib")),)
 """(concern, fields) that size the same thing in different units: --dynamic-slots or --dynamic-memory-gib."""
+
+
+def refuse(exc: Exception) -> int:
+    """A command line refused: its one line on stderr, exit status 2 (argparse's)."""
+    sys.stderr.write(f"harness bench: error: {exc}\n")
+    return 2
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
