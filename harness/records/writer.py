@@ -66,15 +66,32 @@ def new_run_id(preset: str, nodes: int, gpus_per_node: int) -> str:
     return f"{stamp}-{preset}-{nodes}x{gpus_per_node}-{secrets.token_hex(2)}"
 
 
-def versions() -> Versions:
+FBGEMM_DISTRIBUTIONS = ("fbgemm-gpu", "fbgemm-gpu-cpu", "fbgemm-gpu-nightly", "fbgemm-gpu-nightly-cpu")
+"""The names fbgemm_gpu is installed under (CUDA, CPU, nightlies)."""
+
+
+def fbgemm_version() -> str:
+    """fbgemm-gpu's version from its installed metadata: importing it for that costs the launcher,
+    which never calls it, a second on 2 cores. Imported where no metadata names it."""
+    from importlib import metadata
+
+    for name in FBGEMM_DISTRIBUTIONS:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
     import fbgemm_gpu
+
+    return getattr(fbgemm_gpu, "__version__", "unknown")
+
+
+def versions() -> Versions:
     import numpy
     import pandas
 
     cuda = torch.cuda.is_available()
     return Versions(
-        python=platform.python_version(), torch=torch.__version__,
-        fbgemm_gpu=getattr(fbgemm_gpu, "__version__", "unknown"), numpy=numpy.__version__,
+        python=platform.python_version(), torch=torch.__version__, fbgemm_gpu=fbgemm_version(), numpy=numpy.__version__,
         pandas=pandas.__version__, cuda=torch.version.cuda,
         nccl=".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
         gpu=torch.cuda.get_device_name(0) if cuda else None,

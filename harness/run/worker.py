@@ -20,7 +20,6 @@ from harness.records.manifest import RankInfo
 from harness.run.peaks import dense_gemm_probe, measure_copy_gbps, measure_gemm_gflops, peak_rss_gib, reset_peak_rss
 from harness.run.startup import StartupClock
 from harness.records.writer import RankRecorder, read_manifest
-from harness.run.train import train
 
 
 def threads_per_rank(local_ranks: int) -> int:
@@ -46,6 +45,10 @@ def run_rank(run_dir: str, *, in_process: bool = False) -> dict:
     # that is the launcher's process and its own choice (its stderr may not even be a file).
     if not in_process:
         faulthandler.enable(all_threads=True)
+    # Here, not at the top: the launcher imports this module for the entry point alone, and the
+    # training's imports (fbgemm, the sharded tables) are a rank's; before the clock, they count as imports.
+    from harness.run.train import train
+
     clock = StartupClock(in_process=in_process)
     if in_process:
         reset_peak_rss()
