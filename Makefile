@@ -107,7 +107,7 @@ help:
 	@echo "make compare [PRESET=tiny] [REPEATS=3] [OPTS=\"...\"]  (torchrec vs harness, interleaved)"
 	@echo "make ablation [PRESET=...] [NODES=...] [GPUS_PER_NODE=...] [SHARDING=...] [REPEATS=n (3)]"
 	@echo "make report [RUN=latest|<id>|<base_id>,<id>] | [ABLATION=latest|<id>] | [NSYS=<file.sqlite>]"
-	@echo "make test [TEST_WORKERS=2]  (the whole suite on pytest workers, about 7 minutes on 2 cores)"
+	@echo "make test [TEST_WORKERS=2]  (the whole suite on pytest workers, 7 to 14 minutes on 2 cores)"
 	@echo "make test-cluster  (root: real test hosts as network namespaces and a real Slurm; else one line)"
 	@echo "make test-slow  (tests too slow for make test: the projection on live CPU runs)"
 	@echo "make perf   [PRESET=tiny|small (tiny)]  (timeline on vs off: the instrumentation's cost)"
