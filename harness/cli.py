@@ -1,5 +1,5 @@
 """`python -m harness bench|report ...`: argument parsing, then the command. Only the parser is
-imported here: --help and a refused option answer in a tenth of a second, not after torch's
+imported here: --help and a refused option answer in a quarter of a second, not after torch's
 seconds of imports; the commands' modules (harness/launch/bench.py, the report) load once the
 line is parsed."""
 
