@@ -48,8 +48,9 @@ def differing(cases) -> dict[str, list]:
 
 INTERPRETED_BLOCK = 2048
 """The kernel's program size in Triton's interpreter: its cost is a program's ops, each a Python
-dispatch whatever the block (256 counters took 88 s of make test; 2048 take 12). tiny's blocks
-still span six programs, the last one partial, so program boundaries and the mask are crossed."""
+dispatch whatever the block (256 counters: 88 s of make test in two processes; 2048: 32 s in
+one, 12 s alone). tiny's blocks still span six programs, the last one partial, so program
+boundaries and the mask are crossed."""
 
 
 @pytest.fixture(scope="module")
