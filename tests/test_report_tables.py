@@ -1,6 +1,9 @@
 """Per-stage tables, iteration tables, stragglers, input_dist overlap and completeness on hand-built runs."""
 
+import dataclasses
+
 import numpy as np
+import pandas as pd
 import pytest
 
 from harness.report.api import format_summary, load_run
@@ -157,6 +160,26 @@ def test_input_dist_overlap_by_hand(tmp_path):
     assert t.loc["all", "hidden_frac"] == pytest.approx(4.5 / 7.0)
     assert t.loc["0", "hidden_ms"] == pytest.approx(1.5)
     assert t.loc["all", "spans"] == 3
+
+
+def test_a_runs_flat_frame_and_input_dist_parts_are_kept_and_follow_its_frames(tmp_path):
+    """records and input_dist's parts are computed once a Run and kept in it (load.derived): a
+    caller changing its frame changes no later caller's, a run whose stage frame was replaced is
+    computed again, and runs given as a list come out as their concatenated frame does (computed
+    there whole). The reference each time: a Run with nothing kept, or the frame path."""
+    piped, seq = load_run(pipelined(tmp_path)), load_run(four_ranks(tmp_path))
+    fresh = lambda run: records(dataclasses.replace(run))  # noqa: E731  (a copy has nothing kept)
+    first = records(piped)
+    first["duration_ms"] = -1.0
+    pd.testing.assert_frame_equal(records(piped), fresh(piped))
+    assert list(input_dist_spans(piped)["hidden_ms"]) == pytest.approx([3.0, 1.5, 0.0])
+    both = load_runs([tmp_path / "piped", tmp_path / "two-nodes"])
+    pd.testing.assert_frame_equal(input_dist_spans([piped, seq]), input_dist_spans(both))
+    pd.testing.assert_frame_equal(critical_stages([piped, seq]).reset_index(drop=True),
+                                  critical_stages(both).reset_index(drop=True))
+    piped.stages = piped.stages[piped.stages["iteration"] != 2]
+    pd.testing.assert_frame_equal(records(piped), fresh(piped))
+    assert list(input_dist_spans(piped)["iteration"]) == [1, 3]
 
 
 def test_input_dist_overlap_is_zero_when_sequential(df):

@@ -16,7 +16,7 @@ from harness.report.iterations import (  # noqa: F401  (re-exported: the iterati
     NOT_BROKEN_DOWN, OTHER, Runs, between_parts, group_keys, held_runs, iteration_table, job_iterations, part_label,
     period_iterations, rank_iterations,
 )
-from harness.report.load import Run, as_records, rank_notes
+from harness.report.load import Run, as_records, derived, rank_notes, records
 from harness.report.peaks import above_gemm_note, is_above, within_peak
 from harness.names import BETWEEN_ITERATIONS, STAGES
 
@@ -183,6 +183,22 @@ def _input_dist_ns(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(out) if out else pd.DataFrame({"hidden_ns": [], "critical_ns": []}, dtype="int64")
 
 
+def _with_input_dist_ns(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """as_records(runs) and _input_dist_ns of it (same index), the parts computed once a run."""
+    if isinstance(runs, pd.DataFrame):
+        return runs, _input_dist_ns(runs)
+    held = held_runs(runs)
+    frames = [records(r) for r in held]
+    parts, offset = [], 0
+    for run, frame in zip(held, frames):
+        p = derived(run, "input_dist_ns", lambda r: _input_dist_ns(records(r)))
+        parts.append(p.set_axis(p.index + offset))
+        offset += len(frame)
+    if len(frames) == 1:
+        return frames[0], parts[0]
+    return as_records(runs), pd.concat(parts)
+
+
 def input_dist_spans(runs: Runs) -> pd.DataFrame:
     """Each non-warm-up input_dist record: its span (duration_ms), hidden_ms, how much of it ran while
     the same rank ran another stage (any iteration's, from start_ns/end_ns; 0 when stages run one
@@ -193,8 +209,7 @@ def input_dist_spans(runs: Runs) -> pd.DataFrame:
 
     Columns: run_id, rank, node, iteration, duration_ms, hidden_ms, exposed_ms, critical_ms.
     """
-    df = as_records(runs)
-    parts = _input_dist_ns(df)
+    df, parts = _with_input_dist_ns(runs)
     cols = ["run_id", "rank", "node", "iteration", "duration_ms", "hidden_ms", "exposed_ms", "critical_ms"]
     if parts.empty:
         return pd.DataFrame(columns=cols)
@@ -213,10 +228,9 @@ def critical_stages(runs: Runs) -> pd.DataFrame:
     inside an iteration record of the rank (pipelined, its span runs from its launch under the
     previous iteration's compute to its wait, so adding the whole span on top of the stages it
     overlaps would count time twice; what falls between two iterations is in neither's time)."""
-    df = as_records(runs)
+    df, parts = _with_input_dist_ns(runs)
     st = df[df["stage"].notna() & ~df["warmup"]].copy()
     st["critical_ms"] = st["duration_ms"]
-    parts = _input_dist_ns(df)
     if not parts.empty:
         st.loc[parts.index, "critical_ms"] = parts["critical_ns"] / 1e6
     return st
