@@ -30,8 +30,10 @@ def timed_stages(runs: Runs) -> pd.DataFrame:
 
 
 def _quantiles(g, col: str) -> pd.DataFrame:
-    return g[col].agg(mean_ms="mean", p50_ms=lambda s: s.quantile(0.5), p90_ms=lambda s: s.quantile(0.9),
-                      p99_ms=lambda s: s.quantile(0.99), count="count")
+    # groupby's own quantile, not Series.quantile a group: a tenth of a 128-rank report's time.
+    s = g[col]
+    return pd.DataFrame({"mean_ms": s.mean(), "p50_ms": s.quantile(0.5), "p90_ms": s.quantile(0.9),
+                         "p99_ms": s.quantile(0.99), "count": s.count()})
 
 
 STAGE_STAT_COLUMNS = ("stage", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "count", "share", "span_ms")
