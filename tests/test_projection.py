@@ -630,3 +630,28 @@ def test_the_time_between_iterations_follows_where_the_batches_are_drawn():
     host = Calibration(between_s=0.4e-3, between_per_sample_s=1e-6)
     assert host.between(512, 100, False) == pytest.approx(0.4e-3 + 512e-6)
     assert host.between(512, 100, True, 72.5e-6) == pytest.approx(0.4e-3 + 72.5e-6)
+
+
+def test_a_run_folder_is_read_once_until_its_files_change(tmp_path):
+    """measured keeps its answer for a folder while the folder's files stay as they were: asked
+    again it gives the same answer without reading; once a record part is rewritten (every
+    iteration 3 ms later than the one before it, so every period 3 ms longer) it reads the folder
+    again, and its period is the report's of the rewritten records."""
+    import shutil
+
+    import pandas as pd
+
+    from harness.report.api import iteration_summary
+
+    run = tmp_path / "tiny-1-r0"
+    shutil.copytree(CPU_RECORDED / "tiny-1-r0", run)
+    first = measured(run)
+    assert measured(run) is first
+    part = next(run.glob("rank00000/iterations-*.parquet"))
+    its = pd.read_parquet(part)
+    shift = (its["iteration"] - its["iteration"].min()) * 3_000_000
+    its.assign(start_ns=its["start_ns"] + shift, end_ns=its["end_ns"] + shift).to_parquet(part)
+    again = measured(run)
+    assert again is not first
+    assert again.period_s * 1e3 == pytest.approx(iteration_summary(load_run(run))["period_ms_mean"])
+    assert again.period_s == pytest.approx(first.period_s + 0.003, rel=1e-6)
