@@ -125,14 +125,19 @@ _MEASURED: dict[Path, tuple[tuple, Measured]] = {}
 
 def _folder_state(path: Path) -> tuple:
     """Every file under `path`: its name, size and modification time."""
-    return tuple(sorted((str(p.relative_to(path)), st.st_size, st.st_mtime_ns)
-                        for p in path.rglob("*") if p.is_file() for st in (p.stat(),)))
+    state = []
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            st = p.stat()
+            state.append((str(p.relative_to(path)), st.st_size, st.st_mtime_ns))
+    return tuple(state)
 
 
 def measured(path: Path | str) -> Measured:
     """A run folder's figures (`_measured`), read once a process while its files stay as they
     were: a calibration and the projection after it ask for the same runs again, and reading one
-    is a third of a second to a second (2026-12-07). Callers share the answer; none changes it."""
+    is a third of a second to a second (2026-12-07). Callers share the answer; none changes it.
+    Kept by the folder's real path, answered under the name it was asked by (a link's)."""
     folder = Path(path).resolve()
     state = _folder_state(folder)
     kept = _MEASURED.get(folder)
@@ -142,7 +147,7 @@ def measured(path: Path | str) -> Measured:
 
 
 def _measured(path: Path) -> Measured:
-    run = _profiled_as_warmup(load_run(Path(path)))
+    run = _profiled_as_warmup(load_run(path))
     m = run.manifest
     means = critical_stage_means(run).mean(numeric_only=True)
     summ = iteration_summary(run)
