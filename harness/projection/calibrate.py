@@ -125,12 +125,8 @@ _MEASURED: dict[Path, tuple[tuple, Measured]] = {}
 
 def _folder_state(path: Path) -> tuple:
     """Every file under `path`: its name, size and modification time."""
-    state = []
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            st = p.stat()
-            state.append((str(p.relative_to(path)), st.st_size, st.st_mtime_ns))
-    return tuple(state)
+    stats = [(p, p.stat()) for p in sorted(path.rglob("*")) if p.is_file()]
+    return tuple((str(p.relative_to(path)), st.st_size, st.st_mtime_ns) for p, st in stats)
 
 
 def measured(path: Path | str) -> Measured:
