@@ -16,6 +16,7 @@ DRY_RUN       ?= 0
 RUN_ID        ?=
 ABLATION      ?=
 NSYS          ?=
+ALL_RANKS     ?= 0
 ENGINE        ?=
 LAYOUTS       ?=
 OUT           ?=
@@ -76,6 +77,7 @@ REFUSAL       := $(or \
     $(call CHECK_NATURAL,WARMUP), $(call CHECK_NATURAL,SEED), \
     $(call CHECK_NAME,SHARDING,$(VALID_SHARDING)), $(call CHECK_NAME,ENGINE,$(VALID_ENGINES)), \
     $(call CHECK_NAME,HARDWARE,$(VALID_HARDWARE)), $(call CHECK_NAME,DRY_RUN,0 1))), \
+  $(if $(call GOALS_OF,report),$(call CHECK_NAME,ALL_RANKS,0 1)), \
   $(if $(call GOALS_OF,test),$(if $(TEST_WORKERS),$(call CHECK_NATURAL,TEST_WORKERS),make: TEST_WORKERS= is not \
     valid; valid values: an integer >= 0)), \
   $(if $(call GOALS_OF,dataset check-dataset-out),$(if $(OUT),,make dataset: give OUT=<folder to write>)), \
@@ -107,6 +109,7 @@ help:
 	@echo "make compare [PRESET=tiny] [REPEATS=3] [OPTS=\"...\"]  (torchrec vs harness, interleaved)"
 	@echo "make ablation [PRESET=...] [NODES=...] [GPUS_PER_NODE=...] [SHARDING=...] [REPEATS=n (3)]"
 	@echo "make report [RUN=latest|<id>|<base_id>,<id>] | [ABLATION=latest|<id>] | [NSYS=<file.sqlite>]"
+	@echo "            [ALL_RANKS=0|1]  (1: list every rank; 0: past 16 ranks, those that bound the run)"
 	@echo "make test [TEST_WORKERS=2]  (the whole suite on pytest workers, 7 to 14 minutes on 2 cores)"
 	@echo "make test-cluster  (root: real test hosts as network namespaces and a real Slurm; else one line)"
 	@echo "make test-slow  (tests too slow for make test: the projection on live CPU runs)"
@@ -181,7 +184,8 @@ compare: check-bench-knobs $(DEPS) $(EXT)
 	$(PY) -m harness compare $(KNOB_ARGS) $(if $(PRESET),,--preset tiny) $(if $(REPEATS),--repeats $(REPEATS)) $(OPTS)
 
 report: $(DEPS)
-	$(PY) -m harness report $(if $(ABLATION),--ablation $(ABLATION),$(if $(NSYS),--nsys $(NSYS),--run $(RUN)))
+	$(PY) -m harness report $(if $(ABLATION),--ablation $(ABLATION),$(if $(NSYS),--nsys $(NSYS),--run $(RUN))) \
+	  $(if $(filter 1,$(ALL_RANKS)),--all-ranks)
 
 # The report's HTML is checked in a real headless Chromium (tests/test_report_browser.py): the
 # distribution's package, installed once; without apt-get the test says it skipped and why.

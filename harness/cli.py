@@ -102,6 +102,8 @@ def build_parser(preset: str = "small") -> argparse.ArgumentParser:
     which.add_argument("--nsys", type=Path, default=None, help="an `nsys export --type sqlite` file")
     rep.add_argument("--runs-root", type=Path, default=Path("runs"))
     rep.add_argument("--reports-root", type=Path, default=Path("reports"))
+    rep.add_argument("--all-ranks", action="store_true", help="list every rank in the per-rank tables and plots "
+                     "[default: past 16 ranks, the ranks that bound the run, each with why; the CSVs hold all]")
     return parser
 
 
@@ -159,4 +161,5 @@ def main(argv: list[str] | None = None) -> int:
     from harness.report import api as report
 
     run = args.run if args.run or args.ablation or args.nsys else "latest"
-    return report.report_main(run, args.runs_root, args.reports_root, ablation=args.ablation, nsys=args.nsys)
+    return report.report_main(run, args.runs_root, args.reports_root, ablation=args.ablation, nsys=args.nsys,
+                              all_ranks=args.all_ranks)

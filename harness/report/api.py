@@ -10,6 +10,7 @@ Notebook API (all pandas, every table takes the frame of `load_runs`, a `Run` or
     iteration_table(df, "job" | "rank" | "node")        # period and iter_ms stats, samples_per_s
     straggler_table(df); input_dist_overlap(df); completeness(df)
     roofline_table(load_run(path))                      # analytic FLOPs/bytes vs measured peaks
+    shown_ranks(load_run(path))                         # past 16 ranks, those that bound the run (why)
     ab = load_ablation(resolve_ablation(runs_root, id), runs_root)
     ablation_table(ab); flag_contributions(ab)
     read_nsys(path)                                     # an nsys sqlite export as a Run
@@ -37,6 +38,7 @@ from harness.report.load import (  # noqa: F401  (re-exported API)
 from harness.report.compare import Comparison, compare_runs, stages_absent  # noqa: F401
 from harness.report.findings import between_line
 from harness.report.html import cells
+from harness.report.ranks_shown import RANK_ROWS, left_out, only_shown, shown_ranks
 from harness.report.roofline import roofline_table, stage_work  # noqa: F401
 from harness.report.tables import (  # noqa: F401
     between_parts, completeness, critical_stage_means, critical_stages, input_dist_overlap,
@@ -171,9 +173,10 @@ def _stages_off(run: Run) -> bool:
     return run.stages.empty and run.manifest is not None and not run.manifest.config.run.timeline
 
 
-def format_summary(run: Run) -> str:
+def format_summary(run: Run, rank_rows: int | None = RANK_ROWS) -> str:
     """What `make bench` prints at the end and `make report` prints: header, stage table, iteration
-    line, per-rank resources (the full report is report.md / report.html)."""
+    line, per-rank resources (the full report is report.md / report.html): past `rank_rows` ranks,
+    only those that bound the run (ranks_shown.py; None: every rank)."""
     its = iteration_summary(run)
     if _stages_off(run):
         stage_text = "stages not timed (run with --no-timeline): iteration times only"
@@ -196,9 +199,15 @@ def format_summary(run: Run) -> str:
         parts.append("evaluation: " + "; ".join(evaluation_lines(ev, target)))
     ranks = rank_table(run)
     if not ranks.empty:
-        # A probe-defect note is a sentence: under the table, not in a column of it.
+        shown = shown_ranks(run, rank_rows)
+        ranks = only_shown(ranks, shown)
+        # Sentences (why a rank is listed, a probe's defect) go under the table, not in a column of it.
         notes = ranks.pop("peak_note") if "peak_note" in ranks else pd.Series(dtype=str)
         parts += ["", _text_table(*cells(ranks))]
+        if left_out(shown):
+            parts.append(f"{len(shown)} of {shown.attrs['ranks']} ranks listed, those that bound the run; every rank "
+                         "in the report's ranks.csv (make report):")
+            parts += [f"rank {r}: {w}" for r, w in zip(shown["rank"], shown["why"])]
         parts += [f"rank {r}: {n}" for r, n in zip(ranks["rank"], notes) if n]
     return "\n".join(parts)
 
@@ -224,14 +233,14 @@ def claim_report_folder(out: Path, source: Path | str) -> Path:
     return candidate
 
 
-def _report_run(run: Run, reports_root: Path, name: str, source: Path | str) -> list[Path]:
+def _report_run(run: Run, reports_root: Path, name: str, source: Path | str, rank_rows: int | None) -> list[Path]:
     from harness.report.build import run_report  # matplotlib loads only when a report is made
 
     its = iteration_summary(run)  # raises first when there is nothing to report
-    text = format_summary(run)
+    text = format_summary(run, rank_rows)
     out = claim_report_folder(Path(reports_root) / name, source)
     written = run_report(run, out, header=_header_lines(run, its),
-                         run_dir=source if isinstance(source, Path) else None)
+                         run_dir=source if isinstance(source, Path) else None, rank_rows=rank_rows)
     print(text)
     return written
 
@@ -289,27 +298,33 @@ def _report_compare(spec: str, runs_root: Path, reports_root: Path) -> list[Path
 
 
 def report_main(run: str | None = None, runs_root: Path = Path("runs"), reports_root: Path = Path("reports"), *,
-                ablation: str | None = None, nsys: str | Path | None = None) -> int:
+                ablation: str | None = None, nsys: str | Path | None = None, all_ranks: bool = False) -> int:
     """Report one run (id or "latest"), two runs side by side ("a,b": a is the baseline), one
     ablation (id or "latest", under runs_root/ablations/) or one nsys sqlite export: print a
     summary, write reports/<run_id | compare-<a>-vs-<b> | ablation-<id> | nsys-<stem>>/.
-    Exactly one of run, ablation, nsys. Returns 0, or 2 with one stderr line on a user error
-    (then nothing is written)."""
+    Exactly one of run, ablation, nsys. all_ranks: a run's per-rank tables and plots list every
+    rank, however many (by default past RANK_ROWS the ranks that bound it). Returns 0, or 2 with
+    one stderr line on a user error (then nothing is written)."""
+    rank_rows = None if all_ranks else RANK_ROWS
     try:
         given = [k for k, v in (("run", run), ("ablation", ablation), ("nsys", nsys)) if v is not None]
         if len(given) != 1:
             raise ReportError(f"give exactly one of --run, --ablation, --nsys (got {' and '.join(given) or 'none'})")
         runs_root, reports_root = Path(runs_root), Path(reports_root)
+        if all_ranks and (ablation is not None or "," in (run or "")):
+            raise ReportError("--all-ranks lists every rank of a run's report; a comparison's or an ablation's "
+                              "report has no per-rank table")
         if run is not None and "," in run:
             written = _report_compare(run, runs_root, reports_root)
         elif run is not None:
             run_dir = resolve_run(runs_root, run)
             loaded = load_run(run_dir)
-            written = _report_run(loaded, reports_root, loaded.run_id, run_dir)
+            written = _report_run(loaded, reports_root, loaded.run_id, run_dir, rank_rows)
         elif nsys is not None:
             from harness.report.nsys import read_nsys
 
-            written = _report_run(read_nsys(Path(nsys)), reports_root, f"nsys-{Path(nsys).stem}", Path(nsys))
+            written = _report_run(read_nsys(Path(nsys)), reports_root, f"nsys-{Path(nsys).stem}", Path(nsys),
+                                  rank_rows)
         else:
             written = _report_ablation(str(ablation), runs_root, reports_root)
     except ReportError as exc:

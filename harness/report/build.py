@@ -18,6 +18,7 @@ from harness.report import tables
 from harness.report.compare import Comparison, breakdowns
 from harness.report.html import Doc
 from harness.report.load import FLAGS, ReportError, Run, records, run_pipelined
+from harness.report.ranks_shown import RANK_ROWS, left_out, only_shown, shown_line, shown_ranks
 from harness.report.roofline import roofline_table
 from harness.names import BETWEEN_ITERATIONS, STAGES
 
@@ -56,13 +57,17 @@ def _with_hosts(table: pd.DataFrame, hosts: dict[int, str]) -> pd.DataFrame:
     return out
 
 
-def run_report(run: Run, out: Path, *, header: list[str], run_dir: Path | None = None) -> list[Path]:
+def run_report(run: Run, out: Path, *, header: list[str], run_dir: Path | None = None,
+               rank_rows: int | None = RANK_ROWS) -> list[Path]:
     """Write the full report of one run (or nsys trace) into `out`; return the files written.
 
     header: the summary's header lines (status, world size, iteration counts, failure); run_dir:
-    the run folder, for its --profile traces (None: an nsys export, or a caller with no folder).
+    the run folder, for its --profile traces (None: an nsys export, or a caller with no folder);
+    rank_rows: past this many ranks the per-rank tables and plots show the ranks that bound the run
+    (ranks_shown.py; None: every rank), the CSVs every rank.
     """
     df = records(run)
+    shown = shown_ranks(run, rank_rows)
     doc = Doc(f"Run {run.run_id}")
     csvs: dict[str, pd.DataFrame] = {}
     pngs: list = []
@@ -74,18 +79,24 @@ def run_report(run: Run, out: Path, *, header: list[str], run_dir: Path | None =
             doc.warn(line[3:])
     doc.h2("Setup")
     doc.bullets([line for line in header if not line.startswith("!! ")])
+    if left_out(shown):
+        doc.h2("Ranks listed")
+        doc.p(f"{shown.attrs['ranks']} ranks: the per-rank tables and plots list {len(shown)}, the first rank and "
+              "the ranks at the run's extremes, for the reasons below; the CSVs hold every rank (`harness report "
+              "--all-ranks` lists them all).")
+        doc.table(shown)
     hosts = _node_hosts(run) if df["node"].nunique() > 1 else None
-    _iterations(df, hosts, doc, csvs)
+    _iterations(df, hosts, doc, csvs, shown)
     if tables.timed_stages(df).empty:
         doc.h2("Stages")
         doc.p("No stage records (a run made with --no-timeline, or none flushed): iteration times only.")
     else:
-        _stage_tables(run, hosts, doc, csvs)
-        _exchanges(run, df, doc, csvs)
+        _stage_tables(run, hosts, doc, csvs, shown)
+        _exchanges(run, df, doc, csvs, shown)
         _roofline(run, doc, csvs)
-        _stage_plots(run, df, csvs, pngs)
+        _stage_plots(run, df, csvs, pngs, shown)
     profile_trace.add_section(doc, csvs, traced)
-    _run_details(run, doc, csvs)
+    _run_details(run, doc, csvs, shown)
     pngs.append((plots.plot_iteration_time, (df,), dict(title=f"Iteration period, run {run.run_id}"),
                  "iteration_time.png", "Iteration period over the run, with the timed window beneath it (warm-up "
                  "shaded)"))
@@ -93,7 +104,16 @@ def run_report(run: Run, out: Path, *, header: list[str], run_dir: Path | None =
     return _write(out, doc, csvs, pngs)
 
 
-def _iterations(df: pd.DataFrame, hosts: dict[int, str] | None, doc: Doc, csvs: dict) -> None:
+def _listed(doc: Doc, table: pd.DataFrame, shown: pd.DataFrame, where: str, *, lead: str = "",
+            index: bool = False) -> None:
+    """A per-rank table, its rows the shown ranks', under a line saying so where some are left out."""
+    line = shown_line(shown, where)
+    if lead or line:
+        doc.p(" ".join(x for x in (lead, line) if x))
+    doc.table(only_shown(table, shown), index=index)
+
+
+def _iterations(df: pd.DataFrame, hosts: dict[int, str] | None, doc: Doc, csvs: dict, shown: pd.DataFrame) -> None:
     """Job, node (hosts: a multi-node run's, else None) and rank iteration tables."""
     doc.h2("Iterations")
     doc.p("An iteration's time is its period: from its start to the next iteration's start (the last iteration of "
@@ -109,13 +129,12 @@ def _iterations(df: pd.DataFrame, hosts: dict[int, str] | None, doc: Doc, csvs: 
         doc.p("Per node (node iteration = its slowest rank), with the host each node's ranks ran on:")
         doc.table(_drop_run_id(it_node))
         scopes.append(it_node.assign(scope="node"))
-    doc.p("Per rank:")
-    doc.table(_drop_run_id(it_rank))
+    _listed(doc, _drop_run_id(it_rank), shown, "iteration_stats.csv", lead="Per rank:")
     csvs["iteration_stats"] = pd.concat(scopes, ignore_index=True)
     csvs["iterations"] = tables.job_iterations(df, warmup=True)
 
 
-def _stage_tables(run: Run, hosts: dict[int, str] | None, doc: Doc, csvs: dict) -> None:
+def _stage_tables(run: Run, hosts: dict[int, str] | None, doc: Doc, csvs: dict, shown: pd.DataFrame) -> None:
     """Stage stats over all ranks, per rank and (hosts: a multi-node run's, else None) per node."""
     st_job, st_rank = tables.stage_stats(run, "job"), tables.stage_stats(run, "rank")
     csvs["stages"], csvs["stages_by_rank"] = st_job, st_rank
@@ -131,7 +150,7 @@ def _stage_tables(run: Run, hosts: dict[int, str] | None, doc: Doc, csvs: dict) 
     if line:
         doc.p(line)
     doc.h2("Stages per rank (mean ms)")
-    doc.table(tables.stage_pivot(st_rank, "rank"), index=True)
+    _listed(doc, tables.stage_pivot(st_rank, "rank"), shown, "stages_by_rank.csv", index=True)
     if hosts is not None:
         st_node = tables.stage_stats(run, "node")
         csvs["stages_by_node"] = st_node
@@ -141,7 +160,7 @@ def _stage_tables(run: Run, hosts: dict[int, str] | None, doc: Doc, csvs: dict) 
         doc.table(pivot, index=True)
 
 
-def _exchanges(run: Run, df: pd.DataFrame, doc: Doc, csvs: dict) -> None:
+def _exchanges(run: Run, df: pd.DataFrame, doc: Doc, csvs: dict, shown: pd.DataFrame) -> None:
     """What the ranks sent each other, who straggled, and how much input_dist the pipeline hid."""
     one_rank = df["rank"].nunique() < 2 and (run.world_size or 1) < 2
     moved = tables.bytes_moved_table(run.stages)
@@ -176,26 +195,33 @@ def _exchanges(run: Run, df: pd.DataFrame, doc: Doc, csvs: dict) -> None:
           "exposed = the rest, of which critical_ms lay inside the iteration (the stage tables' input_dist) and "
           "the remainder between iterations (counted in between_iterations) or in a wait an earlier span "
           "already counted.")
-    doc.table(_drop_run_id(overlap))
+    _listed(doc, _drop_run_id(overlap), shown, "input_dist_overlap.csv")
 
 
-def _stage_plots(run: Run, df: pd.DataFrame, csvs: dict, pngs: list) -> None:
-    """The critical-path stage bars per rank and the timeline of a few iterations."""
+def _stage_plots(run: Run, df: pd.DataFrame, csvs: dict, pngs: list, shown: pd.DataFrame) -> None:
+    """The critical-path stage bars per rank and the timeline of a few iterations, of the shown ranks."""
     critical = tables.critical_stage_means(run, "rank")
     csvs["critical_path_by_rank"] = critical.reset_index()
     partial = run.manifest is not None and tuple(run.manifest.timed_stages) != STAGES
     between = run.subspans[run.subspans["stage"] == BETWEEN_ITERATIONS] if not run.subspans.empty else None
+    of, listed = "", ""
+    if left_out(shown):
+        keep = set(shown["rank"])
+        critical, df = critical[critical.index.isin(keep)], df[df["rank"].isin(keep)]
+        between = between[between["rank"].isin(keep)] if between is not None else None
+        of, listed = f", {len(keep)} of {shown.attrs['ranks']} ranks", "; the ranks in Ranks listed"
     pngs.append((plots.plot_stage_bars, (critical,),
-                 dict(title=f"Iteration period per rank, run {run.run_id}", row_label="rank",
+                 dict(title=f"Iteration period per rank, run {run.run_id}{of}", row_label="rank",
                       not_broken_down=list(critical.index) if partial else []),
                  "stage_bars.png", "Mean iteration period per rank, broken down: the stages on the critical path "
                  "(input_dist: its exposed part), then what runs between iterations; the bar ends at the measured "
-                 "mean period"))
-    pngs.append((plots.plot_timeline, (df,), dict(iterations=MAX_TIMELINE_ITERS, between=between), "timeline.png",
-                 "Per-rank timeline of a few non-warm-up iterations (grey: between iterations)"))
+                 f"mean period{listed}"))
+    pngs.append((plots.plot_timeline, (df,), dict(iterations=MAX_TIMELINE_ITERS, between=between, of=of),
+                 "timeline.png", "Per-rank timeline of a few non-warm-up iterations (grey: between "
+                 f"iterations){listed}"))
 
 
-def _run_details(run: Run, doc: Doc, csvs: dict) -> None:
+def _run_details(run: Run, doc: Doc, csvs: dict, shown: pd.DataFrame) -> None:
     """Flags, splits exchanges, the named pieces inside stages and the ranks, where recorded."""
     opt = optimizations_table(run)
     if opt is not None:
@@ -205,9 +231,9 @@ def _run_details(run: Run, doc: Doc, csvs: dict) -> None:
     if not splits.empty:
         csvs["splits_exchanged"] = splits
         doc.h2("Splits all-to-alls")
-        doc.p("Splits exchanges each rank ran in its non-warm-up iterations: 0 with skip_splits_a2a; a batch "
-              "off the fixed hotness falls back to the exchange and counts here.")
-        doc.table(splits)
+        _listed(doc, splits, shown, "splits_exchanged.csv", lead="Splits exchanges each rank ran in its non-warm-up "
+                "iterations: 0 with skip_splits_a2a; a batch off the fixed hotness falls back to the exchange and "
+                "counts here.")
     subs = tables.subspan_table(run)
     subs = subs[subs["stage"].isin(STAGES)]  # what runs between iterations is in the stage tables
     if not subs.empty:
@@ -218,8 +244,9 @@ def _run_details(run: Run, doc: Doc, csvs: dict) -> None:
         doc.table(subs)
     ranks = tables.rank_table(run)
     if not ranks.empty:
+        csvs["ranks"] = ranks
         doc.h2("Ranks")
-        doc.table(ranks)
+        _listed(doc, ranks, shown, "ranks.csv")
 
 
 def _evaluation(run: Run, doc: Doc, csvs: dict, pngs: list) -> None:

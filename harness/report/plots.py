@@ -121,12 +121,13 @@ def _gaps(df: pd.DataFrame, shown: list, t0: int) -> pd.DataFrame:
 
 
 def plot_timeline(df: pd.DataFrame, path: Path, *, iterations: int = 3, title: str = "",
-                  between: pd.DataFrame | None = None) -> Path:
+                  between: pd.DataFrame | None = None, of: str = "") -> Path:
     """Per-rank Gantt of a few non-warm-up iterations: a lane per rank for the compute stages and a
     thin lane above it for input_dist, so a pipelined input_dist shows under the compute it hides
     behind, and a straggler shows as a rank whose bars end late. The gap from an iteration's end to
     the next one's start is drawn in grey (between iterations), with what ran there where `between`
-    (the run's between-iterations sub-spans) names it. Times from the earliest shown start."""
+    (the run's between-iterations sub-spans) names it. Times from the earliest shown start. A lane
+    a rank in `df`, in rank order (a report may give some ranks only; `of` says which, in the title)."""
     st = df[df["stage"].notna()]
     timed = st[~st["warmup"] & (st["stage"] != "input_dist")]
     its = sorted(timed["iteration"].unique())
@@ -140,19 +141,21 @@ def plot_timeline(df: pd.DataFrame, path: Path, *, iterations: int = 3, title: s
     t1 = max(t1, t0 + int(1e6 * gaps["b"].max())) if len(gaps) else t1
     spans = st[(st["end_ns"] > t0) & (st["start_ns"] < t1)]
     ranks = sorted(st["rank"].unique())
+    lane = {r: i for i, r in enumerate(ranks)}
     fig = Figure(figsize=(11, 1.8 + 0.55 * len(ranks)), layout="constrained")
     ax = fig.add_subplot()
-    _bars(ax, gaps["a"], gaps["b"], gaps["rank"] - 0.1, 0.45, facecolors=BETWEEN_COLOR, alpha=0.35)
-    parts = between[(between["end_ns"] > t0) & (between["start_ns"] < t1)] if between is not None else []
+    _bars(ax, gaps["a"], gaps["b"], gaps["rank"].map(lane) - 0.1, 0.45, facecolors=BETWEEN_COLOR, alpha=0.35)
+    parts = (between[(between["end_ns"] > t0) & (between["start_ns"] < t1) & between["rank"].isin(lane)]
+             if between is not None else [])
     names = sorted(set(parts["name"])) if len(parts) else []
     for i, name in enumerate(names):
         sub = parts[parts["name"] == name]
-        _bars(ax, *_clipped(sub, t0, t1), sub["rank"].to_numpy("int64") - 0.1, 0.45, edgecolor="white",
+        _bars(ax, *_clipped(sub, t0, t1), sub["rank"].map(lane).to_numpy("int64") - 0.1, 0.45, edgecolor="white",
               linewidth=0.3, facecolors=PART_COLORS[i % len(PART_COLORS)])
     for stage in STAGES:
         sub = spans[spans["stage"] == stage]
         y, h = (-0.36, 0.2) if stage == "input_dist" else (-0.1, 0.45)
-        _bars(ax, *_clipped(sub, t0, t1), sub["rank"].to_numpy("int64") + y, h, facecolors=COLORS[stage],
+        _bars(ax, *_clipped(sub, t0, t1), sub["rank"].map(lane).to_numpy("int64") + y, h, facecolors=COLORS[stage],
               edgecolor="white", linewidth=0.3)
     # Iteration starts on the lowest rank, labelled at the top.
     first = timed[(timed["rank"] == ranks[0]) & timed["iteration"].isin(shown)].groupby("iteration")["start_ns"].min()
@@ -162,11 +165,11 @@ def plot_timeline(df: pd.DataFrame, path: Path, *, iterations: int = 3, title: s
         x = (int(t) - t0) / 1e6
         ax.axvline(x, color="grey", linestyle=":", linewidth=0.8)
         ax.text(x, -0.55, f" iter {it}", fontsize=8, color="dimgrey", va="bottom")
-    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
     ax.set_ylim(len(ranks) - 0.4, -0.7)
     ax.set_xlim(0, (t1 - t0) / 1e6)
     ax.set_xlabel("time since the first shown stage started (ms)")
-    ax.set_title(title or f"Stage timeline, iterations {shown[0]}-{shown[-1]} (thin bars: input_dist)")
+    ax.set_title(title or f"Stage timeline, iterations {shown[0]}-{shown[-1]}{of} (thin bars: input_dist)")
     present = [s for s in STAGES if s in set(spans["stage"])]
     handles = [Patch(color=COLORS[s], label=s) for s in present]
     if len(gaps):
