@@ -9,11 +9,14 @@ import struct
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from harness.names import STAGES
 from harness.records.manifest import RankInfo
 from harness.report.api import format_summary, load_run, report_main
-from harness.report.ranks_shown import RANK_ROWS, shown_ranks
+from harness.report.load import records
+from harness.report.ranks_shown import RANK_ROWS, rank_grid, shown_ranks
+from harness.report.tables import critical_stage_means
 from tests.report_builders import rewrite_manifest, sequential, write_run
 
 WORLD, PER_NODE = 24, 8
@@ -91,6 +94,13 @@ def test_a_run_past_a_screen_of_ranks_lists_the_ranks_that_bound_it(tmp_path):
     # A lane or a bar a listed rank: the plots are shorter than with every rank.
     for png in ("timeline.png", "stage_bars.png"):
         assert png_height(out / png) < png_height(every / png)
+    # Every rank at once: a cell a rank, node by local rank, its mean over the median rank's.
+    grids, cells = rank_grid(critical_stage_means(run, "rank"), records(run).groupby("rank")["node"].first())
+    bwd = [dur(r, 0, STAGES.index("emb_bwd")) for r in range(WORLD)]
+    node, local = divmod(SLOW_BWD, PER_NODE)
+    assert cells.loc[node, local] == SLOW_BWD and grids["emb_bwd"].shape == (WORLD // PER_NODE, PER_NODE)
+    assert grids["emb_bwd"].loc[node, local] == pytest.approx(bwd[SLOW_BWD] / np.median(bwd))
+    assert (out / "rank_grid.png").exists() and "rank_grid.png" in md
 
     text = format_summary(run)
     rows = [ln for ln in text.splitlines() if re.match(r"^\d+\s+\d+\s+h\d", ln)]

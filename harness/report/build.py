@@ -18,7 +18,7 @@ from harness.report import tables
 from harness.report.compare import Comparison, breakdowns
 from harness.report.html import Doc
 from harness.report.load import FLAGS, ReportError, Run, records, run_pipelined
-from harness.report.ranks_shown import RANK_ROWS, left_out, only_shown, shown_line, shown_ranks
+from harness.report.ranks_shown import RANK_ROWS, left_out, only_shown, rank_grid, shown_line, shown_ranks
 from harness.report.roofline import roofline_table
 from harness.names import BETWEEN_ITERATIONS, STAGES
 
@@ -199,8 +199,9 @@ def _exchanges(run: Run, df: pd.DataFrame, doc: Doc, csvs: dict, shown: pd.DataF
 
 
 def _stage_plots(run: Run, df: pd.DataFrame, csvs: dict, pngs: list, shown: pd.DataFrame) -> None:
-    """The critical-path stage bars per rank and the timeline of a few iterations, of the shown ranks."""
-    critical = tables.critical_stage_means(run, "rank")
+    """The critical-path stage bars per rank and the timeline of a few iterations, of the shown ranks;
+    past RANK_ROWS ranks, every rank against the median one in a grid."""
+    critical = critical_all = tables.critical_stage_means(run, "rank")
     csvs["critical_path_by_rank"] = critical.reset_index()
     partial = run.manifest is not None and tuple(run.manifest.timed_stages) != STAGES
     between = run.subspans[run.subspans["stage"] == BETWEEN_ITERATIONS] if not run.subspans.empty else None
@@ -216,6 +217,13 @@ def _stage_plots(run: Run, df: pd.DataFrame, csvs: dict, pngs: list, shown: pd.D
                  "stage_bars.png", "Mean iteration period per rank, broken down: the stages on the critical path "
                  "(input_dist: its exposed part), then what runs between iterations; the bar ends at the measured "
                  f"mean period{listed}"))
+    if shown.attrs["ranks"] > RANK_ROWS:
+        node_of = records(run).groupby("rank")["node"].first()
+        grids, ranks = rank_grid(critical_all, node_of)
+        if grids:
+            pngs.append((plots.plot_rank_grid, (grids, ranks), dict(title=f"Each rank against the median rank, run "
+                         f"{run.run_id}"), "rank_grid.png", "Every rank's mean time in each stage over the median "
+                         "rank's, a cell a rank (node by local rank; red slower); each stage's slowest rank boxed"))
     pngs.append((plots.plot_timeline, (df,), dict(iterations=MAX_TIMELINE_ITERS, between=between, of=of),
                  "timeline.png", "Per-rank timeline of a few non-warm-up iterations (grey: between "
                  f"iterations){listed}"))

@@ -11,9 +11,10 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.collections import PolyCollection  # noqa: E402
+from matplotlib.colors import TwoSlopeNorm  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.patches import Patch, Rectangle  # noqa: E402
 
 from harness.report.tables import job_iterations, rank_iterations  # noqa: E402
 from harness.names import BETWEEN_ITERATIONS, STAGES  # noqa: E402
@@ -176,6 +177,32 @@ def plot_timeline(df: pd.DataFrame, path: Path, *, iterations: int = 3, title: s
         handles.append(Patch(color=BETWEEN_COLOR, alpha=0.35, label="between iterations"))
     handles += [Patch(color=PART_COLORS[i % len(PART_COLORS)], label=f"between: {n}") for i, n in enumerate(names)]
     fig.legend(handles=handles, ncols=min(len(handles), 6), fontsize=8, loc="outside lower center", frameon=False)
+    return _save(fig, path)
+
+
+def plot_rank_grid(grids: dict[str, pd.DataFrame], ranks: pd.DataFrame, path: Path, *, title: str) -> Path:
+    """A panel a stage (ranks_shown.rank_grid): a cell a rank, node by local rank, coloured by its
+    mean over the median rank's on one scale for all panels (red slower, blue faster); each panel's
+    slowest rank boxed and named (`ranks`: the rank in each cell), so a straggler among 128 ranks
+    shows at a glance."""
+    values = np.concatenate([g.to_numpy(float).ravel() for g in grids.values()])
+    values = values[np.isfinite(values)]
+    norm = TwoSlopeNorm(vcenter=1.0, vmin=min(values.min(), 0.99), vmax=max(values.max(), 1.01))
+    nodes, width = max(len(g.index) for g in grids.values()), max(len(g.columns) for g in grids.values())
+    fig = Figure(figsize=(1.2 + 0.22 * width * len(grids) + 0.5 * len(grids), 2.2 + 0.2 * nodes), layout="constrained")
+    axes = fig.subplots(1, len(grids), squeeze=False)[0]
+    for ax, (name, grid) in zip(axes, grids.items()):
+        image = ax.imshow(grid.to_numpy(float), cmap="RdBu_r", norm=norm, aspect="equal", interpolation="nearest")
+        row, col = np.unravel_index(np.nanargmax(grid.to_numpy(float)), grid.shape)
+        ax.add_patch(Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=1.5))
+        slowest = int(ranks.loc[grid.index[row], grid.columns[col]])
+        ax.set_title(f"{name}\nslowest: rank {slowest}, x{grid.iat[row, col]:.2f}", fontsize=8)
+        ax.set_xticks(range(len(grid.columns)), [str(c) for c in grid.columns], fontsize=6)
+        ax.set_yticks(range(len(grid.index)), [str(n) for n in grid.index], fontsize=6)
+        ax.set_xlabel("local rank", fontsize=7)
+    axes[0].set_ylabel("node", fontsize=7)
+    fig.colorbar(image, ax=list(axes), shrink=0.8, label="rank's mean / median rank's")
+    fig.suptitle(title, fontsize=10)
     return _save(fig, path)
 
 

@@ -13,6 +13,7 @@ import pandas as pd
 from harness.report.iterations import iteration_table
 from harness.report.load import Run, records
 from harness.report.tables import rank_table, straggler_table
+from harness.names import BETWEEN_ITERATIONS, STAGES
 
 RANK_ROWS = 16
 """A run of at most this many ranks lists them all (one node of 8 GPUs, or two)."""
@@ -21,6 +22,24 @@ RANK_ROWS = 16
 _PROBE_EXTREMES = (("gemm_gflops", False, "lowest GEMM probe"), ("copy_gbps", False, "lowest copy probe"),
                    ("peak_gpu_mem_gib", True, "most GPU memory"), ("peak_rss_gib", True, "most host memory"),
                    ("start_s", True, "latest start"))
+
+
+def rank_grid(critical: pd.DataFrame, node_of: pd.Series) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
+    """Every rank at once: per stage and between_iterations (columns of `critical`, a row a rank:
+    tables.critical_stage_means), a frame node x local rank (the rank's place among its node's, by
+    number; `node_of`: rank -> node) of the rank's mean over the median rank's; and the frame of
+    the rank in each cell. A column with no positive median (a stage that took no time) has no
+    frame."""
+    local = node_of.groupby(node_of).rank(method="first").astype(int) - 1
+    place = pd.DataFrame({"node": node_of, "local": local, "rank": node_of.index})
+    grids = {}
+    for col in [c for c in (*STAGES, BETWEEN_ITERATIONS) if c in critical.columns]:
+        median = critical[col].median()
+        if not median > 0:
+            continue
+        cells = place.assign(ratio=critical[col] / median).dropna()
+        grids[col] = cells.pivot(index="node", columns="local", values="ratio").sort_index()
+    return grids, place.pivot(index="node", columns="local", values="rank").sort_index()
 
 
 def shown_ranks(run: Run, limit: int | None = RANK_ROWS) -> pd.DataFrame:
