@@ -2,8 +2,8 @@
 
 At 16 nodes x 8 GPUs a table or a plot with a row a rank is 128 rows: the summary `make bench`
 prints scrolls its stage table away, and the Gantt is thousands of pixels tall. Past `RANK_ROWS`
-ranks the report lists the ranks that bound the run instead, each with why it is there, and the
-CSVs keep every rank.
+ranks the report lists the ranks that bound the run instead, each with why it is there, draws
+every rank against the median one in a grid (`rank_grid`), and the CSVs keep every rank.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def rank_grid(critical: pd.DataFrame, node_of: pd.Series) -> tuple[dict[str, pd.
 
 def shown_ranks(run: Run, limit: int | None = RANK_ROWS) -> pd.DataFrame:
     """Columns rank, why. Every rank (why empty) when the run has at most `limit` (None: no limit);
-    else rank 0 and the ranks at the run's extremes: the slowest in each stage (the stragglers
+    else the first rank and the ranks at the run's extremes: the slowest in each stage (the stragglers
     table's), the longest, median and shortest timed window (iter_ms), and the per-rank probes'
     worst (lowest GEMM and copy rates, most memory, latest start). A rank at several extremes is
     one row, its reasons joined."""
