@@ -16,7 +16,7 @@ from harness.records.manifest import RankInfo
 from harness.report.api import format_summary, load_run, report_main
 from harness.report.load import records
 from harness.report.ranks_shown import RANK_ROWS, rank_grid, shown_ranks
-from harness.report.tables import critical_stage_means
+from harness.report.tables import completeness, critical_stage_means
 from tests.report_builders import rewrite_manifest, sequential, write_run
 
 WORLD, PER_NODE = 24, 8
@@ -34,11 +34,13 @@ def window(rank: int) -> float:
     return sum(dur(rank, 0, s) for s in range(len(STAGES)))
 
 
-def many_ranks(root):
+def many_ranks(root, *, ranks: int = WORLD, keep=lambda span: True):
+    """The run of WORLD ranks; `ranks`: only the first so many wrote records; `keep`: which stage
+    records were written."""
     spans, iters = [], {}
-    for r in range(WORLD):
+    for r in range(ranks):
         sp, it = sequential(r, range(5), dur, node=r // PER_NODE, warmup_iters=1)
-        spans, iters = spans + sp, {**iters, **it}
+        spans, iters = spans + [s for s in sp if keep(s)], {**iters, **it}
     run_dir = write_run(root, "many", spans, iters, world_size=WORLD, nodes=WORLD // PER_NODE, warmup_iters=1)
     notes = tuple(RankInfo(run_id="many", rank=r, node=r // PER_NODE, host=f"h{r // PER_NODE}", pid=100 + r,
                            device="cpu", backend="gloo", threads=1,
@@ -118,3 +120,13 @@ def test_the_limit_is_inclusive_and_a_run_within_it_lists_every_rank(tmp_path, c
     # A report with no per-rank table refuses the option in one line and writes nothing.
     assert report_main("many,many", tmp_path, tmp_path / "reports", all_ranks=True) == 2
     assert capsys.readouterr().err.count("\n") == 1 and not (tmp_path / "reports").exists()
+
+
+def test_ranks_that_lack_the_same_records_share_a_line(tmp_path):
+    """Ranks 20-23 wrote nothing, ranks 3-9 and 12 no emb_bwd, rank 15 no dense_update: three lines,
+    not a line a rank."""
+    lack = {**{r: "emb_bwd" for r in (*range(3, 10), 12)}, 15: "dense_update"}
+    run = load_run(many_ranks(tmp_path, ranks=20, keep=lambda s: lack.get(s["rank"]) != s["stage"]))
+    assert completeness(run) == ["rank(s) 20-23 of world size 24 have no records",
+                                 "ranks 3-9, 12 have no records of stage(s) emb_bwd",
+                                 "rank 15 has no records of stage(s) dense_update"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from harness.report.completeness import completeness  # noqa: F401  (re-exported: a table's caveats)
 from harness.report.intervals import covered, union
 from harness.report.iterations import (  # noqa: F401  (re-exported: the iteration tables live there)
     NOT_BROKEN_DOWN, OTHER, Runs, between_parts, group_keys, held_runs, iteration_table, job_iterations, part_label,
@@ -286,44 +287,6 @@ def input_dist_overlap(runs: Runs) -> pd.DataFrame:
         rows += [{"run_id": run_id, "rank": str(r), **agg(gr)} for r, gr in g.groupby("rank")]
         rows.append({"run_id": run_id, "rank": "all", **agg(g)})
     return pd.DataFrame(rows, columns=cols)
-
-
-def completeness(runs: Runs) -> list[str]:
-    """One line per gap in the records: ranks missing vs world_size, stages missing overall or
-    on some ranks. Empty when every rank recorded every stage. (Status and iterations not
-    recorded by every rank are reported by the iteration summary.)"""
-    df = as_records(runs)
-    # A manifest's timed_stages names what its engine records (the torchrec engine times fewer
-    # stages, by design); only those count as missing. A bare frame carries no manifest.
-    expected = {r.run_id: r.manifest.timed_stages if r.manifest else STAGES for r in held_runs(runs)}
-    notes = []
-    for run_id, g in df.groupby("run_id", sort=True):
-        stages = expected.get(str(run_id), STAGES)
-        pre = f"run {run_id}: " if df["run_id"].nunique() > 1 else ""
-        ws = g["world_size"].iloc[0]
-        seen = set(g["rank"].astype(int))
-        if isinstance(ws, (int, np.integer)) and ws > 0:
-            missing = sorted(set(range(int(ws))) - seen)
-            if missing:
-                notes.append(f"{pre}rank(s) {_ints(missing)} of world size {ws} have no records")
-        st = g[g["stage"].notna()]
-        if st.empty:
-            continue  # no stage timing at all: the summary says so
-        absent = [s for s in stages if s not in set(st["stage"])]
-        if absent:
-            notes.append(f"{pre}no records of stage(s) {', '.join(absent)} on any rank")
-        have = st.groupby("rank")["stage"].agg(set)
-        for rank, have_r in have.items():
-            lack = [s for s in stages if s not in have_r and s not in absent]
-            if lack:
-                notes.append(f"{pre}rank {rank} has no records of stage(s) {', '.join(lack)}")
-        for rank in sorted(seen - set(have.index)):
-            notes.append(f"{pre}rank {rank} has iteration records but no stage records")
-    return notes
-
-
-def _ints(xs: list[int]) -> str:
-    return ", ".join(map(str, xs))
 
 
 def rank_table(run: Run) -> pd.DataFrame:
