@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from harness.report.iterations import iteration_table
-from harness.report.load import Run, records
+from harness.report.load import Run, derived, records
 from harness.report.tables import rank_table, straggler_table
 from harness.names import BETWEEN_ITERATIONS, STAGES
 
@@ -47,7 +47,12 @@ def shown_ranks(run: Run, limit: int | None = RANK_ROWS) -> pd.DataFrame:
     else the first rank and the ranks at the run's extremes: the slowest in each stage (the stragglers
     table's), the longest, median and shortest timed window (iter_ms), and the per-rank probes'
     worst (lowest GEMM and copy rates, most memory, latest start). A rank at several extremes is
-    one row, its reasons joined."""
+    one row, its reasons joined. Kept in the run (load.derived): the printed summary and the
+    report both ask."""
+    return derived(run, f"shown_ranks/{limit}", lambda r: _shown_ranks(r, limit))
+
+
+def _shown_ranks(run: Run, limit: int | None) -> pd.DataFrame:
     df = records(run)
     ranks = sorted(int(r) for r in df["rank"].dropna().unique())
     if limit is None or len(ranks) <= limit:
