@@ -11,6 +11,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from harness.launch import fork_server
 from harness.launch.options import add_config_options, config_from_args, refuse
 from harness.names import PRESET_NAMES
 
@@ -127,6 +128,10 @@ def add_bench_arguments(bench: argparse.ArgumentParser, preset: str = "small") -
     bench.add_argument("--in-process", action="store_true",
                        help="one rank only: run it in this process, start none (each run saves the "
                             "interpreter's, torch's and CUDA's start; make gpu-bench on one GPU)")
+    bench.add_argument("--start-method", choices=fork_server.START_METHODS, default=None,
+                       help="a local simulation's ranks: forked from a server that imported torch once "
+                            "for every run of this process, or each a fresh interpreter [default: "
+                            "forkserver on CPU, spawn on CUDA]")
     add_config_options(bench, preset=preset)
 
 

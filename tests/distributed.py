@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import faulthandler
-import multiprocessing
 import os
 import warnings
 from collections.abc import Callable
@@ -14,19 +13,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from harness.launch import fork_server
 from harness.run.device import process_group_options
 
 
-START_METHODS = {"cpu": "forkserver", "cuda": "spawn"}
-"""How ranks start, by device. CPU ranks fork from a server that has imported torch and the
-harness once for the whole session: a fresh interpreter a rank ('spawn') spent about 3 s of this
-2-core machine's time on imports for every pair of ranks, a third of `make test`. CUDA ranks
-start as fresh interpreters: a process forked after CUDA was initialised cannot use it ("Cannot
-re-initialize CUDA in forked subprocess", the first H100 run), and the test process and the
-server's imports (fbgemm_gpu) may initialise it; spawn touches nothing of the parent's."""
-
-PRELOAD = ["torch", "torch.distributed", "harness.run.train", "tests.distributed", "tests.reference"]
-"""What the server imports before its first fork (the modules every rank of the tests needs)."""
+PRELOAD = ("tests.distributed", "tests.reference")
+"""What the server imports before its first fork besides the product's ranks' (fork_server.PRELOAD).
+The server is the product launcher's: a test of the launcher and one of this helper share it."""
 
 
 def _rank_main(rank: int, world: int, fn: Callable[..., Any], args: tuple, out: str, device: str,
@@ -56,10 +49,11 @@ def _rank_main(rank: int, world: int, fn: Callable[..., Any], args: tuple, out: 
 
 
 def start_method(device: str) -> str:
-    """The multiprocessing start method of ranks on `device` ("cpu" or "cuda")."""
-    if device not in START_METHODS:
-        raise ValueError(f"device {device!r}: ranks run on {' or '.join(START_METHODS)}")
-    return START_METHODS[device]
+    """The multiprocessing start method of ranks on `device` ("cpu" or "cuda"): the product
+    launcher's (harness/launch/fork_server.py), forked from a server on CPU, spawned on CUDA."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: ranks run on cpu or cuda")
+    return fork_server.start_method(device == "cuda")
 
 
 def spawn_ranks(fn: Callable[..., Any], world: int, tmp_path: Path, *args: Any, device: str = "cpu") -> list[Any]:
@@ -69,7 +63,7 @@ def spawn_ranks(fn: Callable[..., Any], world: int, tmp_path: Path, *args: Any, 
     method = start_method(device)
     try:
         if method == "forkserver":
-            multiprocessing.get_context(method).set_forkserver_preload(PRELOAD)  # before the server starts
+            fork_server.ready_server(extra=PRELOAD)
         mp.start_processes(_rank_main, args=(world, fn, args, str(tmp_path), device, dict(os.environ)), nprocs=world,
                            join=True, start_method=method)
     except mp.ProcessExitedException as exc:

@@ -129,7 +129,7 @@ def test_the_foreach_dense_optimizer_never_asks_for_fused_and_matches_it():
 
 def test_cuda_ranks_start_as_fresh_interpreters(tmp_path, monkeypatch):
     """A rank forked after CUDA was initialised cannot use it: CUDA ranks are spawned, never forked
-    (from the test process or from a server), and the forkserver's preload is left alone."""
+    (from the test process or from a server), and no fork server is started for them."""
     import tests.distributed as d
 
     assert d.start_method("cuda") == "spawn" and d.start_method("cpu") == "forkserver"
@@ -143,8 +143,7 @@ def test_cuda_ranks_start_as_fresh_interpreters(tmp_path, monkeypatch):
         raise Stop
 
     monkeypatch.setattr(d.mp, "start_processes", fake_start)
-    monkeypatch.setattr(d.multiprocessing, "get_context",
-                        lambda method: pytest.fail(f"{method} context touched for CUDA ranks"))
+    monkeypatch.setattr(d.fork_server, "ready_server", lambda **kw: pytest.fail("fork server started for CUDA ranks"))
     with pytest.raises(Stop):
         d.spawn_ranks(lambda *a: None, 2, tmp_path, device="cuda")
     assert started == ["spawn"]

@@ -38,11 +38,14 @@ def test_an_in_process_run_trains_as_a_spawned_one_and_leaves_the_process_as_it_
         assert threading.active_count() == alive
     finally:
         torch.set_num_threads(threads)
-    assert main([*TINY, "--runs-root", str(tmp_path), "--run-id", "spawned"]) == 0
-    here, spawned = read_manifest(tmp_path / "here"), read_manifest(tmp_path / "spawned")
-    assert here.launcher == "in-process" and spawned.launcher == "local-simulation"
+    for how in ("spawn", "forkserver"):
+        assert main([*TINY, "--runs-root", str(tmp_path), "--run-id", how, "--start-method", how]) == 0
+    here, spawned, forked = (read_manifest(tmp_path / r) for r in ("here", "spawn", "forkserver"))
+    assert here.launcher == "in-process" and spawned.launcher == forked.launcher == "local-simulation"
+    assert (here.start_method, spawned.start_method, forked.start_method) == (None, "spawn", "forkserver")
     assert here.ranks[0].pid == os.getpid() != spawned.ranks[0].pid
-    np.testing.assert_array_equal(_losses(tmp_path / "here"), _losses(tmp_path / "spawned"))
+    np.testing.assert_array_equal(_losses(tmp_path / "here"), _losses(tmp_path / "spawn"))
+    np.testing.assert_array_equal(_losses(tmp_path / "forkserver"), _losses(tmp_path / "spawn"))
     assert len(_losses(tmp_path / "here")) == 8
     # Its start-up: no imports of its own; the other phases as a spawned rank records them.
     assert here.ranks[0].startup_s["imports"] == 0.0 and spawned.ranks[0].startup_s["imports"] > 0.1

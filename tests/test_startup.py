@@ -37,11 +37,11 @@ def test_a_runs_phases_fit_its_wall_time_and_its_iterations(tmp_path):
     the loop phase holds every iteration the records time (warm-up included)."""
     t0 = time.perf_counter()
     assert main(["bench", "--preset", "tiny", "--gpus-per-node", "1", "--iters", "8", "--warmup", "2",
-                 "--runs-root", str(tmp_path), "--run-id", "s"]) == 0
+                 "--runs-root", str(tmp_path), "--run-id", "s", "--start-method", "spawn"]) == 0
     wall = time.perf_counter() - t0
     phases = read_manifest(tmp_path / "s").ranks[0].startup_s
     assert tuple(phases) == STARTUP_PHASES and all(v >= 0 for v in phases.values()), phases
-    assert phases["imports"] > 0.1  # torch alone takes longer than that to import
+    assert phases["imports"] > 0.1  # torch alone takes longer than that to import (a spawned rank's)
     assert sum(phases.values()) <= wall + TICK, (phases, wall)
     it = load_run(tmp_path / "s").iterations
     assert len(it) == 10 and phases["loop"] >= (it["end_ns"].max() - it["start_ns"].min()) / 1e9
@@ -68,14 +68,14 @@ def test_gpu_bench_prints_the_mean_start_up_of_its_runs(tmp_path):
     assert wall >= min(sum(r.values()) for r in recorded) - 0.1  # the launcher's part comes on top
 
 
-def test_the_start_up_row_keeps_in_process_runs_apart_from_spawned_ones(tmp_path):
-    """An in-process run pays no imports: averaged with spawned runs it would hide what a spawned
-    run costs, so the row gives each launcher its own part."""
+def test_the_start_up_row_keeps_in_process_runs_apart_from_local_ones(tmp_path):
+    """An in-process run pays no imports: averaged with a local simulation's runs it would hide what
+    theirs cost, so the row gives each launcher (and start method) its own part."""
     for run_id, extra in (("a", []), ("b", ["--in-process"]), ("c", ["--in-process"])):
         assert main(["bench", "--preset", "tiny", "--gpus-per-node", "1", "--iters", "2", "--warmup", "0", *extra,
                      "--runs-root", str(tmp_path), "--run-id", run_id]) == 0
-    spawned = read_manifest(tmp_path / "a").ranks[0].startup_s["imports"]
+    local = read_manifest(tmp_path / "a").ranks[0].startup_s["imports"]
     line = startup_line([tmp_path / r for r in ("a", "b", "c")])
-    here, there = line.split("; local-simulation: ")
+    here, there = line.split("; local-simulation (forkserver): ")
     assert here.startswith("in-process: imports 0.0,") and "(rank 0, mean of 2 runs)" in here, line
-    assert there.startswith(f"imports {spawned:.1f},") and "(rank 0, mean of 1 runs)" in there, line
+    assert there.startswith(f"imports {local:.1f},") and "(rank 0, mean of 1 runs)" in there, line

@@ -71,12 +71,15 @@ class Invocation:
     """--in-process: the one rank runs in this process (harness/launch/launcher.py)."""
     plan_detail: str | None = None
     """--plan-detail: '-' prints the dry run's per-rank table, a path writes it there; None: neither."""
+    start_method: str | None = None
+    """--start-method: how a local simulation's ranks begin (spawn, forkserver); None: by device
+    (harness/launch/fork_server.py)."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Invocation":
         return cls(runs_root=args.runs_root, run_id=args.run_id, dry_run=args.dry_run,
                    rdzv_endpoint=args.rdzv_endpoint, node_rank=args.node_rank, in_process=args.in_process,
-                   plan_detail=args.plan_detail)
+                   plan_detail=args.plan_detail, start_method=args.start_method)
 
 
 def checked_launch(cfg: BenchConfig, how: Invocation):
@@ -84,7 +87,7 @@ def checked_launch(cfg: BenchConfig, how: Invocation):
     cannot start here (--in-process with several ranks; more CUDA ranks than this host's GPUs, except
     in a dry run, which may plan a cluster from a smaller host)."""
     launch = choose_launch(cfg, environ=os.environ, rdzv_endpoint=how.rdzv_endpoint, node_rank=how.node_rank,
-                           in_process=how.in_process)
+                           in_process=how.in_process, start_method=how.start_method)
     on_this_host = launch.mode in ("local-simulation", "in-process")
     ranks_per_host = cfg.run.world_size if on_this_host else cfg.run.gpus_per_node
     if uses_cuda(cfg.run.device) and not how.dry_run:
@@ -133,6 +136,7 @@ def bench(cfg: BenchConfig, how: Invocation) -> int:
         try:
             records.create_run(how.runs_root, RunManifest(
                 run_id=run_id, config=cfg, launcher=launch.mode, node_commands=commands, device=device,
+                start_method=launch.start_method,
                 optimizations=flags, plan=plan, plan_estimate=estimate,
                 dense_flops_per_sample=dense_flops_per_sample(**cfg.model.dense_arch_kwargs()),
                 **records.launcher_facts(),

@@ -18,6 +18,7 @@ Every way ends in the same rank entry point, `python -m harness worker` / harnes
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import re
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.config import BenchConfig
+from harness.launch import fork_server
 from harness.records.writer import exit_description, rank_errors, wait_for_ranks_to_settle
 
 DEFAULT_PORT = 29500
@@ -56,6 +58,9 @@ class Launch:
     cpus_per_node: int | None = None
     """Slurm: the CPUs the job holds on each node (the fewest, when they differ), all given to that
     node's one srun task; None when Slurm does not say."""
+    start_method: str | None = None
+    """Local simulation: how each rank's process begins, spawn or forkserver (harness/launch/fork_server.py);
+    None in the other modes (torchrun or srun start the ranks, or they run in this process)."""
 
 
 def free_port() -> int:
@@ -124,9 +129,24 @@ def check_slurm_step(environ: Mapping[str, str]) -> None:
 
 def choose_launch(
     cfg: BenchConfig, *, environ: Mapping[str, str], rdzv_endpoint: str | None, node_rank: int | None,
-    in_process: bool = False,
+    in_process: bool = False, start_method: str | None = None,
 ) -> Launch:
-    """Which launcher; a ValueError (one line) when the environment is inconsistent with the config."""
+    """Which launcher; a ValueError (one line) when the environment is inconsistent with the config
+    (or start_method, which only a local simulation takes, is given to another)."""
+    launch = _choose(cfg, environ=environ, rdzv_endpoint=rdzv_endpoint, node_rank=node_rank, in_process=in_process)
+    if launch.mode != "local-simulation":
+        if start_method is not None:
+            raise ValueError(f"--start-method is how a local simulation starts its ranks; this run is "
+                             f"{launch.mode}: drop --start-method")
+        return launch
+    from harness.run.device import uses_cuda  # torch: not for the launcher's other modes
+
+    chosen = start_method or fork_server.start_method(uses_cuda(cfg.run.device))
+    return dataclasses.replace(launch, start_method=chosen)
+
+
+def _choose(cfg: BenchConfig, *, environ: Mapping[str, str], rdzv_endpoint: str | None, node_rank: int | None,
+            in_process: bool) -> Launch:
     nodes, g = cfg.run.nodes, cfg.run.gpus_per_node
     # A rank whose NCCL collective fails or times out tears the job down instead of hanging
     # (gloo ignores it). TORCH_NCCL_AVOID_RECORD_STREAMS is the worker's, set when that flag is on.
@@ -265,7 +285,7 @@ def _run_local(launch: Launch, run_dir: Path, run_id: str) -> None:
     # ranks it stops would only bury that line.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     logging.getLogger("torch.multiprocessing").setLevel(logging.ERROR)
-    os.environ.update(launch.env)  # inherited by the spawned ranks
+    os.environ.update(launch.env)  # inherited by the ranks, spawned or forked (fork_server.ready_server)
     # The agent's log folder (error files of failed ranks) would otherwise be a /tmp/torchelastic_*
     # left behind by every run; the ranks' own errors are in the run folder.
     # One agent, no restarts: torchrun's static rendezvous. The c10d one records each of its steps
@@ -275,8 +295,13 @@ def _run_local(launch: Launch, run_dir: Path, run_id: str) -> None:
             min_nodes=1, max_nodes=1, nproc_per_node=launch.nodes * launch.nproc_per_node, run_id=run_id,
             rdzv_backend="static", rdzv_configs={"rank": 0}, rdzv_endpoint=launch.endpoint, max_restarts=0,
             monitor_interval=0.1,
-            start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=logs),
+            start_method=launch.start_method, logs_specs=DefaultLogsSpecs(log_dir=logs),
         )
+        if launch.start_method == "forkserver":
+            # elastic_launch sets this in our environment before it starts the ranks; set here first,
+            # the server starts with it, as a spawned rank would, and the next run need not replace it.
+            os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+            fork_server.ready_server()
         _launch_elastic(config, run_dir)
 
 
@@ -301,7 +326,7 @@ def _launch_elastic(config, run_dir: Path) -> None:
     from harness.run.worker import run_rank
 
     try:
-        elastic_launch(config, run_rank)(str(run_dir))
+        elastic_launch(config, run_rank)(str(run_dir), os.getpid())
     except ChildFailedError as exc:
         # The ranks' own error files say what happened; the agent's exit codes name a rank that
         # died without writing one (killed), which is the cause the others' errors follow from.

@@ -285,9 +285,11 @@ def describe_launch(launch: Launch, *, run_dir: str) -> str:
                     "runs:") + "\n" + _shell(torchrun_argv(launch, Path(run_dir), "RUN_ID", launch.node_rank))
     if launch.mode == "in-process":
         return "launcher: none: the one rank runs in this process (--in-process)"
-    here = f"launcher: local, {n * g} rank process(es) on this host ({os.cpu_count()} CPU cores)"
+    how = {"forkserver": "forked from a server that imports torch once", "spawn": "each a fresh interpreter"}
+    here = (f"launcher: local, {n * g} rank process(es) on this host ({os.cpu_count()} CPU cores), "
+            f"{how.get(launch.start_method, launch.start_method)} (--start-method {launch.start_method})")
     if n == 1:
-        return here
+        return wrap(here)
     return wrap(f"{here}, simulating {n} nodes: a test of the plan, not the target.\n"
                 f"launcher on the target: inside a Slurm allocation of {n} nodes, srun with one torchrun a node; "
                 f"without Slurm, torchrun on each host, started there as MASTER_ADDR=<node 0's host> NODE_RANK=k "

@@ -332,6 +332,10 @@ class RunManifest:
     """ISO 8601 UTC time the status left running; None while running."""
     launcher: str
     """How ranks were started: local-simulation, torchrun, slurm or in-process."""
+    start_method: str | None = None
+    """Local simulation: how each rank's process began: spawn (a fresh interpreter) or forkserver
+    (forked from a server that had imported torch and the harness: harness/launch/fork_server.py).
+    None where torchrun or srun started them, in-process, and in runs recorded before it was."""
     launcher_host: str
     """Host the launcher ran on."""
     argv: tuple[str, ...]

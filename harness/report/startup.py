@@ -18,7 +18,8 @@ def start_s(phases: dict | None) -> float:
 
 def startup_line(run_dirs: list[Path]) -> str:
     """Each phase's mean seconds over the runs' rank 0 that recorded them, and how many runs; one
-    part a launcher where they differ (an in-process run pays no imports: harness/launch/launcher.py)."""
+    part a launcher where they differ (an in-process run pays no imports: harness/launch/launcher.py,
+    nor does a rank forked from the launcher's fork server: harness/launch/fork_server.py)."""
     from harness.records.manifest import RunManifest
 
     recorded: dict[str, list[dict]] = {}
@@ -30,19 +31,20 @@ def startup_line(run_dirs: list[Path]) -> str:
             continue
         first = min(manifest.ranks, key=lambda r: r.rank, default=None)
         if first is not None and first.startup_s:
-            recorded.setdefault(manifest.launcher, []).append(first.startup_s)
+            how = f"{manifest.launcher} ({manifest.start_method})" if manifest.start_method else manifest.launcher
+            recorded.setdefault(how, []).append(first.startup_s)
             if manifest.end_time:
-                walls.setdefault(manifest.launcher, []).append(
+                walls.setdefault(how, []).append(
                     (dt.datetime.fromisoformat(manifest.end_time)
                      - dt.datetime.fromisoformat(manifest.start_time)).total_seconds())
     if not recorded:
         return "not recorded"
     parts = []
-    for launcher, runs in sorted(recorded.items()):
+    for how, runs in sorted(recorded.items()):
         means = {p: sum(r.get(p, 0.0) for r in runs) / len(runs) for p in STARTUP_PHASES}
-        w = walls.get(launcher, [])
+        w = walls.get(how, [])
         wall = f"; the manifest's start to end {sum(w) / len(w):.1f}" if w else ""
-        head = f"{launcher}: " if len(recorded) > 1 else ""
+        head = f"{how}: " if len(recorded) > 1 else ""
         parts.append(head + ", ".join(f"{p} {s:.1f}" for p, s in means.items())
                      + f"{wall} (rank 0, mean of {len(runs)} runs)")
     return "; ".join(parts)

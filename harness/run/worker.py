@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from harness.run.device import process_group_options, resolve_device, set_tf32
+from harness.run.launcher_watch import stop_with_launcher
 from harness.records.manifest import RankInfo
 from harness.run.peaks import dense_gemm_probe, measure_copy_gbps, measure_gemm_gflops, peak_rss_gib, reset_peak_rss
 from harness.run.startup import StartupClock
@@ -36,10 +37,13 @@ def maybe_avoid_record_streams(on: bool) -> None:
     os.environ["TORCH_NCCL_AVOID_RECORD_STREAMS"] = "1"
 
 
-def run_rank(run_dir: str, *, in_process: bool = False) -> dict:
+def run_rank(run_dir: str, launcher_pid: int | None = None, *, in_process: bool = False) -> dict:
     """Entry point of one rank (torchrun or the in-process elastic launcher set RANK etc.).
+    launcher_pid: the local simulation's launcher, which the rank stops with (launcher_watch).
     in_process: run by the launcher's own process (run_in_process), not a process of its own: the
     imports were paid before, and the memory peaks are reset at the entry to be the run's own."""
+    if launcher_pid is not None:
+        stop_with_launcher(launcher_pid)
     # A rank killed by a signal (a C++ abort in a collective library, a segfault) leaves the Python
     # stack of every thread in its log, not just the signal's name in torchrun's summary. In-process,
     # that is the launcher's process and its own choice (its stderr may not even be a file).

@@ -80,9 +80,14 @@ def run_bench(outcome: Outcome, plan: Plan, argv: list[str], run_id: str) -> tup
         return code, run_id
     _spawn_from_now(outcome, plan, f"{run_id} failed in-process (exit {code})")
     again = f"{run_id}-spawned"
-    code, _ = _cli(["bench", *[a for a in argv if a != "--in-process"], "--run-id", again, "--runs-root", folder])
+    code, _ = _cli(["bench", *spawned(argv), "--run-id", again, "--runs-root", folder])
     outcome.launch_notes.append(f"{again}: spawned, exited {code}")
     return code, again
+
+
+def spawned(argv: list[str]) -> list[str]:
+    """A run's options for a process of its own: spawned, whatever the device (a CPU rehearsal's too)."""
+    return [a for a in argv if a != "--in-process"] + ["--start-method", "spawn"]
 
 
 def _spawn_from_now(outcome: Outcome, plan: Plan, why: str) -> None:
@@ -218,7 +223,7 @@ def run_spawned_check(outcome: Outcome, plan: Plan) -> None:
     if not plan.in_process or not outcome.defaults_runs:
         return
     folder = Path(outcome.folder)
-    argv = [a for a in plan.common(plan.small, plan.batch_per_gpu) if a != "--in-process"]
+    argv = spawned(plan.common(plan.small, plan.batch_per_gpu))
     code, run_id = run_bench(outcome, plan, argv, f"{folder.name}-defaults-spawned")
     if code != 0:
         outcome.failures.append(f"spawned check: exited {code} ({folder / run_id})")
