@@ -22,12 +22,9 @@ PRELOAD = ("tests.distributed", "tests.reference")
 The server is the product launcher's: a test of the launcher and one of this helper share it."""
 
 
-def _rank_main(rank: int, world: int, fn: Callable[..., Any], args: tuple, out: str, device: str,
-               environ: dict[str, str]) -> None:
-    # The server's environment is the one it started with; a rank takes its test's, as a spawned
-    # interpreter would (a test may have set a variable since).
-    os.environ.clear()
-    os.environ.update(environ)
+def _rank_main(rank: int, world: int, fn: Callable[..., Any], args: tuple, out: str, device: str) -> None:
+    # A forked rank's environment is the test's: fork_server.ready_server replaces a server whose
+    # environment is not the one this process has now.
     # A rank that dies on a signal (SIGABRT from C++ teardown, SIGSEGV) prints every thread's Python
     # stack to its stderr, which pytest shows: mp.spawn alone reports only the signal's name.
     faulthandler.enable(all_threads=True)
@@ -64,7 +61,7 @@ def spawn_ranks(fn: Callable[..., Any], world: int, tmp_path: Path, *args: Any, 
     try:
         if method == "forkserver":
             fork_server.ready_server(extra=PRELOAD)
-        mp.start_processes(_rank_main, args=(world, fn, args, str(tmp_path), device, dict(os.environ)), nprocs=world,
+        mp.start_processes(_rank_main, args=(world, fn, args, str(tmp_path), device), nprocs=world,
                            join=True, start_method=method)
     except mp.ProcessExitedException as exc:
         # Once every rank has saved its result and passed the barrier after it, what is left is

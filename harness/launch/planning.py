@@ -287,7 +287,7 @@ def describe_launch(launch: Launch, *, run_dir: str) -> str:
         return "launcher: none: the one rank runs in this process (--in-process)"
     how = {"forkserver": "forked from a server that imports torch once", "spawn": "each a fresh interpreter"}
     here = (f"launcher: local, {n * g} rank process(es) on this host ({os.cpu_count()} CPU cores), "
-            f"{how.get(launch.start_method, launch.start_method)} (--start-method {launch.start_method})")
+            f"{how[launch.start_method]} (--start-method {launch.start_method})")
     if n == 1:
         return wrap(here)
     return wrap(f"{here}, simulating {n} nodes: a test of the plan, not the target.\n"

@@ -6,8 +6,8 @@ in the order a rank passes them:
 
 - imports: from the process's start (Linux /proc) to the rank's entry: the interpreter, torch,
   fbgemm-gpu (and CUDA's libraries), the harness, the manifest read; 0 for a rank run in the
-  launcher's own process (the in-process launch), which paid them before, and a tenth of a second
-  or so for one forked from the launcher's fork server (a CPU local simulation:
+  launcher's own process (the in-process launch), which paid them before, and a few hundredths of
+  a second for one forked from the launcher's fork server (a CPU local simulation:
   harness/launch/fork_server.py), which imported them once for every run of the launcher;
 - process_group: the process group's start (on CUDA it binds the rank's GPU: the CUDA context);
 - probes: the GEMM and copy rates measured at start (harness/run/peaks.py);
