@@ -47,11 +47,14 @@ def test_a_forked_rank_sees_the_launchers_environment_and_stderr_of_now(monkeypa
 
 def test_a_cpu_run_records_forked_ranks_and_a_second_run_reuses_the_server(tmp_path):
     runs = tmp_path / "runs"
+    server = multiprocessing.forkserver._forkserver
+    if server._forkserver_pid is not None:
+        server._stop()  # an earlier test's: the server after the first run is then the launcher's
     servers = []
     for _ in range(2):
         assert main(["bench", "--preset", "tiny", "--device", "cpu", "--iters", "3", "--warmup", "1",
                      "--runs-root", str(runs)]) == 0
-        servers.append(multiprocessing.forkserver._forkserver._forkserver_pid)
+        servers.append(server._forkserver_pid)
     assert servers[0] is not None and servers[0] == servers[1]  # the second run's ranks forked from the first's server
     for run_dir in (p for p in runs.iterdir() if p.is_dir()):
         manifest = json.loads((run_dir / "manifest.json").read_text())
